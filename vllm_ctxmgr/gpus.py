@@ -1,0 +1,163 @@
+"""The GPUs' real memory, through NVML (nvidia-ml-py), or given by hand for offline planning."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import CtxmgrError, UsageError
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    name: str
+    used_bytes: int | None  # None where the driver does not say (MIG, some containers)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int
+    used_bytes: int
+    uuid: str = ""
+    compute_capability: tuple[int, int] | None = None
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuState:
+    gpus: tuple[GpuInfo, ...]
+    source: str  # "nvml" | "flags" | path of a `ctxmgr gpus --json` file
+    driver_version: str | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def select(self, visible_devices: str | None) -> GpuState:
+        """The GPUs a service sees through CUDA_VISIBLE_DEVICES (indices or UUIDs), in its order."""
+        if not visible_devices or visible_devices.strip() == "":
+            return self
+        chosen: list[GpuInfo] = []
+        for token in (t.strip() for t in visible_devices.split(",")):
+            if not token:
+                continue
+            match = [g for g in self.gpus if str(g.index) == token or (g.uuid and g.uuid.startswith(token))]
+            if not match:
+                raise UsageError(f"CUDA_VISIBLE_DEVICES names GPU {token!r}, which this host does not have")
+            chosen.append(match[0])
+        return GpuState(tuple(chosen), self.source, self.driver_version, self.notes)
+
+    def to_json(self) -> dict:
+        return {
+            "source": self.source,
+            "driver_version": self.driver_version,
+            "gpus": [asdict(g) for g in self.gpus],
+        }
+
+
+def uniform_gpus(count: int, total_bytes: int, free_bytes: int | None = None, name: str = "GPU") -> GpuState:
+    """Offline planning: N identical, otherwise idle GPUs (`--gpu-memory SIZE --gpu-count N`)."""
+    if count < 1:
+        raise UsageError("--gpu-count must be at least 1")
+    if total_bytes <= 0:
+        raise UsageError("--gpu-memory must be positive")
+    free = total_bytes if free_bytes is None else free_bytes
+    gpus = tuple(GpuInfo(i, name, total_bytes, free, total_bytes - free) for i in range(count))
+    return GpuState(gpus, "flags")
+
+
+def gpus_from_file(path: str | Path) -> GpuState:
+    """Read what `ctxmgr gpus --json` wrote on the target host."""
+    try:
+        data = json.loads(Path(path).read_text())
+        gpus = tuple(
+            GpuInfo(
+                index=int(g["index"]),
+                name=str(g["name"]),
+                total_bytes=int(g["total_bytes"]),
+                free_bytes=int(g["free_bytes"]),
+                used_bytes=int(g["used_bytes"]),
+                uuid=str(g.get("uuid", "")),
+                compute_capability=tuple(g["compute_capability"]) if g.get("compute_capability") else None,
+                processes=tuple(
+                    GpuProcess(int(p["pid"]), str(p.get("name", "")), p.get("used_bytes"))
+                    for p in g.get("processes", [])
+                ),
+            )
+            for g in data["gpus"]
+        )
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{path}: not a `ctxmgr gpus --json` file ({exc})") from None
+    if not gpus:
+        raise UsageError(f"{path}: lists no GPUs")
+    return GpuState(gpus, str(path), data.get("driver_version"))
+
+
+def read_nvml() -> GpuState:
+    """Every GPU on this host as NVML reports it now."""
+    try:
+        import pynvml
+    except ImportError:  # pragma: no cover - nvidia-ml-py is a dependency
+        raise CtxmgrError("nvidia-ml-py is not installed; use --gpu-memory/--gpu-count") from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise CtxmgrError(
+            f"NVML is not available on this host ({exc}); plan offline with --gpu-memory SIZE "
+            "--gpu-count N or --gpus-from FILE"
+        ) from None
+    try:
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            try:
+                cc = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+            except pynvml.NVMLError:
+                cc = None
+            gpus.append(
+                GpuInfo(
+                    index=index,
+                    name=_text(pynvml.nvmlDeviceGetName(handle)),
+                    total_bytes=int(mem.total),
+                    free_bytes=int(mem.free),
+                    used_bytes=int(mem.used),
+                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                    compute_capability=cc,  # type: ignore[arg-type]
+                    processes=_processes(pynvml, handle),
+                )
+            )
+        return GpuState(tuple(gpus), "nvml", driver)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _processes(pynvml, handle) -> tuple[GpuProcess, ...]:  # type: ignore[no-untyped-def]
+    found: dict[int, GpuProcess] = {}
+    for getter in (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses):
+        try:
+            procs = getter(handle)
+        except pynvml.NVMLError:
+            continue
+        for p in procs:
+            used = p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None
+            found[p.pid] = GpuProcess(p.pid, _process_name(p.pid), used)
+    return tuple(found.values())
+
+
+def _process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
