@@ -34,3 +34,168 @@ class ServeArgs:
     port: int = 8000
     api_key: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # the unit's Environment= (VLLM_*, CUDA_*)
+
+
+# Flags whose next word is NOT a value (vLLM's store_true / BooleanOptionalAction flags we meet in units).
+# Everything else that starts with "-" and has no "=" takes the next word as its value unless that word
+# starts with "--".
+_BOOLEAN_FLAGS = {
+    "--enforce-eager",
+    "--trust-remote-code",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--disable-sliding-window",
+    "--disable-hybrid-kv-cache-manager",
+    "--enable-auto-tool-choice",
+    "--enable-chunked-prefill",
+    "--no-enable-chunked-prefill",
+    "--disable-log-requests",
+    "--disable-log-stats",
+    "--enable-expert-parallel",
+    "--async-scheduling",
+    "--no-async-scheduling",
+    "--headless",
+    "--disable-custom-all-reduce",
+    "--enable-lora",
+    "--enable-sleep-mode",
+    "--enable-log-requests",
+    "--disable-frontend-multiprocessing",
+    "--enable-request-id-headers",
+    "--enable-prompt-tokens-details",
+    "--enable-server-load-tracking",
+    "--enable-force-include-usage",
+    "--enable-tokenizer-info-endpoint",
+    "--disable-fastapi-docs",
+    "--enable-scale-out",
+    "--enable-eplb",
+    "--no-enable-log-requests",
+}
+
+
+def split_flags(args: list[str]) -> tuple[list[str], dict[str, str | bool]]:
+    """(positionals, {canonical flag: value}) from vLLM arguments; later flags win like argparse."""
+    from .unit import canonical_flag
+
+    positionals: list[str] = []
+    flags: dict[str, str | bool] = {}
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if word.startswith("-") and len(word) > 1 and not _is_number(word):
+            name = canonical_flag(word)
+            if "=" in word:
+                flags[name] = word.split("=", 1)[1]
+            elif (
+                name in _BOOLEAN_FLAGS
+                or i + 1 >= len(args)
+                or (args[i + 1].startswith("-") and not _is_number(args[i + 1]))
+            ):
+                flags[name] = True
+            else:
+                flags[name] = args[i + 1]
+                i += 1
+        else:
+            positionals.append(word)
+        i += 1
+    return positionals, flags
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def human_readable_int(value: str, *, allow_auto: bool = False) -> int:
+    """vLLM's `1k` (1,000) / `1K` (1,024) / `25.6k` / `auto` forms (vllm/utils/argparse_utils.py)."""
+    import re
+
+    from .errors import UsageError
+
+    value = value.strip()
+    if allow_auto and (value == "-1" or value.lower() == "auto"):
+        return -1
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if match:
+        number, suffix = match.groups()
+        if suffix.islower():
+            return int(float(number) * {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}[suffix])
+        if "." in number:
+            raise UsageError(f"{value!r}: decimals are not allowed with binary suffixes like {suffix}")
+        return int(number) * {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[suffix]
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"{value!r} is not a number (vLLM accepts forms like 8192, 8k, 32K)") from None
+
+
+def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> ServeArgs:
+    """ServeArgs from the words after `vllm serve` (or after `-m vllm.entrypoints.openai.api_server`)."""
+    from .errors import UsageError
+
+    positionals, flags = split_flags(args)
+    model = flags.get("--model")
+    if positionals:
+        model = positionals[0]  # `vllm serve MODEL` (the positional wins, as in vLLM's serve command)
+    if not isinstance(model, str) or not model:
+        raise UsageError("the vLLM command names no model (`vllm serve MODEL` or `--model MODEL`)")
+
+    def num(flag: str, kind: type = int, **kw: bool) -> int | float | None:
+        value = flags.get(flag)
+        if value is None or value is True:
+            return None
+        try:
+            if kind is float:
+                return float(value)  # type: ignore[arg-type]
+            if flag in ("--max-model-len", "--kv-cache-memory-bytes", "--max-num-batched-tokens"):
+                return human_readable_int(str(value), **kw)
+            return int(str(value))
+        except ValueError:
+            raise UsageError(f"{flag} {value!r} is not a number") from None
+
+    def boolean(on: str, off: str | None = None) -> bool | None:
+        if flags.get(on) is True:
+            return True
+        if off and flags.get(off) is True:
+            return False
+        return None
+
+    speculative = flags.get("--speculative-config")
+    num_spec = 0
+    if isinstance(speculative, str):
+        import json
+
+        try:
+            num_spec = int(json.loads(speculative).get("num_speculative_tokens", 0))
+        except (ValueError, AttributeError):
+            num_spec = 0
+    port = num("--port")
+    return ServeArgs(
+        model=model,
+        tensor_parallel_size=int(num("--tensor-parallel-size") or 1),
+        pipeline_parallel_size=int(num("--pipeline-parallel-size") or 1),
+        decode_context_parallel_size=int(num("--decode-context-parallel-size") or 1),
+        data_parallel_size=int(num("--data-parallel-size") or 1),
+        kv_cache_dtype=str(flags.get("--kv-cache-dtype", "auto")),
+        dtype=str(flags.get("--dtype", "auto")),
+        block_size=num("--block-size"),  # type: ignore[arg-type]
+        max_num_batched_tokens=num("--max-num-batched-tokens"),  # type: ignore[arg-type]
+        max_num_seqs=num("--max-num-seqs"),  # type: ignore[arg-type]
+        max_model_len=num("--max-model-len", allow_auto=True),  # type: ignore[arg-type]
+        gpu_memory_utilization=num("--gpu-memory-utilization", float),  # type: ignore[arg-type]
+        kv_cache_memory_bytes=num("--kv-cache-memory-bytes"),  # type: ignore[arg-type]
+        enable_prefix_caching=boolean("--enable-prefix-caching", "--no-enable-prefix-caching"),
+        enforce_eager=bool(boolean("--enforce-eager")),
+        disable_sliding_window=bool(boolean("--disable-sliding-window")),
+        disable_hybrid_kv_cache_manager=bool(boolean("--disable-hybrid-kv-cache-manager")),
+        num_speculative_tokens=num_spec,
+        served_model_name=flags.get("--served-model-name")
+        if isinstance(flags.get("--served-model-name"), str)
+        else None,  # type: ignore[arg-type]
+        host=flags.get("--host") if isinstance(flags.get("--host"), str) else None,  # type: ignore[arg-type]
+        port=int(port) if port is not None else 8000,
+        api_key=flags.get("--api-key") if isinstance(flags.get("--api-key"), str) else None,  # type: ignore[arg-type]
+        env=dict(env or {}),
+    )
