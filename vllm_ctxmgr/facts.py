@@ -126,3 +126,121 @@ def dtype_bytes(dtype: str) -> int:
         return DTYPE_BYTES[dtype]
     except KeyError:
         raise ValueError(f"unknown dtype {dtype!r}") from None
+
+
+# --- vLLM's maximum model length (pure; vllm/config/model.py `_get_and_verify_max_len`) ---
+
+# RoPE types whose `factor` vLLM does not multiply into the derived maximum, because the
+# checkpoint's max_position_embeddings is already the scaled length (0.33.0 config/model.py).
+ROPE_TYPES_WITHOUT_FACTOR: tuple[str, ...] = (
+    "su",
+    "longrope",
+    "llama3",
+    "yarn",
+    "deepseek_yarn",
+    "deepseek_llama_scaling",
+)
+# 0.11.0 exempted only these and derived yarn as original_max_position_embeddings * factor.
+ROPE_TYPES_WITHOUT_FACTOR_0_11: tuple[str, ...] = ("su", "longrope", "llama3")
+# First release assumed to use the 0.33.0 rules; 0.11.0 and 0.33.0 were read, the switch in
+# between was not pinned to a release.
+ROPE_RULES_0_33_SINCE: tuple[int, int, int] = (0, 12, 0)
+# vLLM's fallback when the config names no maximum length.
+DEFAULT_MAX_MODEL_LEN = 2048
+NO_LENGTH_KEY = "default"
+
+
+def _key_limit(facts: ModelFacts) -> tuple[float, str]:
+    """Min over the keys present, then model_max_length overrides (Command-R rule)."""
+    derived = float("inf")
+    key = NO_LENGTH_KEY
+    for name, value in facts.position_limits:
+        if value < derived:
+            key = name
+        derived = min(derived, value)
+    model_max_length = dict(facts.position_limits).get("model_max_length")
+    if model_max_length:
+        derived, key = model_max_length, "model_max_length"
+    return derived, key
+
+
+def derived_max_model_len(
+    facts: ModelFacts,
+    vllm_version: tuple[int, int, int] = (0, 33, 0),
+    disable_sliding_window: bool = False,
+) -> tuple[int, str]:
+    """The ceiling vLLM checks --max-model-len against, and the config key it came from.
+
+    A user value above it fails with "User-specified max_model_len (...) is greater than the
+    derived max_model_len (KEY=VALUE ...)" unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. Key
+    NO_LENGTH_KEY means the config names no length: vLLM then accepts any user value and
+    defaults to 2048 (times a RoPE factor). Raises ValueError where vLLM 0.11 refuses
+    --disable-sliding-window together with RoPE scaling.
+    """
+    derived, key = _key_limit(facts)
+    if disable_sliding_window and facts.sliding_window is not None and facts.sliding_window < derived:
+        derived, key = facts.sliding_window, "sliding_window"
+    if derived == float("inf"):
+        derived = DEFAULT_MAX_MODEL_LEN
+    # Gemma 3's length is already RoPE-scaled; vLLM tests the substring, so gemma3_text and
+    # gemma3n are skipped too.
+    if facts.rope and "gemma3" not in facts.model_type:
+        if vllm_version >= ROPE_RULES_0_33_SINCE:
+            derived *= _rope_factor_0_33(facts.rope)
+        else:
+            derived = _rope_scaled_0_11(facts.rope, derived, disable_sliding_window)
+    return int(derived), key
+
+
+def _rope_factor_0_33(rope: tuple[RopeFacts, ...]) -> float:
+    """0.33.0 keeps the last non-exempt factor seen (one per layer type), not a product."""
+    factor = 1.0
+    for params in rope:
+        if params.rope_type not in ROPE_TYPES_WITHOUT_FACTOR and params.factor is not None:
+            factor = params.factor
+    return factor
+
+
+def _rope_scaled_0_11(rope: tuple[RopeFacts, ...], derived: float, disable_sliding_window: bool) -> float:
+    """0.11.0 read the single legacy rope_scaling dict; "default" means there was none."""
+    scaling = next((params for params in rope if params.rope_type != "default"), None)
+    if scaling is None or scaling.rope_type in ROPE_TYPES_WITHOUT_FACTOR_0_11:
+        return derived
+    if disable_sliding_window:
+        raise ValueError(
+            "Disabling sliding window is not supported for models with rope_scaling "
+            "(vLLM 0.11 raises NotImplementedError)."
+        )
+    if scaling.rope_type == "yarn" and scaling.original_max_position_embeddings:
+        derived = scaling.original_max_position_embeddings
+    return derived * (scaling.factor if scaling.factor is not None else 1.0)
+
+
+def default_max_model_len(
+    facts: ModelFacts,
+    vllm_version: tuple[int, int, int] = (0, 33, 0),
+    disable_sliding_window: bool = False,
+) -> int:
+    """What vLLM serves when --max-model-len is not given (or is -1 before auto-fit).
+
+    Equal to the derived maximum except for LongRoPE, where vLLM starts from
+    original_max_position_embeddings to avoid degrading short sequences.
+    """
+    derived, _ = derived_max_model_len(facts, vllm_version, disable_sliding_window)
+    for params in facts.rope:
+        if params.rope_type == "longrope" and params.original_max_position_embeddings:
+            return int(params.original_max_position_embeddings)
+    return derived
+
+
+def auto_dtype(config_dtype: str | None, *, bfloat16_supported: bool = True) -> str:
+    """The model dtype `--dtype auto` resolves to on a GPU (and thus the `auto` KV dtype).
+
+    float32 checkpoints (or none declared) are downcast to the platform's preferred dtype.
+    """
+    preferred = "bfloat16" if bfloat16_supported else "float16"
+    if config_dtype in (None, "float32", "float"):
+        return preferred
+    if config_dtype == "bfloat16" and not bfloat16_supported:
+        return "float16"
+    return config_dtype

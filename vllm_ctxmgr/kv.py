@@ -1,0 +1,1160 @@
+"""vLLM's KV-cache accounting, mirrored in plain Python (no torch, no I/O).
+
+One small spec class per layer kind, as in `vllm/v1/kv_cache_interface.py` (vLLM 0.33.0): each knows
+its `page_size_bytes` and what one request of `max_model_len` tokens costs it. `kv_cache_layout`
+builds the specs for a model the way the model files and the attention backends do, then groups
+them like `vllm/v1/core/kv_cache_planning.py` (hybrid allocator, one shared block pool, null block,
+pipeline-parallel stages). The numbers are vLLM's to the byte: `bytes_needed(L)` is what vLLM's
+startup check compares with the KV budget, `max_model_len_for(budget)` is its "estimated maximum
+model length" (and what `--max-model-len auto` picks).
+
+What is assumed, not read from a live engine:
+- the KV cache layout is vLLM's default layer-outer one (LBNHC/LBHNC), so blocks are not padded
+  to a block-outermost stride;
+- the attention backend is the one vLLM 0.33.0 picks first for the platform (no
+  `--attention-backend`), which decides the default block size and the fp8 MLA format;
+- speculative decoding with MTP adds `mtp_layers` copies of the last decoder layer [unverified].
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+from .errors import UsageError
+from .facts import LayerFacts, LayerKind, ModelFacts, StateFacts, dtype_bytes
+from .gpus import GIB, GpuState
+from .serve_args import ServeArgs
+
+VllmVersion = tuple[int, ...]
+NEWEST_VLLM: VllmVersion = (0, 33, 0)
+
+DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE
+CPU_DEFAULT_BLOCK_SIZE = 128  # platforms/cpu.py: preferred size for CPU_ATTN
+FLASHINFER_GDN_CHECKPOINT_ALIGNMENT = 64  # v1/attention/backends/gdn_attn.py
+
+# state_content_bytes of the DeepSeek sparse-MLA packed formats (mla_attention.py get_kv_cache_spec)
+PACKED_MLA_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
+FP8_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
+KNOWN_KV_DTYPES = ("auto", "bfloat16", "float16", "half", "float32", *FP8_KV_DTYPES, *PACKED_MLA_BYTES)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def round_up(a: int, b: int) -> int:
+    return cdiv(a, b) * b
+
+
+def is_quantized_kv_cache(kv_cache_dtype: str) -> bool:
+    return kv_cache_dtype.startswith("fp8") or kv_cache_dtype.startswith("nvfp4")
+
+
+# --------------------------------------------------------------------------------------------------
+# Platform: the constants that differ between a CUDA GPU and the CPU build
+# --------------------------------------------------------------------------------------------------
+
+# Marketing names -> compute capability, for GPU lists that lack it (offline files, old drivers).
+_CAPABILITY_BY_NAME: tuple[tuple[str, tuple[int, int]], ...] = (
+    ("gb10", (12, 1)),
+    ("rtx pro 6000 blackwell", (12, 0)),
+    ("rtx 50", (12, 0)),
+    ("gb300", (10, 3)),
+    ("b300", (10, 3)),
+    ("gb200", (10, 0)),
+    ("b200", (10, 0)),
+    ("b100", (10, 0)),
+    ("gh200", (9, 0)),
+    ("h200", (9, 0)),
+    ("h100", (9, 0)),
+    ("h800", (9, 0)),
+    ("h20", (9, 0)),
+    ("l40", (8, 9)),
+    ("l4", (8, 9)),
+    ("rtx 40", (8, 9)),
+    ("rtx 6000 ada", (8, 9)),
+    ("a100", (8, 0)),
+    ("a800", (8, 0)),
+    ("a30", (8, 0)),
+    ("a40", (8, 6)),
+    ("a10", (8, 6)),
+    ("rtx 30", (8, 6)),
+    ("v100", (7, 0)),
+    ("t4", (7, 5)),
+)
+
+
+@dataclass(frozen=True)
+class Platform:
+    """Where vLLM runs: decides block sizes, backends, in-flight tokens and batch defaults.
+
+    `total_memory_bytes` is one device's memory (vLLM's default max_num_batched_tokens depends
+    on it). `cuda_runtime_major` matters only for FlashInfer GDN prefill on SM10x/12x; None means
+    unknown and is treated as >= 13 (the choice that costs more KV memory).
+    """
+
+    device_type: str  # "cuda" | "cpu"
+    compute_capability: tuple[int, int] | None = None
+    device_name: str = ""
+    total_memory_bytes: int | None = None
+    cuda_runtime_major: int | None = None
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device_type == "cpu"
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device_type == "cuda"
+
+    @property
+    def capability_major(self) -> int:
+        """Unknown GPUs are treated as Hopper, the most common vLLM server GPU."""
+        return self.compute_capability[0] if self.compute_capability else 9
+
+    def is_capability_family(self, family: int) -> bool:
+        """vLLM's is_device_capability_family(100) means SM10.x, (90) means SM9.x."""
+        return self.is_cuda and self.capability_major == family // 10
+
+    def default_max_num_batched_tokens(self, world_size: int) -> int:
+        """EngineArgs.get_batch_defaults for the OpenAI server (arg_utils.py)."""
+        if self.is_cpu:
+            return 2048 * world_size
+        memory = self.total_memory_bytes
+        if memory is None:
+            return 8192  # assumed H100/H200-class; vLLM reads it from the device
+        if memory >= 160 * GIB:
+            return 16384
+        is_gb10 = self.compute_capability == (12, 1)
+        if memory >= 70 * GIB and "a100" not in self.device_name.lower() and not is_gb10:
+            return 8192
+        return 2048
+
+    def default_model_dtype(self, config_dtype: str) -> str:
+        """`--dtype auto`: float32 checkpoints are downcast to the platform's preferred dtype."""
+        preferred = "bfloat16" if self.is_cpu or self.capability_major >= 8 else "float16"
+        if config_dtype == "float32":
+            return preferred
+        if config_dtype == "bfloat16" and preferred != "bfloat16":
+            return preferred
+        return config_dtype
+
+
+def capability_for_name(name: str) -> tuple[int, int] | None:
+    lowered = name.lower()
+    for needle, capability in _CAPABILITY_BY_NAME:
+        if needle in lowered:
+            return capability
+    return None
+
+
+def platform_for(gpus: GpuState | None, cpu: bool = False) -> Platform:
+    """The platform a service runs on, from the GPUs it sees (first GPU decides)."""
+    if cpu:
+        return Platform("cpu")
+    if gpus is None or not gpus.gpus:
+        return Platform("cuda")
+    first = gpus.gpus[0]
+    capability = first.compute_capability or capability_for_name(first.name)
+    return Platform("cuda", capability, first.name, first.total_bytes)
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-layer specs (kv_cache_interface.py)
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SizingContext:
+    """The VllmConfig values a spec reads to size one request."""
+
+    max_model_len: int
+    max_in_flight_tokens: int
+    decode_context_parallel_size: int = 1
+    mamba_cache_mode: str = "none"
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    block_size: int
+
+    kind = "?"
+
+    @property
+    def page_size_bytes(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def block_stride_alignment(self) -> int:
+        """Bytes a layer-outer block stride must be a multiple of (backend customize_spec)."""
+        return 1
+
+    def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
+        raise NotImplementedError
+
+    def blocks_per_request(self, ctx: SizingContext) -> int:
+        return cdiv(self.max_memory_usage_bytes(ctx), self.page_size_bytes)
+
+
+@dataclass(frozen=True)
+class AttentionSpec(KVCacheSpec):
+    num_kv_heads: int  # per GPU
+    head_size: int
+    head_size_v: int
+    dtype_bytes: int
+    state_content_bytes: int | None = None  # packed formats (fp8_ds_mla) set it directly
+    page_size_padded: int | None = None
+    dcp_sharded: bool = True
+    stride_alignment: int = 1
+
+    @property
+    def state_content_size_bytes(self) -> int:
+        if self.state_content_bytes is not None:
+            return self.state_content_bytes
+        return (self.head_size + self.head_size_v) * self.dtype_bytes
+
+    @property
+    def page_size_bytes(self) -> int:
+        unpadded = self.num_kv_heads * self.block_size * self.state_content_size_bytes
+        return self.page_size_padded if self.page_size_padded is not None else unpadded
+
+    @property
+    def block_stride_alignment(self) -> int:
+        return self.stride_alignment
+
+
+@dataclass(frozen=True)
+class FullAttentionSpec(AttentionSpec):
+    """Every token of the request stays: cdiv(L, block_size) pages (cdiv(L, DCP) tokens per rank)."""
+
+    kind = "full"
+
+    def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
+        tokens = ctx.max_model_len
+        if self.dcp_sharded and ctx.decode_context_parallel_size > 1:
+            tokens = cdiv(tokens, ctx.decode_context_parallel_size)
+        return cdiv(tokens, self.block_size) * self.page_size_bytes
+
+
+@dataclass(frozen=True)
+class MLAAttentionSpec(FullAttentionSpec):
+    """One latent per token, replicated on every TP rank (num_kv_heads 1, max_tp_shards 1).
+
+    The DSA indexer K cache is an MLAAttentionSpec too (cache_role "indexer", uint8).
+    """
+
+    cache_role: str = "sparse"
+    cache_dtype_str: str = "auto"
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return "indexer" if self.cache_role == "indexer" else "mla"
+
+
+@dataclass(frozen=True)
+class SlidingWindowSpec(AttentionSpec):
+    """Bounded per request: the window plus the tokens in flight (+1 for a window that straddles)."""
+
+    sliding_window: int = 0
+    extra_retained_tokens: int = 0
+
+    kind = "sliding"
+
+    def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
+        tokens = min(
+            self.sliding_window - 1 + self.extra_retained_tokens + ctx.max_in_flight_tokens, ctx.max_model_len
+        )
+        return (cdiv(tokens, self.block_size) + 1) * self.page_size_bytes
+
+
+@dataclass(frozen=True)
+class ChunkedLocalAttentionSpec(AttentionSpec):
+    """Bounded per request: one chunk plus the tokens in flight."""
+
+    attention_chunk_size: int = 0
+
+    kind = "chunked"
+
+    def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
+        tokens = min(self.attention_chunk_size + ctx.max_in_flight_tokens, ctx.max_model_len)
+        return cdiv(tokens, self.block_size) * self.page_size_bytes
+
+
+@dataclass(frozen=True)
+class MambaSpec(KVCacheSpec):
+    """Constant state per request; pages per request depend on the mamba cache mode."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtype_sizes: tuple[int, ...]
+    page_size_padded: int | None = None
+    num_speculative_blocks: int = 0
+    num_prefill_checkpoint_blocks: int = 0
+    family: str = "mamba2"
+
+    kind = "mamba"
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        return sum(math.prod(shape) * size for shape, size in zip(self.shapes, self.dtype_sizes, strict=True))
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.page_size_padded if self.page_size_padded is not None else self.real_page_size_bytes
+
+    def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
+        if ctx.mamba_cache_mode == "align":
+            pages = 2 + self.num_speculative_blocks + self.num_prefill_checkpoint_blocks
+        else:
+            pages = 1 + self.num_speculative_blocks
+        return self.page_size_bytes * pages
+
+
+# --------------------------------------------------------------------------------------------------
+# Groups and the layout
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """Layers that share one block table (vLLM's KVCacheGroupSpec).
+
+    `layers` holds each cache's decoder-layer index: an MLA layer with a DSA indexer appears twice.
+    """
+
+    layers: tuple[int, ...]
+    specs: tuple[KVCacheSpec, ...]
+
+    @property
+    def kind(self) -> str:
+        return "+".join(sorted({spec.kind for spec in self.specs}))
+
+    @property
+    def page_size_bytes(self) -> int:
+        """vLLM's group page: one layer's page, or the sum for a merged uniform-type group."""
+        first = self.specs[0]
+        if all(spec == first for spec in self.specs):
+            return first.page_size_bytes
+        return sum(spec.page_size_bytes for spec in self.specs)
+
+    @property
+    def block_size(self) -> int:
+        return self.specs[0].block_size
+
+    @property
+    def grows_with_context(self) -> bool:
+        return any(isinstance(spec, FullAttentionSpec) for spec in self.specs)
+
+    def blocks_per_request(self, ctx: SizingContext) -> int:
+        return max(spec.blocks_per_request(ctx) for spec in self.specs)
+
+    def bytes_per_block(self, stage_layers: range | None = None) -> int:
+        """This group's share of one pool block: its layers' pages, each padded to its stride alignment."""
+        return sum(
+            round_up(spec.page_size_bytes, spec.block_stride_alignment)
+            for layer, spec in zip(self.layers, self.specs, strict=True)
+            if stage_layers is None or layer in stage_layers
+        )
+
+
+@dataclass(frozen=True)
+class KVCacheLayout:
+    """vLLM's KV cache groups for one model + serve flags + platform, and the pool they share.
+
+    Not vLLM's `KVCacheLayout` enum (the physical stride order); this is the planning view:
+    groups, block size, bytes per block of the shared pool, per pipeline stage.
+    """
+
+    groups: tuple[KVCacheGroup, ...]
+    block_size: int
+    kv_cache_dtype: str  # resolved, as vLLM's cache_config.cache_dtype ends up
+    model_dtype: str
+    attention_backend: str
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    decode_context_parallel_size: int
+    max_num_batched_tokens: int
+    max_in_flight_tokens: int
+    mamba_cache_mode: str
+    stage_layers: tuple[range, ...]  # decoder layers of each PP stage
+    notes: tuple[str, ...] = ()
+
+    # -- pool geometry --------------------------------------------------------------------------
+
+    def stage_bytes_per_block(self, stage: int) -> int:
+        """_pool_bytes_per_block on that stage's worker: the largest group's bytes per block."""
+        if not self.groups:
+            return 0
+        return max(group.bytes_per_block(self.stage_layers[stage]) for group in self.groups)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes per block on the stage that needs the most (all stages when PP is 1)."""
+        return max(self.stage_bytes_per_block(s) for s in range(self.pipeline_parallel_size))
+
+    @property
+    def page_size_bytes(self) -> int:
+        """The largest single-layer page (the unified page of a hybrid model)."""
+        return max((spec.page_size_bytes for g in self.groups for spec in g.specs), default=0)
+
+    def _ctx(self, max_model_len: int) -> SizingContext:
+        return SizingContext(
+            max_model_len, self.max_in_flight_tokens, self.decode_context_parallel_size, self.mamba_cache_mode
+        )
+
+    # -- one request ----------------------------------------------------------------------------
+
+    def group_blocks(self, max_model_len: int) -> tuple[int, ...]:
+        ctx = self._ctx(max_model_len)
+        return tuple(group.blocks_per_request(ctx) for group in self.groups)
+
+    def blocks_needed(self, max_model_len: int) -> int:
+        """Blocks one request of max_model_len takes from the shared pool, all groups."""
+        return sum(self.group_blocks(max_model_len))
+
+    def bytes_needed(self, max_model_len: int, stage: int | None = None) -> int:
+        """vLLM's `_max_memory_usage_bytes_from_groups`: blocks x bytes_per_block (largest stage)."""
+        bytes_per_block = self.bytes_per_block if stage is None else self.stage_bytes_per_block(stage)
+        return self.blocks_needed(max_model_len) * bytes_per_block
+
+    def bytes_per_token(self) -> int:
+        """Marginal KV bytes per extra context token on the GPU that needs the most.
+
+        Each group that keeps every token takes one pool block per block_size x DCP tokens.
+        """
+        dcp = self.decode_context_parallel_size
+        per_token = sum(
+            Fraction(self.bytes_per_block, group.block_size * dcp)
+            for group in self.groups
+            if group.grows_with_context
+        )
+        return math.ceil(per_token)
+
+    # -- the pool -------------------------------------------------------------------------------
+
+    def _stage_budgets(self, available_bytes: int | Sequence[int]) -> list[int]:
+        if isinstance(available_bytes, int):
+            return [available_bytes] * self.pipeline_parallel_size
+        if len(available_bytes) != self.pipeline_parallel_size:
+            raise ValueError("one available-bytes figure per pipeline stage expected")
+        return list(available_bytes)
+
+    def num_gpu_blocks(self, available_bytes: int | Sequence[int]) -> int:
+        """Blocks in the pool (the null block included): the minimum over workers."""
+        if not self.groups:
+            return 1
+        budgets = self._stage_budgets(available_bytes)
+        return min(
+            max(budget, 0) // self.stage_bytes_per_block(s)
+            for s, budget in enumerate(budgets)
+            if self.stage_bytes_per_block(s) > 0
+        )
+
+    def fits(self, max_model_len: int, available_bytes: int | Sequence[int]) -> bool:
+        """vLLM's startup check: needed <= available - one (null) block, on every worker."""
+        if not self.groups:
+            return True
+        budgets = self._stage_budgets(available_bytes)
+        needed_blocks = self.blocks_needed(max_model_len)
+        for s, budget in enumerate(budgets):
+            bytes_per_block = self.stage_bytes_per_block(s)
+            if bytes_per_block == 0:
+                continue
+            check = budget - bytes_per_block
+            if check <= 0 or needed_blocks * bytes_per_block > check:
+                return False
+        return True
+
+    def max_model_len_for(self, available_bytes: int | Sequence[int], upper: int) -> int:
+        """vLLM's estimated maximum model length: binary search in [1, upper], null block held back."""
+        if not self.groups:
+            return upper
+        if upper < 1 or not self.fits(1, available_bytes):
+            return 0
+        left, right, result = 1, upper, 1
+        while left <= right:
+            mid = (left + right) // 2
+            if self.fits(mid, available_bytes):
+                result, left = mid, mid + 1
+            else:
+                right = mid - 1
+        return result
+
+    def max_concurrency(self, available_bytes: int | Sequence[int], max_model_len: int) -> float:
+        """kv_cache_utils' capacity line: pool blocks / blocks one request needs."""
+        needed = self.blocks_needed(max_model_len)
+        return self.num_gpu_blocks(available_bytes) / needed if needed else math.inf
+
+    def capacity_tokens(self, available_bytes: int | Sequence[int], max_model_len: int) -> int:
+        """The "KV cache size: N tokens" figure: concurrency x max_model_len (not a capacity)."""
+        return int(self.max_concurrency(available_bytes, max_model_len) * max_model_len)
+
+    def summary(self, max_model_len: int | None = None) -> dict:
+        groups = []
+        blocks = self.group_blocks(max_model_len) if max_model_len else (None,) * len(self.groups)
+        for group, group_blocks in zip(self.groups, blocks, strict=True):
+            entry: dict = {
+                "kind": group.kind,
+                "layers": len(set(group.layers)),
+                "caches": len(group.layers),  # an MLA layer with a DSA indexer has two
+                "page_size_bytes": group.page_size_bytes,
+                "bytes_per_block": group.bytes_per_block(),
+            }
+            if group_blocks is not None:
+                entry["blocks_per_request"] = group_blocks
+            groups.append(entry)
+        return {
+            "block_size": self.block_size,
+            "page_size_bytes": self.page_size_bytes,
+            "bytes_per_block": self.bytes_per_block,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "model_dtype": self.model_dtype,
+            "attention_backend": self.attention_backend,
+            "mamba_cache_mode": self.mamba_cache_mode,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_in_flight_tokens": self.max_in_flight_tokens,
+            "groups": groups,
+            "notes": list(self.notes),
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# Building the specs for a model
+# --------------------------------------------------------------------------------------------------
+
+_DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class _Backend:
+    name: str
+    min_kernel_block: int  # smallest kernel block size it takes (MultipleOf base or fixed)
+    preferred_block: int  # get_preferred_block_size(16) for this backend alone
+    mla_format: str = "latent"  # "latent" | "fp8_ds_mla" | "standard_fp8"
+
+
+def _is_glm_dsa(facts: ModelFacts) -> bool:
+    return facts.model_type in ("glm_moe_dsa", "glm-dsa") or "GlmMoeDsaForCausalLM" in facts.architectures
+
+
+def _is_deepseek_v32(facts: ModelFacts) -> bool:
+    return facts.model_type == "deepseek_v32" or "DeepseekV32ForCausalLM" in facts.architectures
+
+
+def resolve_model_dtype(facts: ModelFacts, args: ServeArgs, platform: Platform) -> str:
+    requested = _DTYPE_ALIASES.get(args.dtype.lower(), args.dtype.lower())
+    if requested == "auto":
+        return platform.default_model_dtype(_DTYPE_ALIASES.get(facts.dtype, facts.dtype))
+    dtype_bytes(requested)  # validates
+    return requested
+
+
+def resolve_kv_cache_dtype(
+    facts: ModelFacts, args: ServeArgs, platform: Platform, vllm_version: VllmVersion, notes: list[str]
+) -> str:
+    """cache_config.cache_dtype after the model's and the checkpoint's rules (before the backend's)."""
+    kv = args.kv_cache_dtype.lower()
+    if kv not in KNOWN_KV_DTYPES:
+        raise UsageError(
+            f"--kv-cache-dtype {args.kv_cache_dtype}: not modelled by ctxmgr (scales packed per page)"
+        )
+    if kv == "half":
+        kv = "float16"
+    if kv == "auto" and facts.kv_cache_scheme:
+        kv = facts.kv_cache_scheme
+        notes.append(f"the checkpoint declares a {kv} KV cache scheme, so 'auto' means {kv}")
+    if _is_deepseek_v32(facts):
+        if vllm_version < (0, 12) and (kv == "auto" or kv.startswith("fp8")):
+            notes.append("vLLM 0.11 forces DeepSeek-V3.2's KV cache to fp8_ds_mla")
+            return "fp8_ds_mla"
+        if kv == "bfloat16":
+            kv = "auto"
+    if _is_glm_dsa(facts) and kv == "auto" and platform.is_capability_family(100):
+        notes.append("GLM-5 (glm_moe_dsa) on SM10x: vLLM turns --kv-cache-dtype auto into fp8_e4m3")
+        kv = "fp8_e4m3"
+    return kv
+
+
+def _attention_backend(
+    facts: ModelFacts, kv_cache_dtype: str, platform: Platform, tp: int, dcp: int
+) -> _Backend:
+    """The first backend vLLM 0.33.0 would select (platforms/cuda.py priorities), block sizes only."""
+    quantized = is_quantized_kv_cache(kv_cache_dtype)
+    if platform.is_cpu:
+        if facts.is_mla:
+            return _Backend("CPU_MLA", 16, 16)
+        return _Backend("CPU_ATTN", 32, CPU_DEFAULT_BLOCK_SIZE)
+    major = platform.capability_major
+    if facts.is_mla and facts.has_indexer:  # DeepSeek sparse attention
+        if major == 9:
+            if not quantized and dcp == 1:
+                return _Backend("FLASH_ATTN_MLA_SPARSE", 64, 64)
+            return _Backend("FLASHMLA_SPARSE", 64, 64, "fp8_ds_mla" if quantized else "latent")
+        if major == 10:
+            if quantized and kv_cache_dtype not in PACKED_MLA_BYTES:
+                return _Backend("FLASHINFER_MLA_SPARSE", 32, 32, "standard_fp8")
+            heads_per_gpu = facts.num_attention_heads // tp
+            if not quantized and heads_per_gpu <= 16:
+                return _Backend("FLASH_ATTN_MLA_SPARSE_FA4", 64, 64)
+            return _Backend("FLASHMLA_SPARSE", 64, 64, "fp8_ds_mla" if quantized else "latent")
+        if major == 12:
+            fmt = "fp8_ds_mla" if kv_cache_dtype in ("auto", "fp8", "fp8_e4m3") else "latent"
+            return _Backend("FLASHINFER_MLA_SPARSE_SM120", 64, 64, fmt)
+        raise UsageError(f"vLLM has no sparse-MLA backend for compute capability {major}.x")
+    if facts.is_mla:
+        if major == 9:
+            if quantized:
+                return _Backend("FLASHMLA", 64, 64)
+            return _Backend("FLASH_ATTN_MLA", 16, 16)
+        if major == 10:
+            if facts.qk_nope_head_dim in (64, 128, 192):
+                return _Backend("FLASHINFER_MLA", 32, 32)
+            return _Backend("CUTLASS_MLA", 128, 128)
+        return _Backend("TRITON_MLA", 16, 16)
+    if major == 10:
+        return _Backend("FLASHINFER", 16, 16)
+    return _Backend("FLASH_ATTN", 16, 16)
+
+
+def _kv_heads_per_gpu(total: int, tp: int, layer: int) -> int:
+    """get_num_kv_heads, with the models' own divisibility asserts."""
+    if total <= 0:
+        raise UsageError(f"layer {layer}: no KV heads")
+    if tp >= total:
+        if tp % total:
+            raise UsageError(
+                f"tensor parallel size {tp} is not a multiple of the {total} KV heads (layer {layer})"
+            )
+    elif total % tp:
+        raise UsageError(f"{total} KV heads are not divisible by tensor parallel size {tp} (layer {layer})")
+    return max(1, total // tp)
+
+
+def _divide(numerator: int, denominator: int, what: str) -> int:
+    if numerator % denominator:
+        raise UsageError(f"{what} ({numerator}) is not divisible by tensor parallel size {denominator}")
+    return numerator // denominator
+
+
+def _mamba_shapes(state: StateFacts, tp: int, num_spec: int) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """(state shapes per TP rank, number of conv-like leading tensors) from mamba_utils.py."""
+    if state.family == "mamba2":
+        n_groups = state.n_groups + (0 if state.n_groups % tp == 0 else tp - state.n_groups)
+        conv_dim = state.intermediate_size + 2 * n_groups * state.state_size
+        conv = (state.conv_kernel - 1 + num_spec, _divide(conv_dim, tp, "mamba2 conv dim"))
+        ssm = (_divide(state.num_heads, tp, "mamba2 heads"), state.head_dim, state.state_size)
+        return (conv, ssm), 1
+    if state.family == "mamba1":
+        inner = _divide(state.intermediate_size, tp, "mamba intermediate size")
+        return ((state.conv_kernel - 1, inner), (inner, state.state_size)), 1
+    if state.family == "gdn":
+        conv_dim = state.k_head_dim * state.num_k_heads * 2 + state.v_head_dim * state.num_v_heads
+        conv = (state.conv_kernel - 1 + num_spec, _divide(conv_dim, tp, "gated delta net conv dim"))
+        ssm = (_divide(state.num_v_heads, tp, "gated delta net V heads"), state.v_head_dim, state.k_head_dim)
+        return (conv, ssm), 1
+    if state.family == "linear":
+        return ((_divide(state.num_heads, tp, "linear attention heads"), state.head_dim, state.head_dim),), 0
+    raise UsageError(f"unknown recurrent state family {state.family!r}")
+
+
+def _mamba_dtype_sizes(state: StateFacts, model_dtype: str, conv_like: int) -> tuple[int, ...]:
+    """MambaStateDtypeCalculator: conv follows the model (or mamba_cache_dtype), ssm follows conv."""
+    conv_dtype = state.conv_dtype or model_dtype
+    ssm_dtype = state.ssm_dtype or conv_dtype
+    if conv_like == 0:  # linear attention: one state tensor in the mamba cache dtype
+        return (dtype_bytes(conv_dtype),)
+    return (dtype_bytes(conv_dtype), dtype_bytes(ssm_dtype))
+
+
+def _flashinfer_gdn_prefill(platform: Platform, state: StateFacts) -> bool:
+    """_resolve_gdn_prefill_backend('auto'): FlashInfer on SM90, or SM10x/12x with CUDA 13 and k dim 128."""
+    if not platform.is_cuda:
+        return False
+    if platform.compute_capability is None or platform.compute_capability == (9, 0):
+        return True
+    if platform.capability_major in (10, 12) and state.k_head_dim == 128:
+        return platform.cuda_runtime_major is None or platform.cuda_runtime_major >= 13
+    return False
+
+
+def pp_stage_layers(num_layers: int, pp: int, partition: str | None = None) -> tuple[range, ...]:
+    """get_pp_indices: remainder layers go to the stages before the last (or VLLM_PP_LAYER_PARTITION)."""
+    if partition:
+        try:
+            sizes = [int(part) for part in partition.split(",")]
+        except ValueError:
+            raise UsageError(f"VLLM_PP_LAYER_PARTITION={partition!r} is not a list of integers") from None
+        if len(sizes) != pp or sum(sizes) != num_layers:
+            raise UsageError(
+                f"VLLM_PP_LAYER_PARTITION={partition!r} does not split {num_layers} layers {pp} ways"
+            )
+    else:
+        sizes = [num_layers // pp] * pp
+        for i in range(2, num_layers % pp + 2):
+            sizes[-i] += 1
+    stages, start = [], 0
+    for size in sizes:
+        stages.append(range(start, start + size))
+        start += size
+    return tuple(stages)
+
+
+def _max_concurrent_batches(platform: Platform, args: ServeArgs, vllm_version: VllmVersion) -> int:
+    """VllmConfig.max_concurrent_batches: async scheduling (GPU default) overlaps one more batch."""
+    pp = args.pipeline_parallel_size
+    if platform.is_cpu:
+        return pp  # the CPU platform turns async scheduling off
+    runner_env = args.env.get("VLLM_USE_V2_MODEL_RUNNER")
+    v2_runner = runner_env in ("1", "true", "True") or (runner_env is None and vllm_version >= (0, 33))
+    if v2_runner:
+        return pp + 1
+    return 2 if pp <= 1 else pp  # V1 runner: no async scheduling with PP
+
+
+def kv_cache_layout(
+    facts: ModelFacts, args: ServeArgs, platform: Platform, vllm_version: VllmVersion = NEWEST_VLLM
+) -> KVCacheLayout:
+    """Build vLLM's KV cache groups for `facts` served with `args` on `platform`."""
+    tp, pp, dcp = args.tensor_parallel_size, args.pipeline_parallel_size, args.decode_context_parallel_size
+    if min(tp, pp, dcp) < 1:
+        raise UsageError("parallel sizes must be at least 1")
+    if tp % dcp:
+        raise UsageError(f"decode context parallel size {dcp} must divide tensor parallel size {tp}")
+    if facts.num_attention_heads % tp:
+        raise UsageError(
+            f"Total number of attention heads ({facts.num_attention_heads}) must be divisible by "
+            f"tensor parallel size ({tp})."
+        )
+    if args.env.get("VLLM_MLA_DISABLE") in ("1", "true") and facts.is_mla:
+        raise UsageError("VLLM_MLA_DISABLE=1 is not modelled: ctxmgr sizes the MLA latent cache")
+    notes: list[str] = []
+    model_dtype = resolve_model_dtype(facts, args, platform)
+    kv_dtype = resolve_kv_cache_dtype(facts, args, platform, vllm_version, notes)
+    backend = _attention_backend(facts, kv_dtype, platform, tp, dcp)
+    if facts.is_mla and facts.has_indexer:
+        if backend.mla_format == "fp8_ds_mla" and kv_dtype not in PACKED_MLA_BYTES:
+            notes.append(
+                f"{backend.name} serves a quantized KV cache as fp8_ds_mla (656 B per token per layer)"
+            )
+            kv_dtype = "fp8_ds_mla"
+        elif backend.mla_format == "standard_fp8":
+            notes.append(f"{backend.name} uses standard fp8 (576 B per token per layer), not fp8_ds_mla")
+        if dcp > 1 and backend.name == "FLASHMLA_SPARSE" and kv_dtype != "fp8_ds_mla":
+            raise UsageError(
+                "decode context parallel with sparse MLA needs the FlashMLA-sparse fp8_ds_mla cache "
+                "(--kv-cache-dtype fp8)"
+            )
+    if kv_dtype == "nvfp4_ds_mla" and not platform.is_capability_family(100):
+        raise UsageError("nvfp4_ds_mla needs SM100 (Blackwell)")
+    if kv_dtype in PACKED_MLA_BYTES and not facts.is_mla:
+        raise UsageError(f"--kv-cache-dtype {kv_dtype} exists only for MLA models")
+    kv_bytes = dtype_bytes(model_dtype) if kv_dtype == "auto" else _kv_dtype_bytes(kv_dtype)
+
+    mnbt = args.max_num_batched_tokens or platform.default_max_num_batched_tokens(tp * pp)
+    in_flight = _max_concurrent_batches(platform, args, vllm_version) * mnbt
+    has_mamba = facts.count(LayerKind.MAMBA) > 0
+    has_attention = any(layer.kind not in (LayerKind.MAMBA, LayerKind.NONE) for layer in facts.layers)
+    prefix_caching = args.enable_prefix_caching
+    if prefix_caching is None:
+        prefix_caching = True if has_attention else not has_mamba  # attention-free models: off
+    mamba_cache_mode = "align" if has_mamba and prefix_caching else "none"
+
+    # Phase 1: the block size every backend takes (user value wins), CPU MLA forced to 16.
+    block_size = args.block_size or backend.preferred_block
+    if facts.has_indexer and not platform.is_cpu and args.block_size is None:
+        block_size = math.lcm(block_size, 64)  # the DSA indexer backend takes 64-token blocks on CUDA
+    if platform.is_cpu and facts.is_mla:
+        block_size = 16
+    platform_default = CPU_DEFAULT_BLOCK_SIZE if platform.is_cpu else DEFAULT_BLOCK_SIZE
+    if args.block_size is None and block_size != platform_default and has_attention:
+        notes.append(f"Setting kv cache block size to {block_size} for {backend.name} backend(s).")
+
+    layers = list(facts.layers)
+    if args.num_speculative_tokens and facts.mtp_layers:
+        layers += [layers[-1]] * facts.mtp_layers
+        notes.append(
+            f"MTP speculative decoding adds {facts.mtp_layers} draft layer(s) to the KV cache [unverified]"
+        )
+
+    # Phase 2: hybrid attention/mamba models align the block size to the mamba page.
+    mamba_block_padding: int | None = None
+    gdn_checkpoints = all(
+        layer.state is not None
+        and layer.state.family == "gdn"
+        and _flashinfer_gdn_prefill(platform, layer.state)
+        for layer in layers
+        if layer.kind == LayerKind.MAMBA
+    )
+    if has_mamba and has_attention:
+        block_size, mamba_block_padding = _align_hybrid_block_size(
+            facts,
+            layers,
+            args,
+            backend,
+            block_size,
+            kv_bytes,
+            model_dtype,
+            mamba_cache_mode,
+            gdn_checkpoints,
+            notes,
+        )
+
+    specs: list[tuple[int, KVCacheSpec]] = []
+    for index, layer in enumerate(layers):
+        specs.extend(
+            (index, spec)
+            for spec in _layer_specs(
+                layer,
+                index,
+                args,
+                platform,
+                kv_dtype,
+                kv_bytes,
+                model_dtype,
+                block_size,
+                mamba_cache_mode,
+                mamba_block_padding,
+                gdn_checkpoints,
+                backend,
+            )
+        )
+    if args.disable_sliding_window and any(isinstance(s, SlidingWindowSpec) for _, s in specs):
+        notes.append("--disable-sliding-window: sliding layers keep every token (full attention)")
+
+    disable_hybrid = args.disable_hybrid_kv_cache_manager
+    chunked_env = args.env.get("VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE")
+    if chunked_env in ("0", "false") and any(isinstance(s, ChunkedLocalAttentionSpec) for _, s in specs):
+        disable_hybrid = True
+        notes.append(
+            "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0 disables the hybrid KV cache manager"
+        )
+    groups = _kv_cache_groups(specs, disable_hybrid, notes)
+
+    num_layers = len(facts.layers)
+    stages = list(pp_stage_layers(num_layers, pp, args.env.get("VLLM_PP_LAYER_PARTITION")))
+    if len(layers) > num_layers:  # MTP draft layers live on the last stage
+        stages[-1] = range(stages[-1].start, len(layers))
+    return KVCacheLayout(
+        groups=tuple(groups),
+        block_size=block_size,
+        kv_cache_dtype=kv_dtype,
+        model_dtype=model_dtype,
+        attention_backend=backend.name if has_attention else "none",
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        decode_context_parallel_size=dcp,
+        max_num_batched_tokens=mnbt,
+        max_in_flight_tokens=in_flight,
+        mamba_cache_mode=mamba_cache_mode,
+        stage_layers=tuple(stages),
+        notes=tuple(notes),
+    )
+
+
+def _kv_dtype_bytes(kv_dtype: str) -> int:
+    if kv_dtype in PACKED_MLA_BYTES or kv_dtype.startswith("fp8"):
+        return 1
+    return dtype_bytes(kv_dtype)
+
+
+def _mla_content_bytes(layer: LayerFacts, kv_dtype: str, kv_bytes: int) -> int:
+    return PACKED_MLA_BYTES.get(kv_dtype, layer.head_size * kv_bytes)
+
+
+def _layer_specs(
+    layer: LayerFacts,
+    index: int,
+    args: ServeArgs,
+    platform: Platform,
+    kv_dtype: str,
+    kv_bytes: int,
+    model_dtype: str,
+    block_size: int,
+    mamba_cache_mode: str,
+    mamba_page_padded: int | None,
+    gdn_checkpoints: bool,
+    backend: _Backend,
+) -> list[KVCacheSpec]:
+    tp = args.tensor_parallel_size
+    kind = layer.kind
+    if kind == LayerKind.NONE:
+        return []  # kv_sharing_target_layer_name: reads another layer's cache
+    if kind == LayerKind.SLIDING and args.disable_sliding_window:
+        kind = LayerKind.FULL
+    if kind in (LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED):
+        if args.decode_context_parallel_size > 1:
+            if kind == LayerKind.SLIDING:
+                raise UsageError("vLLM does not support decode context parallel with sliding-window layers")
+            _check_gqa_dcp(layer, args)
+        common = dict(
+            block_size=block_size,
+            num_kv_heads=_kv_heads_per_gpu(layer.num_kv_heads, tp, index),
+            head_size=layer.head_size,
+            head_size_v=layer.head_size_v or layer.head_size,
+            dtype_bytes=kv_bytes,
+        )
+        if kind == LayerKind.SLIDING:
+            if not layer.window:
+                raise UsageError(f"layer {index} is sliding-window but has no window")
+            return [SlidingWindowSpec(**common, sliding_window=layer.window)]
+        if kind == LayerKind.CHUNKED:
+            if not layer.window:
+                raise UsageError(f"layer {index} is chunked-local but has no chunk size")
+            return [ChunkedLocalAttentionSpec(**common, attention_chunk_size=layer.window)]
+        return [FullAttentionSpec(**common)]
+    if kind == LayerKind.MLA:
+        content = _mla_content_bytes(layer, kv_dtype, kv_bytes)
+        sparse_backend = "SPARSE" in backend.name
+        specs: list[KVCacheSpec] = [
+            MLAAttentionSpec(
+                block_size=block_size,
+                num_kv_heads=1,
+                head_size=layer.head_size,
+                head_size_v=0,
+                dtype_bytes=kv_bytes,
+                state_content_bytes=content if kv_dtype in PACKED_MLA_BYTES else None,
+                cache_dtype_str=kv_dtype,
+                # sparse backends read flat rows, so blocks must be whole rows apart (align_blocks_to_rows)
+                stride_alignment=content if sparse_backend else 1,
+            )
+        ]
+        if layer.indexer_head_dim:
+            indexer_bytes = layer.indexer_head_dim + layer.indexer_head_dim // 128 * 4
+            specs.append(
+                MLAAttentionSpec(
+                    block_size=block_size,
+                    num_kv_heads=1,
+                    head_size=indexer_bytes,
+                    head_size_v=0,
+                    dtype_bytes=1,  # fp8 values + one fp32 scale per 128, stored as uint8
+                    cache_role="indexer",
+                )
+            )
+        return specs
+    if kind == LayerKind.MAMBA:
+        if layer.state is None:
+            raise UsageError(f"layer {index} is a mamba/linear layer without state dimensions")
+        shapes, conv_like = _mamba_shapes(layer.state, tp, args.num_speculative_tokens)
+        checkpoint_blocks = 0
+        if layer.state.family == "mamba2" or (layer.state.family == "gdn" and gdn_checkpoints):
+            checkpoint_blocks = 1  # MambaMixer2 / FlashInfer GDN export a prefill checkpoint in align mode
+        return [
+            MambaSpec(
+                block_size=block_size if mamba_cache_mode == "align" else 0,
+                shapes=shapes,
+                dtype_sizes=_mamba_dtype_sizes(layer.state, model_dtype, conv_like),
+                page_size_padded=mamba_page_padded,
+                num_speculative_blocks=args.num_speculative_tokens,
+                num_prefill_checkpoint_blocks=checkpoint_blocks,
+                family=layer.state.family,
+            )
+        ]
+    raise UsageError(f"layer {index}: unknown layer kind {layer.kind!r}")
+
+
+def _check_gqa_dcp(layer: LayerFacts, args: ServeArgs) -> None:
+    """ModelConfig.verify_with_parallel_config for decode context parallel on GQA/MQA."""
+    tp, dcp, kv = args.tensor_parallel_size, args.decode_context_parallel_size, layer.num_kv_heads
+    if tp <= kv:
+        raise UsageError(
+            f"Decode context parallelism for GQA/MQA requires --tensor-parallel-size ({tp}) to be greater "
+            f"than the model's total number of KV heads ({kv})."
+        )
+    if dcp > tp // kv:
+        raise UsageError(f"--decode-context-parallel-size ({dcp}) exceeds the maximum ({tp // kv})")
+
+
+def _align_hybrid_block_size(
+    facts: ModelFacts,
+    layers: list[LayerFacts],
+    args: ServeArgs,
+    backend: _Backend,
+    block_size: int,
+    kv_bytes: int,
+    model_dtype: str,
+    mamba_cache_mode: str,
+    gdn_checkpoints: bool,
+    notes: list[str],
+) -> tuple[int, int | None]:
+    """Platform._align_hybrid_block_size: attention page >= mamba page, then pad the mamba page."""
+    tp = args.tensor_parallel_size
+    attention = next(layer for layer in layers if layer.kind not in (LayerKind.MAMBA, LayerKind.NONE))
+    if facts.is_mla:
+        # vLLM builds this MLAAttentionSpec without state_content_bytes: head_size x dtype even for ds_mla
+        attn_page_1_token = attention.head_size * kv_bytes
+    else:
+        # FullAttentionSpec(head_size=model head size): head_size_v defaults to head_size here
+        attn_page_1_token = (
+            2 * _kv_heads_per_gpu(attention.num_kv_heads, tp, 0) * attention.head_size * kv_bytes
+        )
+    mamba_pages = []
+    for layer in layers:
+        if layer.kind == LayerKind.MAMBA and layer.state is not None:
+            shapes, conv_like = _mamba_shapes(layer.state, tp, args.num_speculative_tokens)
+            sizes = _mamba_dtype_sizes(layer.state, model_dtype, conv_like)
+            mamba_pages.append(sum(math.prod(s) * b for s, b in zip(shapes, sizes, strict=True)))
+    mamba_page = max(mamba_pages, default=0)
+    if mamba_page == 0:
+        return block_size, None
+    kernel_alignment = max(backend.min_kernel_block, block_size)
+    if facts.is_mla:
+        kernel_alignment = max(kernel_alignment, 128)
+    if mamba_cache_mode == "align" and gdn_checkpoints:
+        kernel_alignment = math.lcm(kernel_alignment, FLASHINFER_GDN_CHECKPOINT_ALIGNMENT)
+    attn_block_size = kernel_alignment * cdiv(mamba_page, kernel_alignment * attn_page_1_token)
+    attn_block_size = round_up(attn_block_size, backend.min_kernel_block)
+    if block_size < attn_block_size:
+        block_size = attn_block_size
+        notes.append(
+            f"Setting attention block size to {block_size} tokens to ensure that attention page size is "
+            ">= mamba page size."
+        )
+    attn_page = block_size * attn_page_1_token
+    if attn_page == mamba_page:
+        return block_size, None
+    notes.append(
+        f"Padding mamba page size by {100 * (attn_page - mamba_page) / mamba_page:.2f}% to ensure that mamba "
+        "page size and attention page size are exactly equal."
+    )
+    return block_size, attn_page
+
+
+# --------------------------------------------------------------------------------------------------
+# Grouping (kv_cache_planning.get_kv_cache_groups)
+# --------------------------------------------------------------------------------------------------
+
+
+def _promote_local_specs(specs: list[tuple[int, KVCacheSpec]]) -> list[tuple[int, KVCacheSpec]]:
+    """--disable-hybrid-kv-cache-manager: sliding/chunked layers are allocated as full attention."""
+    has_full = any(isinstance(spec, FullAttentionSpec) for _, spec in specs)
+    has_local = any(isinstance(spec, SlidingWindowSpec | ChunkedLocalAttentionSpec) for _, spec in specs)
+    if not (has_full and has_local):
+        return specs
+    full_block_sizes = {spec.block_size for _, spec in specs if isinstance(spec, FullAttentionSpec)}
+    full_block_size = next(iter(full_block_sizes)) if len(full_block_sizes) == 1 else None
+    promoted = []
+    for index, spec in specs:
+        if isinstance(spec, SlidingWindowSpec | ChunkedLocalAttentionSpec):
+            spec = FullAttentionSpec(
+                block_size=full_block_size or spec.block_size,
+                num_kv_heads=spec.num_kv_heads,
+                head_size=spec.head_size,
+                head_size_v=spec.head_size_v,
+                dtype_bytes=spec.dtype_bytes,
+                state_content_bytes=spec.state_content_bytes,
+                dcp_sharded=spec.dcp_sharded,
+                stride_alignment=spec.stride_alignment,
+            )
+        promoted.append((index, spec))
+    return promoted
+
+
+def _is_uniform_type(specs: list[KVCacheSpec]) -> bool:
+    """UniformTypeKVCacheSpecs.is_uniform_type: same block size and one registry base type."""
+    if len({spec.block_size for spec in specs}) > 1:
+        return False
+    first = specs[0]
+    if isinstance(first, FullAttentionSpec):
+        return all(isinstance(spec, FullAttentionSpec) for spec in specs)
+    if isinstance(first, SlidingWindowSpec):
+        return all(
+            isinstance(s, SlidingWindowSpec) and s.sliding_window == first.sliding_window for s in specs
+        )
+    if isinstance(first, ChunkedLocalAttentionSpec):
+        return all(
+            isinstance(s, ChunkedLocalAttentionSpec) and s.attention_chunk_size == first.attention_chunk_size
+            for s in specs
+        )
+    if isinstance(first, MambaSpec):
+        return all(
+            isinstance(s, MambaSpec)
+            and s.num_speculative_blocks == first.num_speculative_blocks
+            and s.num_prefill_checkpoint_blocks == first.num_prefill_checkpoint_blocks
+            and s.page_size_bytes == first.page_size_bytes
+            for s in specs
+        )
+    return False
+
+
+def _unify_page_size(specs: list[tuple[int, KVCacheSpec]]) -> list[tuple[int, KVCacheSpec]]:
+    """unify_kv_cache_spec_page_size: scale smaller attention pages by block size, pad the rest."""
+    pages = {spec.page_size_bytes for _, spec in specs}
+    if len(pages) <= 1:
+        return specs
+    max_page = max(pages)
+    unified: list[tuple[int, KVCacheSpec]] = []
+    for index, spec in specs:
+        page = spec.page_size_bytes
+        if page == max_page:
+            new = spec
+        elif isinstance(spec, MambaSpec):
+            new = replace(spec, page_size_padded=max_page)
+        elif max_page % page == 0 and isinstance(spec, AttentionSpec) and spec.page_size_padded is None:
+            new = replace(spec, block_size=spec.block_size * (max_page // page))
+        elif isinstance(spec, AttentionSpec) and not isinstance(spec, MLAAttentionSpec):
+            new = replace(spec, page_size_padded=max_page)
+        else:
+            raise NotImplementedError(f"layer {index}: page size cannot be unified")
+        unified.append((index, new))
+    return unified
+
+
+def _kv_cache_groups(
+    specs: list[tuple[int, KVCacheSpec]], disable_hybrid: bool, notes: list[str]
+) -> list[KVCacheGroup]:
+    if disable_hybrid:
+        promoted = _promote_local_specs(specs)
+        if promoted != specs:
+            notes.append("hybrid KV cache manager disabled: sliding/chunked layers keep every token")
+            specs = promoted
+        if not _is_uniform_type([spec for _, spec in specs]) and len({s for _, s in specs}) > 1:
+            raise UsageError(
+                "vLLM cannot serve this hybrid model with --disable-hybrid-kv-cache-manager "
+                "(Failed to promote local KV cache specs to one unified type)"
+            )
+    if not specs:
+        return []  # attention-free
+    only_specs = [spec for _, spec in specs]
+    if all(spec == only_specs[0] for spec in only_specs) or _is_uniform_type(only_specs):
+        return [KVCacheGroup(tuple(i for i, _ in specs), tuple(only_specs))]
+    try:
+        specs = _unify_page_size(specs)
+    except NotImplementedError:
+        has_mla = any(isinstance(spec, MLAAttentionSpec) for spec in only_specs)
+        has_swa = any(isinstance(spec, SlidingWindowSpec) for spec in only_specs)
+        if not (has_mla and has_swa) or any(isinstance(s, ChunkedLocalAttentionSpec) for s in only_specs):
+            raise UsageError("vLLM cannot unify this model's KV page sizes") from None
+        notes.append(
+            "KV cache page sizes cannot be unified; treating sliding-window layers as full attention "
+            "for cache allocation."
+        )
+        specs = _promote_local_specs(specs)
+        return [KVCacheGroup(tuple(i for i, _ in specs), tuple(s for _, s in specs))]
+    return _group_uniform_page_size(specs, notes)
+
+
+def _group_uniform_page_size(specs: list[tuple[int, KVCacheSpec]], notes: list[str]) -> list[KVCacheGroup]:
+    """_get_kv_cache_groups_uniform_page_size: equal-size groups, layers[i::num_groups], padding."""
+    buckets: dict[KVCacheSpec, list[int]] = defaultdict(list)
+    for index, spec in specs:
+        buckets[spec].append(index)
+    sizes = [len(layers) for layers in buckets.values()]
+    group_size = min(sizes)
+    if max(sizes) < min(sizes) * 1.5:
+        group_size = max(sizes)
+    groups: list[KVCacheGroup] = []
+    for spec, layers in buckets.items():
+        padding = group_size - len(layers) % group_size
+        if padding != group_size:
+            notes.append(
+                f"Add {padding} padding layers, may waste at most "
+                f"{padding / len(layers) * 100:.2f}% KV cache memory"
+            )
+        num_groups = cdiv(len(layers), group_size)
+        for i in range(num_groups):
+            members = layers[i::num_groups]
+            groups.append(KVCacheGroup(tuple(members), (spec,) * len(members)))
+    return groups
