@@ -1,0 +1,288 @@
+"""Human and JSON views of facts, GPUs, plans and changes. No I/O beyond returning strings."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from dataclasses import asdict
+from typing import Any
+
+from .facts import LayerKind, ModelFacts
+from .gpus import GIB, GpuState
+
+NEWEST_VLLM = (0, 33, 0)
+
+
+def parse_version(text: str | None) -> tuple[int, int, int]:
+    from .errors import UsageError
+
+    if not text:
+        return NEWEST_VLLM
+    parts = text.lstrip("v").split("+")[0].split(".")
+    try:
+        numbers = [int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts[:3]]
+    except ValueError:
+        raise UsageError(f"{text!r} is not a vLLM version (e.g. 0.33.0)") from None
+    while len(numbers) < 3:
+        numbers.append(0)
+    return numbers[0], numbers[1], numbers[2]
+
+
+def gib(n: float | int | None, digits: int = 2) -> str:
+    return "?" if n is None else f"{n / GIB:.{digits}f} GiB"
+
+
+def _layer_summary(model: ModelFacts) -> list[str]:
+    lines = []
+    counts = Counter(
+        (
+            layer.kind,
+            layer.num_kv_heads,
+            layer.head_size,
+            layer.head_size_v,
+            layer.window,
+            layer.indexer_head_dim,
+        )
+        for layer in model.layers
+    )
+    for (kind, heads, head, head_v, window, indexer), n in counts.items():
+        if kind == LayerKind.MLA:
+            text = f"MLA latent {head} (kv_lora_rank {model.kv_lora_rank} + rope {model.qk_rope_head_dim})"
+        elif kind == LayerKind.MAMBA:
+            state = next(layer.state for layer in model.layers if layer.kind == kind)
+            text = f"recurrent state ({state.family if state else '?'})"
+        elif kind == LayerKind.NONE:
+            text = "shares another layer's KV (no memory)"
+        else:
+            text = f"{heads} KV heads x {head}" + (f"/{head_v}" if head_v != head else "")
+            if window:
+                text += f", {'window' if kind == LayerKind.SLIDING else 'chunk'} {window}"
+        if indexer:
+            text += f" + DSA indexer {indexer}"
+        lines.append(f"  {n:4d} x {kind.value:8s} {text}")
+    return lines
+
+
+def facts_text(model: ModelFacts, version: tuple[int, int, int] = NEWEST_VLLM) -> str:
+    from .facts import derived_max_model_len
+
+    derived, key = derived_max_model_len(model, version)
+    out = [
+        f"model        {model.source} ({model.source_format})",
+        f"architecture {model.model_type} {', '.join(model.architectures)}".rstrip(),
+        f"dtype        {model.dtype}"
+        + (f", quantization {model.quantization}" if model.quantization else ""),
+        f"weights      {gib(model.weight_bytes)} ({model.provenance.get('weight_bytes', 'model files')})"
+        if model.weight_bytes is not None
+        else "weights      unknown (no weight files next to the config; pass --weights-bytes to plan)",
+        f"max length   {derived:,} (derived by vLLM {'.'.join(map(str, version))} from {key})",
+        f"layers       {model.num_hidden_layers}"
+        + (f" (+{model.mtp_layers} MTP)" if model.mtp_layers else ""),
+        *_layer_summary(model),
+    ]
+    if model.kv_cache_scheme:
+        out.append(f"kv scheme    {model.kv_cache_scheme} (declared by the checkpoint)")
+    out.extend(f"note         {note}" for note in model.notes)
+    return "\n".join(out)
+
+
+def facts_json(model: ModelFacts, version: tuple[int, int, int] = NEWEST_VLLM) -> dict[str, Any]:
+    from .facts import derived_max_model_len
+
+    derived, key = derived_max_model_len(model, version)
+    data = asdict(model)
+    data["layers"] = [
+        {k: (v.value if isinstance(v, LayerKind) else v) for k, v in asdict(layer).items()}
+        for layer in model.layers
+    ]
+    data["num_hidden_layers"] = model.num_hidden_layers
+    data["layer_kinds"] = {kind.value: model.count(kind) for kind in LayerKind if model.count(kind)}
+    data["derived_max_model_len"] = derived
+    data["derived_max_model_len_key"] = key
+    return data
+
+
+def gpus_text(state: GpuState) -> str:
+    out = [
+        f"{len(state.gpus)} GPU(s) via {state.source}"
+        + (f", driver {state.driver_version}" if state.driver_version else "")
+    ]
+    for gpu in state.gpus:
+        out.append(
+            f"  GPU {gpu.index}: {gpu.name}  total {gib(gpu.total_bytes)}  used {gib(gpu.used_bytes)}  "
+            f"free {gib(gpu.free_bytes)}"
+        )
+        for proc in gpu.processes:
+            used = gib(proc.used_bytes) if proc.used_bytes is not None else "?"
+            out.append(f"      pid {proc.pid:>7}  {used:>10}  {proc.name[:80]}")
+    return "\n".join(out)
+
+
+def bar(parts: list[tuple[str, int]], total: int, width: int | None = None) -> str:
+    """A stacked bar: one character class per part, scaled to `total`."""
+    width = width or max(20, min(60, shutil.get_terminal_size((100, 20)).columns - 50))
+    cells: list[str] = []
+    for char, size in parts:
+        cells.extend(char * round(width * max(size, 0) / total) if total else "")
+    text = "".join(cells)[:width]
+    return "[" + text.ljust(width, ".") + "]"
+
+
+def _fig(figure: Any) -> str:
+    return gib(figure.bytes)
+
+
+def plan_text(plan: Any, command_change: str = "") -> str:
+    """The memory table per GPU, a stacked bar each, the chosen flags and the verdict."""
+    out: list[str] = []
+    layout = plan.layout
+    out.append(
+        f"KV cache: {plan.kv_bytes_per_token_per_gpu:,} B/token/GPU (marginal), "
+        f"{gib(plan.kv_bytes_per_gpu)} for one request of {plan.max_model_len:,} tokens "
+        f"[{layout.kv_cache_dtype}, block {layout.block_size}, {layout.bytes_per_block:,} B/block, "
+        f"{len(layout.groups)} group(s), backend {layout.attention_backend}]"
+    )
+    if plan.derived_max_model_len:
+        out.append(
+            f"model limit: {plan.derived_max_model_len:,} ({plan.derived_max_model_len_key}); "
+            f"vLLM {'.'.join(map(str, plan.vllm_version))} rules on {plan.platform.device_type}"
+        )
+    if plan.gpus:
+        out.append("")
+        header = (
+            f"{'GPU':>4} {'total':>11} {'others':>10} {'weights':>10} {'non-KV':>10} "
+            f"{'KV budget':>11} {'KV needed':>11} {'headroom':>11}"
+        )
+        out.append(header)
+        for g in plan.gpus:
+            out.append(
+                f"{g.index:>4} {_fig(g.total):>11} {_fig(g.used_by_others):>10} {_fig(g.weights):>10} "
+                f"{_fig(g.non_kv):>10} {_fig(g.kv_budget):>11} {_fig(g.kv_needed):>11} {_fig(g.headroom):>11}"
+            )
+        out.append("")
+        legend = "o other processes  # startup overhead  W weights  n non-KV  K KV needed  k KV spare  . free"
+        for g in plan.gpus:
+            total = g.total.bytes or 1
+            weights = g.weights.bytes or 0
+            parts = [
+                ("o", g.used_by_others.bytes or 0),
+                ("#", g.startup_overhead.bytes or 0),
+                ("W", weights),
+                ("n", max((g.non_kv.bytes or 0) - weights, 0)),
+                ("K", g.kv_needed.bytes or 0),
+                ("k", max((g.kv_budget.bytes or 0) - (g.kv_needed.bytes or 0), 0)),
+            ]
+            out.append(f"{g.index:>4} {bar(parts, total)}")
+        out.append(f"     {legend}")
+        sources = sorted(
+            {f"{name}: {getattr(plan.gpus[0], name).source}" for name in ("weights", "non_kv", "kv_budget")}
+        )
+        out.append("     sources: " + "; ".join(sources))
+    out.append("")
+    out.append(f"{'FEASIBLE' if plan.feasible else 'NOT FEASIBLE'}: {plan.reason}")
+    out.append(f"verdict: {plan.verdict}")
+    out.append(f"largest context that fits: {plan.max_context:,}")
+    if plan.feasible:
+        flags = " ".join(f"{k} {v}" for k, v in plan.flag_changes.items())
+        out.append(f"flags: {flags or '(none)'}")
+        for name, value in plan.env_changes.items():
+            out.append(f"environment: {name}={value}")
+    if command_change:
+        out.append(command_change)
+    for warning in plan.warnings:
+        out.append(f"warning: {warning}")
+    if not plan.feasible and plan.alternatives:
+        out.append("")
+        out.append("what would make it fit (ranked):")
+        for alt in plan.alternatives:
+            mark = "fits" if alt.feasible else "no  "
+            flags = " ".join(f"{k} {v}" for k, v in alt.flag_changes.items())
+            out.append(
+                f"  {alt.rank:>2}. [{mark}] {alt.description}: max context {alt.max_context:,}, "
+                f"{alt.kv_bytes_per_token_per_gpu:,} B/token/GPU" + (f"  ({flags})" if flags else "")
+            )
+    for note in plan.notes:
+        out.append(f"note: {note}")
+    return "\n".join(out)
+
+
+def change_text(result: Any) -> str:
+    """What a set-context / rollback / recover did, in plain words."""
+    out = []
+    if result.diff and result.result in ("dry-run", "planned", "applied", "rolled-back", "rollback-failed"):
+        out.append(result.diff.rstrip("\n"))
+    if result.plan and result.result in ("infeasible", "dry-run", "planned"):
+        plan = result.plan
+        out.append(
+            f"plan: max_model_len {plan['max_model_len']:,}, gpu_memory_utilization "
+            f"{plan['gpu_memory_utilization']}, KV {plan['kv_bytes_per_token_per_gpu']:,} B/token/GPU, "
+            f"{gib(plan['kv_bytes_per_gpu'])} per request; largest context that fits {plan['max_context']:,}"
+        )
+    before = _len_util(result.previous_max_model_len, result.previous_gpu_memory_utilization)
+    after = _len_util(result.max_model_len, result.gpu_memory_utilization)
+    headline = {
+        "unchanged": f"{result.service}: unchanged. {result.reason}",
+        "dry-run": f"{result.service}: would change {before} -> {after}. {result.reason}",
+        "planned": f"{result.service}: will change {before} -> {after} (revision to be recorded)",
+        "applied": (
+            f"{result.service}: changed {before} -> {after} (revision {result.revision}). {result.reason}"
+        ),
+        "infeasible": f"{result.service}: NOT changed: {result.reason}",
+        "rolled-back": (
+            f"{result.service}: the change to {after} FAILED and was rolled back to {before} "
+            f"(revision {result.revision}). Why: {result.reason}"
+        ),
+        "rollback-failed": (
+            f"{result.service}: the change to {after} FAILED and the rollback FAILED too "
+            f"(revision {result.revision}): {result.reason}. The service needs a human; the previous unit "
+            f"is in the revision store (`ctxmgr history --service {result.service}`)."
+        ),
+    }.get(result.result, f"{result.service}: {result.result}. {result.reason}")
+    out.append(headline)
+    if result.decisive_line:
+        out.append(f"decisive line: {result.decisive_line}")
+    if result.suggestion:
+        out.append(f"what to try: {result.suggestion}")
+    if result.observation:
+        obs = result.observation
+        facts = [
+            f"{name} {obs[key]}"
+            for key, name in (
+                ("vllm_version", "vLLM"),
+                ("available_kv_gib", "KV budget GiB"),
+                ("kv_cache_tokens", "KV tokens"),
+                ("max_concurrency", "concurrency"),
+            )
+            if obs.get(key) is not None
+        ]
+        if facts:
+            out.append("measured: " + ", ".join(facts))
+    if result.probe and result.probe.get("steps"):
+        steps = ", ".join(
+            f"{s['name']} {s.get('status') or '-'} ({s['latency_s']:.2f} s)" for s in result.probe["steps"]
+        )
+        out.append(f"probe: {'ok' if result.probe.get('ok') else 'FAILED'}: {steps}")
+    return "\n".join(out)
+
+
+def _len_util(length: int | None, util: float | None) -> str:
+    text = f"max_model_len {length:,}" if length else "max_model_len (vLLM's default)"
+    return text + (f" / gpu_memory_utilization {util:g}" if util else "")
+
+
+def history_text(service: str, rows: list[dict[str, Any]]) -> str:
+    import time
+
+    if not rows:
+        return f"{service}: no revisions yet"
+    out = [f"{'rev':>4}  {'time':19}  {'action':12} {'state':15} {'context':>9} {'util':>5}  reason"]
+    for row in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["time"]))
+        context = f"{row['max_model_len']:,}" if row["max_model_len"] else "-"
+        util = f"{row['gpu_memory_utilization']:g}" if row["gpu_memory_utilization"] else "-"
+        action = row["action"] + (f" {row['rollback_of']}" if row.get("rollback_of") is not None else "")
+        reason = row["reason"][:90]
+        out.append(
+            f"{row['revision']:>4}  {when}  {action:12} {row['state']:15} {context:>9} {util:>5}  {reason}"
+        )
+    return "\n".join(out)
