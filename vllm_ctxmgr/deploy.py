@@ -147,7 +147,7 @@ def watch_start(
     from .vllm_log import StartWatcher
 
     baseline = systemd.state(unit).n_restarts
-    watcher = StartWatcher(timeout_s=timeout, baseline_nrestarts=baseline)
+    watcher = StartWatcher(timeout_s=timeout, baseline_nrestarts=baseline, await_start=True)
     next_state = 0.0
     with systemd.follow(unit, after_cursor=cursor) as follower:
         while True:

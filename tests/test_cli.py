@@ -1,0 +1,163 @@
+"""The command line as a user meets it: output, --json keys, one-line errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from vllm_ctxmgr.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+GLM5 = str(REPO / "examples" / "models" / "glm-5")
+LLAMA70B = str(REPO / "examples" / "models" / "llama-3.1-70b")
+UNITS = REPO / "units"
+GIB = 1 << 30
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_plan_json_has_the_promised_keys_and_vllm_numbers() -> None:
+    code, out, _ = run(
+        "plan", "200000", "--model", GLM5, "-tp", "8", "--gpu-memory", "95.6GiB", "--gpu-count", "8",
+        "--weights-bytes", "406.7GiB", "--json",
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(out)
+    for key in (
+        "max_model_len",
+        "gpu_memory_utilization",
+        "feasible",
+        "max_context",
+        "kv_bytes_per_gpu",
+        "kv_bytes_per_token_per_gpu",
+    ):
+        assert key in data
+    assert data["feasible"] is True
+    assert data["max_model_len"] == 200000
+    # MLA is replicated on every TP rank and the DSA indexer adds 132 B/layer: not the seeds' 11,232
+    assert data["kv_bytes_per_token_per_gpu"] == 100_152
+    assert data["kv_bytes_per_gpu"] == 3125 * 6_409_728
+    assert 0 < data["gpu_memory_utilization"] <= 0.95
+    assert data["flag_changes"]["--max-model-len"] == "200000"
+
+
+def test_plan_human_output_shows_a_table_and_bars() -> None:
+    code, out, _ = run("plan", "200000", "--model", GLM5, "-tp", "8", "--gpu-memory", "95.6GiB", "--gpu-count", "8",
+                       "--weights-bytes", "406.7GiB")  # fmt: skip
+    assert code == 0
+    assert "KV needed" in out and "18.66 GiB" in out
+    assert out.count("[") >= 8  # one bar per GPU
+    assert "FEASIBLE" in out
+
+
+def test_infeasible_plan_exits_3_with_largest_context_and_alternatives() -> None:
+    code, out, _ = run(
+        "plan", "200000", "--model", GLM5, "-tp", "8", "--gpu-memory", "72GiB", "--gpu-count", "8",
+        "--weights-bytes", "406.7GiB", "--json",
+    )  # fmt: skip
+    assert code == 3
+    data = json.loads(out)
+    assert data["feasible"] is False
+    assert 0 < data["max_context"] < 200000
+    assert data["alternatives"], "an infeasible plan names what would make it fit"
+    fp8 = [a for a in data["alternatives"] if a["kv_cache_dtype"] in ("fp8_ds_mla", "fp8")]
+    assert fp8 and fp8[0]["kv_bytes_per_token_per_gpu"] == 61_464
+
+
+def test_plan_from_a_unit_file_uses_its_flags() -> None:
+    code, out, _ = run(
+        "plan", "131072", "--unit", str(UNITS / "vllm-llama70b.service"), "--model", LLAMA70B, "--json"
+    )
+    assert code == 2  # --unit and --model together is a usage error
+    unit = UNITS / "vllm-llama70b.service"
+    text = unit.read_text().replace("/srv/models/Llama-3.1-70B-Instruct", LLAMA70B)
+    local = REPO / ".cache" / "test-units"
+    local.mkdir(parents=True, exist_ok=True)
+    (local / "vllm-llama70b.service").write_text(text)
+    code, out, err = run(
+        "plan", "131072", "--unit", str(local / "vllm-llama70b.service"), "--gpu-memory", "80GiB", "--gpu-count", "4",
+        "--json",
+    )  # fmt: skip
+    data = json.loads(out)
+    # TP 4 and fp8 KV from the unit: 80 layers x 2 heads/GPU x 128 x 2 (K,V) x 1 byte
+    assert data["kv_bytes_per_token_per_gpu"] == 40_960
+    assert code in (0, 3)
+
+
+def test_a_config_only_model_keeps_exact_kv_figures() -> None:
+    code, out, _ = run("plan", "100000", "--model", GLM5, "-tp", "8", "--json")
+    data = json.loads(out)
+    assert data["kv_bytes_per_token_per_gpu"] == 100_152
+    assert code in (0, 3)
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["plan", "0", "--model", GLM5], 2, "must be positive"),
+        (["plan", "-5", "--model", GLM5], 2, ""),
+        (["plan", "lots", "--model", GLM5], 2, "not a context length"),
+        (["plan", "1000", "--model", "/nonexistent/model"], 2, "/nonexistent/model"),
+        (["plan", "1000"], 2, "exactly one of --model, --unit or --service"),
+        (["facts", str(REPO / "README.md")], 2, ""),
+        (["history", "--service", "bad name!"], 2, "not a valid unit name"),
+    ],
+)
+def test_bad_input_is_one_line_and_the_right_code(args: list[str], code: int, message: str) -> None:
+    exit_code, out, err = run(*args)
+    assert exit_code == code
+    assert "Traceback" not in err + out
+    assert message in err + out
+
+
+def test_target_above_the_model_maximum_is_refused_unless_allow_long() -> None:
+    code, out, _ = run("plan", "300000", "--model", GLM5, "-tp", "8", "--gpu-memory", "141GiB", "--gpu-count", "8",
+                       "--weights-bytes", "406.7GiB", "--json")  # fmt: skip
+    assert code == 3
+    assert "202752" in json.loads(out)["reason"].replace(",", "")
+    code, out, _ = run("plan", "300000", "--model", GLM5, "-tp", "8", "--gpu-memory", "141GiB", "--gpu-count", "8",
+                       "--weights-bytes", "406.7GiB", "--allow-long", "--json")  # fmt: skip
+    data = json.loads(out)
+    assert code == 0 and data["feasible"]
+    assert data["env_changes"] == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+
+
+def test_bad_unit_file_is_a_usage_error(tmp_path: Path) -> None:
+    unit = tmp_path / "web.service"
+    unit.write_text("[Service]\nExecStart=/usr/bin/python3 -m http.server 8080\n")
+    code, out, err = run("plan", "8192", "--unit", str(unit))
+    assert code == 2
+    assert "does not run vLLM" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_facts_json_for_a_gguf(tmp_path: Path) -> None:
+    gguf = tmp_path / "glm5.gguf"
+    subprocess.run([sys.executable, str(REPO / "examples" / "make_glm5_gguf.py"), str(gguf)], check=True,
+                   capture_output=True)  # fmt: skip
+    code, out, _ = run("facts", str(gguf), "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["layer_kinds"] == {"mla": 78}
+    assert data["weight_bytes"] > 400 * GIB
+    assert data["source_format"] == "gguf"
+
+
+def test_help_is_fast_enough_to_not_import_heavy_modules() -> None:
+    # `ctxmgr --help` must not import transformers, gguf, numpy or requests (the benchmark times it)
+    code = (
+        "import sys; from vllm_ctxmgr.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('transformers', 'gguf', 'numpy', 'requests', 'jinja2') if m in sys.modules]\n"
+        "print('HEAVY:' + ','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "HEAVY:"
