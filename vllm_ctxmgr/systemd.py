@@ -1,0 +1,761 @@
+"""The one door to systemd: every systemctl, journalctl and systemd-analyze call ctxmgr makes.
+
+A `Systemd` may reach a manager in another namespace or container: `wrapper` prefixes each command
+(e.g. `nsenter -t PID -m -p`) and `root` is where the paths systemd reports are found from here
+(e.g. /proc/PID/root). Paths in method arguments and results are systemd's own view unless a name
+says `host`; use `host_path` to reach them.
+
+Methods return plain data and raise SystemdError with one line that quotes the tool's stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from .errors import SystemdError
+
+SYSTEM_UNIT_DIR = Path("/etc/systemd/system")
+RUNTIME_UNIT_DIR = Path("/run/systemd/system")
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_JOB_TIMEOUT_S = 300.0
+
+# What the deployer reads about a unit; `Systemd.state` asks for exactly these.
+STATE_PROPERTIES = (
+    "Id",
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "Result",
+    "NRestarts",
+    "MainPID",
+    "ExecMainPID",
+    "ExecMainCode",
+    "ExecMainStatus",
+    "InvocationID",
+    "ActiveEnterTimestampMonotonic",
+    "InactiveEnterTimestampMonotonic",
+    "FragmentPath",
+    "DropInPaths",
+    "ControlGroup",
+)
+
+# Values of si_code that systemd reports as ExecMainCode (CLD_* in <signal.h>).
+CLD_EXITED = 1
+CLD_KILLED = 2
+CLD_DUMPED = 3
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+def _tool_env() -> dict[str, str]:
+    """No pager, no colours, no hyperlinks: output meant for a parser."""
+    env = dict(os.environ)
+    env.update(SYSTEMD_PAGER="", SYSTEMD_COLORS="0", SYSTEMD_URLIFY="0", PAGER="cat")
+    return env
+
+
+def _kill_group(process: subprocess.Popen[Any]) -> None:
+    """Kill the command and what it forked: `nsenter -p` leaves its child running when killed alone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Journal entries
+
+
+def _field_bytes(value: object) -> bytes | None:
+    """journalctl -o json gives a field as a string, as an array of byte values (not UTF-8, or control
+    characters), as null (too large without --all), or as an array of those when the field repeats."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, list):
+        if all(isinstance(item, int) for item in value):
+            return bytes(value)
+        parts = [_field_bytes(item) for item in value]
+        return b"\n".join(part for part in parts if part is not None)
+    return str(value).encode()
+
+
+def field_text(value: object) -> str | None:
+    """A journal field as text; bytes that are not UTF-8 become U+FFFD."""
+    raw = _field_bytes(value)
+    return None if raw is None else raw.decode("utf-8", errors="replace")
+
+
+def _field_int(fields: Mapping[str, object], name: str) -> int | None:
+    text = field_text(fields.get(name))
+    if text is None:
+        return None
+    try:
+        return int(text.split("\n")[-1])
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One journal entry as `journalctl -o json` gives it.
+
+    `pid` is the _PID field: the process that wrote the line (journald reads the writer's credentials
+    on a service's stdout too, so a vLLM EngineCore child shows its own PID), numbered in journald's PID
+    namespace. `unit` is the unit the entry is about: the UNIT= of the manager's own messages
+    ("Started ...", "Start request repeated too quickly."), else the unit that logged it.
+    """
+
+    message: str
+    realtime_us: int
+    pid: int | None
+    cursor: str
+    unit: str | None
+    fields: Mapping[str, object] = field(repr=False)
+    monotonic_us: int | None = None
+    invocation_id: str | None = None
+
+    @property
+    def from_manager(self) -> bool:
+        """Written by systemd about the unit, not by the unit's processes."""
+        return "UNIT" in self.fields or "USER_UNIT" in self.fields
+
+    @property
+    def identifier(self) -> str | None:
+        return field_text(self.fields.get("SYSLOG_IDENTIFIER"))
+
+    @classmethod
+    def from_json(cls, line: str | bytes | Mapping[str, object]) -> JournalEntry:
+        fields: Mapping[str, object] = line if isinstance(line, Mapping) else json.loads(line)
+        unit = None
+        for name in ("UNIT", "USER_UNIT", "_SYSTEMD_USER_UNIT", "_SYSTEMD_UNIT"):
+            unit = field_text(fields.get(name))
+            if unit:
+                break
+        invocation_id = field_text(fields.get("INVOCATION_ID")) or field_text(
+            fields.get("_SYSTEMD_INVOCATION_ID")
+        )
+        return cls(
+            message=field_text(fields.get("MESSAGE")) or "",
+            realtime_us=_field_int(fields, "__REALTIME_TIMESTAMP") or 0,
+            pid=_field_int(fields, "_PID"),
+            cursor=field_text(fields.get("__CURSOR")) or "",
+            unit=unit,
+            fields=fields,
+            monotonic_us=_field_int(fields, "__MONOTONIC_TIMESTAMP"),
+            invocation_id=invocation_id,
+        )
+
+
+def parse_journal_json(text: str | bytes) -> list[JournalEntry]:
+    """Entries from `journalctl -o json` output (one JSON object a line)."""
+    lines = text.splitlines() if isinstance(text, str) else text.decode().splitlines()
+    return [JournalEntry.from_json(line) for line in lines if line.strip()]
+
+
+class JournalFollower:
+    """A running `journalctl -f -o json`, read without blocking.
+
+    `poll(timeout)` returns as soon as at least one entry has arrived, so a caller can decide on the
+    line that settles a start the moment journald has stored it.
+    """
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        self.argv = tuple(argv)
+        self._stderr_fd = os.memfd_create("journalctl-stderr")
+        self._process = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr_fd,
+            env=_tool_env(),
+            start_new_session=True,
+        )
+        assert self._process.stdout is not None
+        self._fd = self._process.stdout.fileno()
+        os.set_blocking(self._fd, False)
+        self._buffer = b""
+        self._eof = False
+
+    @property
+    def running(self) -> bool:
+        return not self._eof and self._process.poll() is None
+
+    def _read_available(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._fd, 1 << 16)
+            except BlockingIOError:
+                return
+            if not chunk:
+                self._eof = True
+                return
+            self._buffer += chunk
+
+    def _take_entries(self) -> list[JournalEntry]:
+        head, newline, tail = self._buffer.rpartition(b"\n")
+        if not newline:
+            return []
+        self._buffer = tail
+        return parse_journal_json(head)
+
+    def poll(self, timeout: float) -> list[JournalEntry]:
+        """Entries that arrived, waiting at most `timeout` seconds for the first one.
+
+        Raises SystemdError once journalctl has ended and every entry it wrote was returned.
+        """
+        deadline = time.monotonic() + max(timeout, 0.0)
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        while True:
+            if not self._eof:
+                self._read_available()
+            entries = self._take_entries()
+            if entries:
+                return entries
+            if self._eof:
+                self._process.wait()
+                raise SystemdError(self._ended())
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            poller.poll(max(1, int(remaining * 1000)))
+
+    def _ended(self) -> str:
+        stderr = _one_line(os.pread(self._stderr_fd, 4096, 0).decode(errors="replace"))
+        status = f"journalctl -f ended (exit status {self._process.returncode})"
+        return f"{status}: {stderr}" if stderr else status
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            _kill_group(self._process)
+        self._process.wait()
+        if self._process.stdout:
+            self._process.stdout.close()
+        if self._stderr_fd >= 0:
+            os.close(self._stderr_fd)
+            self._stderr_fd = -1
+
+    def __enter__(self) -> JournalFollower:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Units
+
+
+@dataclass(frozen=True)
+class UnitState:
+    """The properties that tell how a start went, typed. Monotonic times are systemd's clock (µs)."""
+
+    unit: str
+    load_state: str
+    active_state: str
+    sub_state: str
+    result: str
+    n_restarts: int
+    main_pid: int | None  # as systemd sees it (its PID namespace); None once the main process ended
+    exec_main_pid: int | None  # the last main process started, still set after it ended
+    exec_main_code: int  # CLD_EXITED, CLD_KILLED, CLD_DUMPED; 0 while it runs or before
+    exec_main_status: int  # exit status, or the signal number when killed
+    invocation_id: str
+    active_enter_monotonic_us: int
+    inactive_enter_monotonic_us: int
+    fragment_path: str
+    drop_in_paths: tuple[str, ...]
+    control_group: str
+
+    @classmethod
+    def from_show(cls, unit: str, props: Mapping[str, str]) -> UnitState:
+        def number(name: str) -> int:
+            value = props.get(name, "")
+            return int(value) if value.isdigit() else 0
+
+        main_pid = number("MainPID")
+        return cls(
+            unit=props.get("Id") or unit,
+            load_state=props.get("LoadState", ""),
+            active_state=props.get("ActiveState", ""),
+            sub_state=props.get("SubState", ""),
+            result=props.get("Result", ""),
+            n_restarts=number("NRestarts"),
+            main_pid=main_pid or None,
+            exec_main_pid=number("ExecMainPID") or None,
+            exec_main_code=number("ExecMainCode"),
+            exec_main_status=number("ExecMainStatus"),
+            invocation_id=props.get("InvocationID", ""),
+            active_enter_monotonic_us=number("ActiveEnterTimestampMonotonic"),
+            inactive_enter_monotonic_us=number("InactiveEnterTimestampMonotonic"),
+            fragment_path=props.get("FragmentPath", ""),
+            drop_in_paths=tuple(props.get("DropInPaths", "").split()),
+            control_group=props.get("ControlGroup", ""),
+        )
+
+
+@dataclass(frozen=True)
+class ListedUnit:
+    """A row of `systemctl list-units`."""
+
+    unit: str
+    load_state: str
+    active_state: str
+    sub_state: str
+    description: str
+
+
+@dataclass(frozen=True)
+class UnitProcess:
+    """A process in a unit's cgroup. `pid` is as ctxmgr sees it (what NVML and /proc here report);
+    `ns_pid` is as the unit's systemd sees it (MainPID)."""
+
+    pid: int
+    ns_pid: int
+    ppid: int
+    argv: tuple[str, ...]
+    is_main: bool
+
+
+def parse_environment(value: str) -> dict[str, str]:
+    """The `Environment=` property as `systemctl show` prints it: one word per assignment, words with
+    spaces or special characters in double quotes with C escapes (`"D=tab\\there"`)."""
+    result: dict[str, str] = {}
+    for word in split_quoted(value):
+        name, eq, val = word.partition("=")
+        if eq:
+            result[name] = val
+    return result
+
+
+_C_ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "s": 32}
+
+
+def split_quoted(text: str) -> list[str]:
+    """Split on whitespace outside quotes, undoing quotes and C escapes (\\t, \\xNN, \\NNN, \\uNNNN),
+    the way systemd quotes string lists in `systemctl show`."""
+    words: list[str] = []
+    word = bytearray()
+    in_word = False
+    quote = ""
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if quote == "'":
+            if char == "'":
+                quote = ""
+            else:
+                word += char.encode()
+            i += 1
+            continue
+        if char == "\\" and i + 1 < len(text):
+            i = _unescape(text, i + 1, word)
+            in_word = True
+            continue
+        if quote == '"':
+            if char == '"':
+                quote = ""
+            else:
+                word += char.encode()
+            i += 1
+            continue
+        if char.isspace():
+            if in_word:
+                words.append(word.decode("utf-8", errors="replace"))
+                word.clear()
+                in_word = False
+        elif char in "\"'":
+            quote = char
+            in_word = True
+        else:
+            word += char.encode()
+            in_word = True
+        i += 1
+    if in_word:
+        words.append(word.decode("utf-8", errors="replace"))
+    return words
+
+
+def _unescape(text: str, i: int, out: bytearray) -> int:
+    """Append the character escaped at text[i] (just after a backslash); return the index after it."""
+    char = text[i]
+    hex_digits = {"x": 2, "u": 4, "U": 8}.get(char)
+    if hex_digits and len(text) >= i + 1 + hex_digits:
+        digits = text[i + 1 : i + 1 + hex_digits]
+        with contextlib.suppress(ValueError):
+            code = int(digits, 16)
+            out += bytes([code]) if char == "x" else chr(code).encode()
+            return i + 1 + hex_digits
+    if char in "01234567" and len(text) >= i + 3 and all(c in "01234567" for c in text[i : i + 3]):
+        out.append(int(text[i : i + 3], 8) & 0xFF)
+        return i + 3
+    if char in _C_ESCAPES:
+        out.append(_C_ESCAPES[char])
+    else:
+        out += char.encode()
+    return i + 1
+
+
+@dataclass
+class Systemd:
+    """A systemd manager, on this host or reached through `wrapper` (see the module docstring)."""
+
+    wrapper: tuple[str, ...] = ()
+    root: Path = Path("/")
+    unit_dir: Path = SYSTEM_UNIT_DIR  # systemd's view; ctxmgr writes to host_path(unit_dir)
+    user: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    # -- constructors ---------------------------------------------------------------------------------
+
+    @classmethod
+    def local(cls, unit_dir: Path | None = None, user: bool = False) -> Systemd:
+        if unit_dir is None:
+            unit_dir = Path.home() / ".config/systemd/user" if user else SYSTEM_UNIT_DIR
+        return cls(unit_dir=unit_dir, user=user)
+
+    @classmethod
+    def for_pid(cls, pid: int, unit_dir: Path = SYSTEM_UNIT_DIR) -> Systemd:
+        """The manager that runs as `pid` here, in its own mount and PID namespaces (a sandbox, an
+        nspawn container): commands run through nsenter, its files are under /proc/PID/root."""
+        return cls(
+            wrapper=("nsenter", "-t", str(pid), "-m", "-p"),
+            root=Path(f"/proc/{pid}/root"),
+            unit_dir=unit_dir,
+        )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Systemd:
+        """CTXMGR_SYSTEMD_PID: reach the manager running as that PID (see for_pid);
+        CTXMGR_UNIT_DIR: where new units go (systemd's view)."""
+        env = os.environ if environ is None else environ
+        unit_dir = Path(env["CTXMGR_UNIT_DIR"]) if env.get("CTXMGR_UNIT_DIR") else None
+        pid_text = env.get("CTXMGR_SYSTEMD_PID", "").strip()
+        if pid_text:
+            if not pid_text.isdigit():
+                raise SystemdError(f"CTXMGR_SYSTEMD_PID must be a process id, not {pid_text!r}")
+            return cls.for_pid(int(pid_text), unit_dir=unit_dir or SYSTEM_UNIT_DIR)
+        return cls.local(unit_dir=unit_dir)
+
+    # -- paths ----------------------------------------------------------------------------------------
+
+    def host_path(self, path: str | os.PathLike[str]) -> Path:
+        """Where a path in systemd's view is found from here."""
+        pure = PurePosixPath(path)
+        if not pure.is_absolute():
+            raise SystemdError(f"not an absolute path: {str(path)!r}")
+        return self.root.joinpath(*pure.parts[1:])
+
+    @property
+    def host_unit_dir(self) -> Path:
+        return self.host_path(self.unit_dir)
+
+    @property
+    def runtime(self) -> bool:
+        """Units live under /run: enabling must stay there too (a plain enable writes to /etc)."""
+        return PurePosixPath(self.unit_dir).is_relative_to("/run")
+
+    # -- running the tools ----------------------------------------------------------------------------
+
+    def command(self, tool: str, *args: str) -> list[str]:
+        """The argv that runs `tool` against this manager."""
+        scope = ["--user"] if self.user and tool in ("systemctl", "systemd-analyze") else []
+        return [*self.wrapper, tool, *scope, *args]
+
+    def _run(
+        self, tool: str, *args: str, check: bool = True, timeout: float | None = None, what: str = ""
+    ) -> subprocess.CompletedProcess[str]:
+        argv = self.command(tool, *args)
+        label = what or " ".join([tool, *args])
+        try:
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=_tool_env(),
+                start_new_session=True,
+            )
+        except FileNotFoundError as exc:
+            raise SystemdError(f"{label}: {exc.filename or argv[0]} not found") from None
+        try:
+            stdout, stderr = process.communicate(timeout=timeout or self.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            process.communicate()
+            raise SystemdError(f"{label}: no answer within {timeout or self.timeout_s:g} s") from None
+        out = stdout.decode(errors="replace")
+        err = stderr.decode(errors="replace")
+        if check and process.returncode != 0:
+            detail = _one_line(err) or _one_line(out) or f"exit status {process.returncode}"
+            raise SystemdError(f"{label} failed: {detail}")
+        return subprocess.CompletedProcess(argv, process.returncode, out, err)
+
+    def systemctl(self, *args: str, check: bool = True, timeout: float | None = None) -> str:
+        label = " ".join(["systemctl", *args])
+        return self._run("systemctl", "--no-pager", *args, check=check, timeout=timeout, what=label).stdout
+
+    # -- unit properties ------------------------------------------------------------------------------
+
+    def show(self, unit: str, *props: str) -> dict[str, str]:
+        """`systemctl show`: every property, or only `props`. A unit that does not exist is not an
+        error: its LoadState is "not-found"."""
+        args = ["show", unit]
+        if props:
+            args += ["-p", ",".join(props)]
+        out = self._run("systemctl", "--no-pager", *args, what=f"systemctl show {unit}").stdout
+        result: dict[str, str] = {}
+        for line in out.splitlines():
+            name, eq, value = line.partition("=")
+            if eq:
+                result[name] = value
+        return result
+
+    def state(self, unit: str) -> UnitState:
+        return UnitState.from_show(unit, self.show(unit, *STATE_PROPERTIES))
+
+    def environment(self, unit: str) -> dict[str, str]:
+        """The unit's Environment= assignments, unescaped (EnvironmentFile= is not included)."""
+        return parse_environment(self.show(unit, "Environment").get("Environment", ""))
+
+    def cat(self, unit: str) -> str:
+        """`systemctl cat`: the unit file and its drop-ins, each after a `# /path` line."""
+        return self.systemctl("cat", unit)
+
+    def is_active(self, unit: str) -> bool:
+        return self._run("systemctl", "is-active", "--quiet", unit, check=False).returncode == 0
+
+    def list_units(self, pattern: str = "*", all_units: bool = True) -> list[ListedUnit]:
+        args = ["list-units", "--plain", "--no-legend", "--full"]
+        if all_units:
+            args.append("--all")
+        rows: list[ListedUnit] = []
+        for line in self.systemctl(*args, "--", pattern).splitlines():
+            words = line.lstrip("●* ").split(None, 4)
+            if len(words) >= 4:
+                rows.append(ListedUnit(*words[:4], words[4] if len(words) > 4 else ""))
+        return rows
+
+    def list_unit_files(self, pattern: str = "*") -> dict[str, str]:
+        """Unit files (loaded or not) and their enablement state, e.g. {"vllm.service": "enabled"}."""
+        out = self.systemctl("list-unit-files", "--plain", "--no-legend", "--full", "--", pattern)
+        rows: dict[str, str] = {}
+        for line in out.splitlines():
+            words = line.split()
+            if len(words) >= 2:
+                rows[words[0]] = words[1]
+        return rows
+
+    # -- jobs -----------------------------------------------------------------------------------------
+
+    def daemon_reload(self) -> None:
+        self.systemctl("daemon-reload")
+
+    def _job(self, verb: str, unit: str, no_block: bool, timeout: float | None) -> None:
+        # a blocking job lasts as long as the unit's TimeoutStartSec/TimeoutStopSec (90 s by default)
+        args = [verb, *(["--no-block"] if no_block else []), unit]
+        self.systemctl(*args, timeout=timeout or (self.timeout_s if no_block else DEFAULT_JOB_TIMEOUT_S))
+
+    def start(self, unit: str, no_block: bool = False, timeout: float | None = None) -> None:
+        self._job("start", unit, no_block, timeout)
+
+    def stop(self, unit: str, no_block: bool = False, timeout: float | None = None) -> None:
+        """Stop; systemd kills every process left in the unit's cgroup, SIGKILL after TimeoutStopSec."""
+        self._job("stop", unit, no_block, timeout)
+
+    def restart(self, unit: str, no_block: bool = True, timeout: float | None = None) -> None:
+        """Queue a restart; with no_block the journal and `state` tell how it went. A unit that hit its
+        start rate limit refuses to start until reset_failed."""
+        self._job("restart", unit, no_block, timeout)
+
+    def reset_failed(self, unit: str) -> None:
+        """Clear a failed state and the start rate limit, so a new start is not refused."""
+        self.systemctl("reset-failed", unit)
+
+    def enable(self, unit: str, now: bool = False) -> None:
+        self.systemctl("enable", *self._enable_flags(now), unit)
+
+    def disable(self, unit: str, now: bool = False) -> None:
+        self.systemctl("disable", *self._enable_flags(now), unit)
+
+    def enable_now(self, unit: str) -> None:
+        self.enable(unit, now=True)
+
+    def _enable_flags(self, now: bool) -> list[str]:
+        return (["--now"] if now else []) + (["--runtime"] if self.runtime else [])
+
+    # -- processes ------------------------------------------------------------------------------------
+
+    def _cgroup_dir(self, control_group: str) -> Path | None:
+        relative = control_group.lstrip("/")
+        for base in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup", "/sys/fs/cgroup/systemd"):
+            candidate = self.host_path(base) / relative
+            if (candidate / "cgroup.procs").exists():
+                return candidate
+        return None
+
+    def unit_processes(self, unit: str) -> list[int]:
+        """PIDs (as seen here) of every process in the unit's cgroup, children included."""
+        control_group = self.show(unit, "ControlGroup").get("ControlGroup", "")
+        if not control_group:
+            return []
+        directory = self._cgroup_dir(control_group)
+        if directory is None:
+            return []
+        pids: list[int] = []
+        for procs in [directory / "cgroup.procs", *sorted(directory.rglob("*/cgroup.procs"))]:
+            with contextlib.suppress(FileNotFoundError):
+                pids.extend(int(word) for word in procs.read_text().split())
+        return sorted(set(pids))
+
+    def _pid_namespace_level(self) -> int:
+        """How deep the manager's PID namespace is below ours (1: the same), from its NSpid line."""
+        match = re.fullmatch(r"/proc/(\d+)/root", str(self.root))
+        if not match:
+            return 1
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{match[1]}/status").read_text().splitlines():
+                if line.startswith("NSpid:"):
+                    return len(line.split()) - 1
+        return 1
+
+    def process_tree(self, unit: str) -> list[UnitProcess]:
+        """What runs in the unit now, with each process's argv, to report what ran."""
+        main_pid = self.state(unit).main_pid
+        level = self._pid_namespace_level()
+        processes: list[UnitProcess] = []
+        for pid in self.unit_processes(unit):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            ns_pids = fields.get("NSpid", str(pid)).split()
+            ns_pid = int(ns_pids[min(level, len(ns_pids)) - 1])
+            processes.append(
+                UnitProcess(
+                    pid=pid,
+                    ns_pid=ns_pid,
+                    ppid=int(fields.get("PPid", "0").strip()),
+                    argv=tuple(arg.decode(errors="replace") for arg in argv if arg),
+                    is_main=main_pid is not None and ns_pid == main_pid,
+                )
+            )
+        return processes
+
+    # -- verification ---------------------------------------------------------------------------------
+
+    def analyze_verify(self, path: str | os.PathLike[str], unit_name: str | None = None) -> list[str]:
+        """Problems `systemd-analyze verify` finds in a candidate unit file before it is installed.
+
+        `path` is a file here (not in systemd's view); it is copied under the manager's /run with the
+        unit's name (`unit_name`, default the file's name), since verify takes the unit's name from the
+        file name. Returned lines are the ones about this unit: unknown or misspelt directives, bad
+        values, an ExecStart that is not executable there. Problems in units it merely depends on are
+        left out. An empty list means systemd accepts it.
+        """
+        source = Path(path)
+        name = unit_name or source.name
+        if "/" in name or "." not in name:
+            raise SystemdError(f"not a unit name: {name!r}")
+        try:
+            text = source.read_bytes()
+        except OSError as exc:
+            raise SystemdError(f"cannot read {source}: {exc.strerror}") from None
+        staging = Path(tempfile.mkdtemp(prefix="ctxmgr-verify-", dir=self.host_path("/run")))
+        try:
+            (staging / name).write_bytes(text)
+            inner = PurePosixPath("/run") / staging.name / name
+            result = self._run(
+                "systemd-analyze",
+                "verify",
+                "--man=no",
+                "--recursive-errors=no",
+                str(inner),
+                check=False,
+                what=f"systemd-analyze verify {name}",
+            )
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return _verify_problems(result.stderr + result.stdout, name, str(inner), result.returncode)
+
+    # -- journal --------------------------------------------------------------------------------------
+
+    def _unit_match(self, unit: str | None) -> list[str]:
+        if unit is None:
+            return []
+        return ["--user-unit", unit] if self.user else ["--unit", unit]
+
+    def journal_cursor(self) -> str:
+        """The cursor of the journal's last entry: pass it as after_cursor to see only what follows."""
+        out = self._run("journalctl", "--no-pager", "-o", "json", "-n", "1", what="journalctl -n 1").stdout
+        entries = parse_journal_json(out)
+        if not entries or not entries[-1].cursor:
+            raise SystemdError("journalctl -n 1 gave no entry: the journal is empty or unreadable")
+        return entries[-1].cursor
+
+    def journal(
+        self, unit: str | None, after_cursor: str | None = None, lines: int | None = None
+    ) -> list[JournalEntry]:
+        """Entries of `unit` (with systemd's messages about it), oldest first: those after the cursor,
+        and/or the last `lines`."""
+        args = ["--no-pager", "-o", "json", "--all", *self._unit_match(unit)]
+        if after_cursor:
+            args += ["--after-cursor", after_cursor]
+        if lines is not None:
+            args += ["-n", str(lines)]
+        return parse_journal_json(self._run("journalctl", *args, what=f"journalctl {unit or ''}").stdout)
+
+    def follow(self, unit: str | None, after_cursor: str | None = None) -> JournalFollower:
+        """Start `journalctl -f` for the unit; entries after the cursor come first, then new ones.
+        Without a cursor only new entries come. Close the follower when done."""
+        args = ["--no-pager", "-o", "json", "--all", "--follow", *self._unit_match(unit)]
+        args += ["--after-cursor", after_cursor] if after_cursor else ["-n", "0"]
+        return JournalFollower(self.command("journalctl", *args))
+
+    def with_unit_dir(self, unit_dir: Path) -> Systemd:
+        return replace(self, unit_dir=unit_dir)
+
+
+def _verify_problems(output: str, name: str, inner_path: str, returncode: int) -> list[str]:
+    """The lines of systemd-analyze verify that are about the candidate, its path replaced by its name
+    so that the lines for two files of the same unit compare equal (see new_problems)."""
+    about_unit = re.compile(rf"(^|[\s/'\"]){re.escape(name)}($|[\s:.'\"])")
+    problems: list[str] = []
+    for line in output.splitlines():
+        text = line.strip().replace(inner_path, name)
+        if text and about_unit.search(text):
+            problems.append(text)
+    if returncode != 0 and not problems:
+        detail = _one_line(output) or f"exit status {returncode}"
+        problems.append(f"{name}: systemd-analyze verify failed: {detail}")
+    return problems
+
+
+def new_problems(candidate: Sequence[str], current: Sequence[str]) -> list[str]:
+    """The candidate's verify problems that the installed unit does not have already (line numbers are
+    ignored: an edit moves them). A change should not be refused for what it inherited."""
+
+    def key(problem: str) -> str:
+        return re.sub(r"^(\S+?):\d+:", r"\1:", problem)
+
+    known = {key(problem) for problem in current}
+    return [problem for problem in candidate if key(problem) not in known]
