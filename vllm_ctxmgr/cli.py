@@ -483,3 +483,7 @@ def entry() -> None:  # pragma: no cover
 
 
 __all__ = ["EXIT_USAGE", "main"]
+
+
+# Commands for scheduled verification and fleet status live in their own module.
+from . import cli_ops  # noqa: E402,F401  (registers verify, schedule, unschedule, status, observe)

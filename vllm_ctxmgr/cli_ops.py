@@ -1,0 +1,3 @@
+"""CLI commands for operating services over time: verify, schedule, unschedule, status, observe."""
+
+from __future__ import annotations
