@@ -142,6 +142,7 @@ def watch_start(
     timeout: float,
     on_line: Printer = _quiet,
     state_interval: float = 0.5,
+    progress_interval: float = 3.0,
 ) -> Any:
     """Follow the unit's journal from `cursor` and decide as soon as vLLM's decisive line appears."""
     from .vllm_log import StartWatcher
@@ -149,11 +150,17 @@ def watch_start(
     baseline = systemd.state(unit).n_restarts
     watcher = StartWatcher(timeout_s=timeout, baseline_nrestarts=baseline, await_start=True)
     next_state = 0.0
+    last_progress = 0.0
     with systemd.follow(unit, after_cursor=cursor) as follower:
         while True:
             for entry in follower.poll(0.2):
                 for event in watcher.feed(entry.message):
+                    now = time.monotonic()
+                    # progress during a minutes-long start: one line every few seconds is enough
+                    if event.kind == "progress" and now - last_progress < progress_interval:
+                        continue
                     if event.kind in ("progress", "ready", "failure"):
+                        last_progress = now
                         on_line(entry.message)
             now = time.monotonic()
             if now >= next_state:
@@ -306,6 +313,7 @@ class Deployer:
         if verdict is not None and verdict.ok and probe_result is not None and probe_result.ok:
             rev.state = st.FINAL
             rev.verified = True
+            rev.reason = "served and passed the context-sized probe"
             rev.finished = time.time()
             rev.vllm_version = verdict.observation.vllm_version
             rev.capacity = _capacity(verdict.observation)
@@ -438,20 +446,42 @@ def set_context(deployer: Deployer, request: SetContextRequest, make_plan: PlanF
             plan=plan.to_json(),
             unit_path=str(view.unit_path),
         )
+        if (
+            not plan.feasible
+            and view.args.max_model_len == request.context
+            and request.gpu_memory_utilization is None
+        ):
+            result.result = "unchanged"
+            result.reason = (
+                f"{deployer.service} already has max_model_len {request.context}: nothing changed, nothing "
+                "restarted"
+            )
+            result.suggestion = f"note: the plan says it does not fit with ctxmgr's margin: {plan.reason}"
+            return result
         if not plan.feasible and not request.force:
             result.result, result.exit_code = "infeasible", EXIT_INFEASIBLE
             result.reason = plan.reason
             best = next((a for a in plan.alternatives if a.feasible), None)
-            result.suggestion = f"largest context that fits: {plan.max_context}" + (
-                f"; or {best.description} ({' '.join(f'{k} {v}' for k, v in best.flag_changes.items())})"
-                if best
-                else ""
-            )
+            result.suggestion = f"largest context that fits: {plan.max_context}"
+            if best is not None:
+                how = [f"{k} {v}" for k, v in best.flag_changes.items()]
+                how += [f"Environment={k}={v}" for k, v in best.env_changes.items()]
+                result.suggestion += f"; or {best.description} ({' '.join(how)})"
             return result
         flag_changes = dict(plan.flag_changes)
         flag_changes["--max-model-len"] = str(request.context)
-        if request.gpu_memory_utilization is None and _current_utilization_suffices(view.args, plan):
-            # change only what must change: a utilisation that already holds the target stays
+        already_there = view.args.max_model_len == request.context
+        if request.gpu_memory_utilization is None and (
+            already_there or _current_utilization_suffices(view.args, plan)
+        ):
+            # change only what must change: a utilisation that already holds the target stays, and
+            # asking for the context the unit already has restarts nothing (the plan's view is a warning)
+            if already_there and "--gpu-memory-utilization" in flag_changes:
+                result.suggestion = (
+                    f"the plan would use gpu_memory_utilization {plan.gpu_memory_utilization} "
+                    "for its margin; "
+                    "pass --gpu-memory-utilization to change it"
+                )
             flag_changes.pop("--gpu-memory-utilization", None)
             result.gpu_memory_utilization = view.args.gpu_memory_utilization
         if request.gpu_memory_utilization is not None:

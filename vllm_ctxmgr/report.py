@@ -242,7 +242,7 @@ def change_text(result: Any) -> str:
     if result.decisive_line:
         out.append(f"decisive line: {result.decisive_line}")
     if result.suggestion:
-        out.append(f"what to try: {result.suggestion}")
+        out.append(f"{'note' if result.result == 'unchanged' else 'what to try'}: {result.suggestion}")
     if result.observation:
         obs = result.observation
         facts = [
