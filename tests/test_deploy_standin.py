@@ -45,6 +45,10 @@ def workdir() -> Path:
     return path
 
 
+def served_max_model_len(port: int) -> int:
+    return requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()["data"][0]["max_model_len"]
+
+
 def start_service(
     sandbox: Sandbox, install_unit, workdir: Path, name: str, **unit_kw
 ) -> tuple[str, int, Path]:  # type: ignore[no-untyped-def]
@@ -52,8 +56,9 @@ def start_service(
     wrapper = make_vllm_wrapper(workdir)
     unit = install_unit(f"{name}.service", standin_unit(wrapper, port=port, **unit_kw))
     sandbox.systemd.start(unit)
-    from vllm_ctxmgr.probe import wait_until_serving
     import time
+
+    from vllm_ctxmgr.probe import wait_until_serving
 
     assert wait_until_serving(f"http://127.0.0.1:{port}", time.monotonic() + 60)
     return unit, port, sandbox.systemd.host_unit_dir / unit
@@ -72,8 +77,8 @@ def test_set_context_applies_and_is_idempotent(sandbox, install_unit, workdir) -
     after = path.read_text()
     assert "--max-model-len 200000" in after
     # nothing else in the unit moved
-    assert [l for l in before.splitlines() if "max-model-len" not in l] == [
-        l for l in after.splitlines() if "max-model-len" not in l
+    assert [line for line in before.splitlines() if "max-model-len" not in line] == [
+        line for line in after.splitlines() if "max-model-len" not in line
     ]
     models = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
     assert models["data"][0]["max_model_len"] == 200000
@@ -130,11 +135,11 @@ def test_context_above_the_model_maximum_is_refused_before_anything_is_touched( 
     sandbox, install_unit, workdir
 ) -> None:
     name = "vllm-it-long"
-    unit, port, path = start_service(sandbox, install_unit, workdir, name)
+    unit, _port, path = start_service(sandbox, install_unit, workdir, name)
     state = workdir / "state"
     before = path.read_bytes()
     pid_before = sandbox.systemd.show(unit, "MainPID")["MainPID"]
-    code, data, err = ctxmgr(sandbox, state, "set-context", "300000", "--service", name, *offline_gpu_args(),
+    code, data, _err = ctxmgr(sandbox, state, "set-context", "300000", "--service", name, *offline_gpu_args(),
                              "--yes", "--json")  # fmt: skip
     assert code == 3
     assert data["result"] == "infeasible" and data["changed"] is False
@@ -145,7 +150,7 @@ def test_context_above_the_model_maximum_is_refused_before_anything_is_touched( 
 
 def test_dry_run_prints_a_diff_and_changes_nothing(sandbox, install_unit, workdir) -> None:  # type: ignore[no-untyped-def]
     name = "vllm-it-dry"
-    unit, port, path = start_service(sandbox, install_unit, workdir, name)
+    _unit, _port, path = start_service(sandbox, install_unit, workdir, name)
     before = path.read_bytes()
     code, data, err = ctxmgr(sandbox, workdir / "state", "set-context", "100000", "--service", name,
                              *offline_gpu_args(), "--dry-run", "--json")  # fmt: skip
@@ -162,6 +167,65 @@ def test_a_second_run_on_the_same_service_is_refused_while_one_holds_the_lock(wo
     store = ServiceStore(workdir / "state", "vllm-lock")
     with store.lock():
         other = ServiceStore(workdir / "state", "vllm-lock")
-        with pytest.raises(LockedError, match="locked by another ctxmgr run"):
-            with other.lock(wait=0.3):
-                pass
+        with pytest.raises(LockedError, match="locked by another ctxmgr run"), other.lock(wait=0.3):
+            pass
+
+
+def test_a_crash_loop_under_restart_always_is_seen_and_rolled_back(sandbox, install_unit, workdir) -> None:  # type: ignore[no-untyped-def]
+    name = "vllm-it-loop"
+    # this vLLM's model limit is 100,000 (the planner reads 202,752 from config.json), and systemd
+    # restarts the failing process for ever: ctxmgr must decide on vLLM's error, not wait for systemd
+    _unit, port, path = start_service(
+        sandbox, install_unit, workdir, name, restart="always",
+        environment={"CTXMGR_STANDIN_MAX_POSITION": "100000"},
+    )  # fmt: skip
+    before = path.read_bytes()
+    code, data, err = ctxmgr(sandbox, workdir / "state", "set-context", "150000", "--service", name,
+                             *offline_gpu_args(), "--yes", "--json")  # fmt: skip
+    assert code == 1, err
+    assert data["result"] == "rolled-back"
+    assert "max_model_len" in data["reason"] and "100000" in data["decisive_line"]
+    assert path.read_bytes() == before
+    assert (
+        requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()["data"][0]["max_model_len"]
+        == 8192
+    )
+
+
+def test_ctxmgr_killed_mid_restart_is_recovered_by_the_next_run(sandbox, install_unit, workdir) -> None:  # type: ignore[no-untyped-def]
+    import signal
+    import time
+
+    name = "vllm-it-kill"
+    _unit, port, path = start_service(
+        sandbox, install_unit, workdir, name, environment={"CTXMGR_STANDIN_TIME_SCALE": "3"}
+    )
+    state = workdir / "state"
+    before = path.read_bytes()
+    cmd = [sys.executable, "-m", "vllm_ctxmgr", "--systemd-pid", str(sandbox.pid), "--state-dir", str(state),
+           "set-context", "100000", "--service", name, *offline_gpu_args(), "--yes", "--json"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    record = state / name / "revisions" / "0001" / "record.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if record.exists() and b"100000" in path.read_bytes():
+            break
+        time.sleep(0.1)
+    time.sleep(1.0)  # the restart is under way
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert json.loads(record.read_text())["state"] == "in-progress"
+    assert path.read_bytes() != before
+
+    code, data, err = ctxmgr(sandbox, state, "recover", "--service", name, "--json")
+    assert code == 0, err
+    assert data["result"] == "rolled-back"
+    assert path.read_bytes() == before
+    assert json.loads(record.read_text())["state"] == "rolled-back"
+    assert (
+        requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()["data"][0]["max_model_len"]
+        == 8192
+    )
+    # nothing left in progress: a second recover has nothing to do
+    code, data, _ = ctxmgr(sandbox, state, "recover", "--service", name, "--json")
+    assert code == 0 and data["result"] == "unchanged"
