@@ -26,9 +26,20 @@ def run(*args: str) -> tuple[int, str, str]:
 
 def test_plan_json_has_the_promised_keys_and_vllm_numbers() -> None:
     code, out, _ = run(
-        "plan", "200000", "--model", GLM5, "-tp", "8", "--gpu-memory", "95.6GiB", "--gpu-count", "8",
-        "--weights-bytes", "406.7GiB", "--json",
-    )  # fmt: skip
+        "plan",
+        "200000",
+        "--model",
+        GLM5,
+        "-tp",
+        "8",
+        "--gpu-memory",
+        "95.6GiB",
+        "--gpu-count",
+        "8",
+        "--weights-bytes",
+        "406.7GiB",
+        "--json",
+    )
     assert code == 0
     data = json.loads(out)
     for key in (
@@ -50,8 +61,20 @@ def test_plan_json_has_the_promised_keys_and_vllm_numbers() -> None:
 
 
 def test_plan_human_output_shows_a_table_and_bars() -> None:
-    code, out, _ = run("plan", "200000", "--model", GLM5, "-tp", "8", "--gpu-memory", "95.6GiB", "--gpu-count", "8",
-                       "--weights-bytes", "406.7GiB")  # fmt: skip
+    code, out, _ = run(
+        "plan",
+        "200000",
+        "--model",
+        GLM5,
+        "-tp",
+        "8",
+        "--gpu-memory",
+        "95.6GiB",
+        "--gpu-count",
+        "8",
+        "--weights-bytes",
+        "406.7GiB",
+    )
     assert code == 0
     assert "KV needed" in out and "18.66 GiB" in out
     assert out.count("[") >= 8  # one bar per GPU
@@ -60,9 +83,20 @@ def test_plan_human_output_shows_a_table_and_bars() -> None:
 
 def test_infeasible_plan_exits_3_with_largest_context_and_alternatives() -> None:
     code, out, _ = run(
-        "plan", "200000", "--model", GLM5, "-tp", "8", "--gpu-memory", "72GiB", "--gpu-count", "8",
-        "--weights-bytes", "406.7GiB", "--json",
-    )  # fmt: skip
+        "plan",
+        "200000",
+        "--model",
+        GLM5,
+        "-tp",
+        "8",
+        "--gpu-memory",
+        "72GiB",
+        "--gpu-count",
+        "8",
+        "--weights-bytes",
+        "406.7GiB",
+        "--json",
+    )
     assert code == 3
     data = json.loads(out)
     assert data["feasible"] is False
@@ -82,10 +116,17 @@ def test_plan_from_a_unit_file_uses_its_flags() -> None:
     local = REPO / ".cache" / "test-units"
     local.mkdir(parents=True, exist_ok=True)
     (local / "vllm-llama70b.service").write_text(text)
-    code, out, err = run(
-        "plan", "131072", "--unit", str(local / "vllm-llama70b.service"), "--gpu-memory", "80GiB", "--gpu-count", "4",
+    code, out, _err = run(
+        "plan",
+        "131072",
+        "--unit",
+        str(local / "vllm-llama70b.service"),
+        "--gpu-memory",
+        "80GiB",
+        "--gpu-count",
+        "4",
         "--json",
-    )  # fmt: skip
+    )
     data = json.loads(out)
     # TP 4 and fp8 KV from the unit: 80 layers x 2 heads/GPU x 128 x 2 (K,V) x 1 byte
     assert data["kv_bytes_per_token_per_gpu"] == 40_960
@@ -119,12 +160,39 @@ def test_bad_input_is_one_line_and_the_right_code(args: list[str], code: int, me
 
 
 def test_target_above_the_model_maximum_is_refused_unless_allow_long() -> None:
-    code, out, _ = run("plan", "300000", "--model", GLM5, "-tp", "8", "--gpu-memory", "141GiB", "--gpu-count", "8",
-                       "--weights-bytes", "406.7GiB", "--json")  # fmt: skip
+    code, out, _ = run(
+        "plan",
+        "300000",
+        "--model",
+        GLM5,
+        "-tp",
+        "8",
+        "--gpu-memory",
+        "141GiB",
+        "--gpu-count",
+        "8",
+        "--weights-bytes",
+        "406.7GiB",
+        "--json",
+    )
     assert code == 3
     assert "202752" in json.loads(out)["reason"].replace(",", "")
-    code, out, _ = run("plan", "300000", "--model", GLM5, "-tp", "8", "--gpu-memory", "141GiB", "--gpu-count", "8",
-                       "--weights-bytes", "406.7GiB", "--allow-long", "--json")  # fmt: skip
+    code, out, _ = run(
+        "plan",
+        "300000",
+        "--model",
+        GLM5,
+        "-tp",
+        "8",
+        "--gpu-memory",
+        "141GiB",
+        "--gpu-count",
+        "8",
+        "--weights-bytes",
+        "406.7GiB",
+        "--allow-long",
+        "--json",
+    )
     data = json.loads(out)
     assert code == 0 and data["feasible"]
     assert data["env_changes"] == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
@@ -133,7 +201,7 @@ def test_target_above_the_model_maximum_is_refused_unless_allow_long() -> None:
 def test_bad_unit_file_is_a_usage_error(tmp_path: Path) -> None:
     unit = tmp_path / "web.service"
     unit.write_text("[Service]\nExecStart=/usr/bin/python3 -m http.server 8080\n")
-    code, out, err = run("plan", "8192", "--unit", str(unit))
+    code, _out, err = run("plan", "8192", "--unit", str(unit))
     assert code == 2
     assert "does not run vLLM" in err
     assert len(err.strip().splitlines()) == 1
@@ -141,8 +209,11 @@ def test_bad_unit_file_is_a_usage_error(tmp_path: Path) -> None:
 
 def test_facts_json_for_a_gguf(tmp_path: Path) -> None:
     gguf = tmp_path / "glm5.gguf"
-    subprocess.run([sys.executable, str(REPO / "examples" / "make_glm5_gguf.py"), str(gguf)], check=True,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(REPO / "examples" / "make_glm5_gguf.py"), str(gguf)],
+        check=True,
+        capture_output=True,
+    )
     code, out, _ = run("facts", str(gguf), "--json")
     assert code == 0
     data = json.loads(out)

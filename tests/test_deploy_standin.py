@@ -70,8 +70,9 @@ def test_set_context_applies_and_is_idempotent(sandbox, install_unit, workdir) -
     state = workdir / "state"
     before = path.read_text()
 
-    code, data, err = ctxmgr(sandbox, state, "set-context", "200000", "--service", name, *offline_gpu_args(),
-                             "--yes", "--json")  # fmt: skip
+    code, data, err = ctxmgr(
+        sandbox, state, "set-context", "200000", "--service", name, *offline_gpu_args(), "--yes", "--json"
+    )
     assert code == 0, err
     assert data["changed"] is True and data["result"] == "applied"
     after = path.read_text()
@@ -87,8 +88,9 @@ def test_set_context_applies_and_is_idempotent(sandbox, install_unit, workdir) -
 
     # asking again changes and restarts nothing
     pid_before = sandbox.systemd.show(unit, "MainPID")["MainPID"]
-    code, data, err = ctxmgr(sandbox, state, "set-context", "200000", "--service", name, *offline_gpu_args(),
-                             "--yes", "--json")  # fmt: skip
+    code, data, err = ctxmgr(
+        sandbox, state, "set-context", "200000", "--service", name, *offline_gpu_args(), "--yes", "--json"
+    )
     assert code == 0, err
     assert data["changed"] is False and data["result"] == "unchanged"
     assert sandbox.systemd.show(unit, "MainPID")["MainPID"] == pid_before
@@ -114,8 +116,9 @@ def test_a_start_vllm_rejects_is_rolled_back_by_itself(sandbox, install_unit, wo
     )
     state = workdir / "state"
     before = path.read_bytes()
-    code, data, err = ctxmgr(sandbox, state, "set-context", "200000", "--service", name, *offline_gpu_args(),
-                             "--yes", "--json")  # fmt: skip
+    code, data, err = ctxmgr(
+        sandbox, state, "set-context", "200000", "--service", name, *offline_gpu_args(), "--yes", "--json"
+    )
     assert code == 1, err
     assert data["result"] == "rolled-back"
     assert "estimated maximum model length is" in data["decisive_line"]
@@ -139,8 +142,9 @@ def test_context_above_the_model_maximum_is_refused_before_anything_is_touched( 
     state = workdir / "state"
     before = path.read_bytes()
     pid_before = sandbox.systemd.show(unit, "MainPID")["MainPID"]
-    code, data, _err = ctxmgr(sandbox, state, "set-context", "300000", "--service", name, *offline_gpu_args(),
-                             "--yes", "--json")  # fmt: skip
+    code, data, _err = ctxmgr(
+        sandbox, state, "set-context", "300000", "--service", name, *offline_gpu_args(), "--yes", "--json"
+    )
     assert code == 3
     assert data["result"] == "infeasible" and data["changed"] is False
     assert path.read_bytes() == before
@@ -152,8 +156,17 @@ def test_dry_run_prints_a_diff_and_changes_nothing(sandbox, install_unit, workdi
     name = "vllm-it-dry"
     _unit, _port, path = start_service(sandbox, install_unit, workdir, name)
     before = path.read_bytes()
-    code, data, err = ctxmgr(sandbox, workdir / "state", "set-context", "100000", "--service", name,
-                             *offline_gpu_args(), "--dry-run", "--json")  # fmt: skip
+    code, data, err = ctxmgr(
+        sandbox,
+        workdir / "state",
+        "set-context",
+        "100000",
+        "--service",
+        name,
+        *offline_gpu_args(),
+        "--dry-run",
+        "--json",
+    )
     assert code == 0, err
     assert data["result"] == "dry-run" and data["changed"] is False
     assert "+    --max-model-len 100000" in data["diff"]
@@ -176,12 +189,25 @@ def test_a_crash_loop_under_restart_always_is_seen_and_rolled_back(sandbox, inst
     # this vLLM's model limit is 100,000 (the planner reads 202,752 from config.json), and systemd
     # restarts the failing process for ever: ctxmgr must decide on vLLM's error, not wait for systemd
     _unit, port, path = start_service(
-        sandbox, install_unit, workdir, name, restart="always",
+        sandbox,
+        install_unit,
+        workdir,
+        name,
+        restart="always",
         environment={"CTXMGR_STANDIN_MAX_POSITION": "100000"},
-    )  # fmt: skip
+    )
     before = path.read_bytes()
-    code, data, err = ctxmgr(sandbox, workdir / "state", "set-context", "150000", "--service", name,
-                             *offline_gpu_args(), "--yes", "--json")  # fmt: skip
+    code, data, err = ctxmgr(
+        sandbox,
+        workdir / "state",
+        "set-context",
+        "150000",
+        "--service",
+        name,
+        *offline_gpu_args(),
+        "--yes",
+        "--json",
+    )
     assert code == 1, err
     assert data["result"] == "rolled-back"
     assert "max_model_len" in data["reason"] and "100000" in data["decisive_line"]
@@ -202,8 +228,22 @@ def test_ctxmgr_killed_mid_restart_is_recovered_by_the_next_run(sandbox, install
     )
     state = workdir / "state"
     before = path.read_bytes()
-    cmd = [sys.executable, "-m", "vllm_ctxmgr", "--systemd-pid", str(sandbox.pid), "--state-dir", str(state),
-           "set-context", "100000", "--service", name, *offline_gpu_args(), "--yes", "--json"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm_ctxmgr",
+        "--systemd-pid",
+        str(sandbox.pid),
+        "--state-dir",
+        str(state),
+        "set-context",
+        "100000",
+        "--service",
+        name,
+        *offline_gpu_args(),
+        "--yes",
+        "--json",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     record = state / name / "revisions" / "0001" / "record.json"
     deadline = time.monotonic() + 60
