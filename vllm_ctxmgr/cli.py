@@ -302,7 +302,11 @@ def _make_plan(args: Any, context: int, options: dict[str, Any], service_pids: t
             options.get("gpus_from"),
             args.env.get("CUDA_VISIBLE_DEVICES"),
         )
-    version = parse_vllm_version(options.get("vllm_version")) or NEWEST_VLLM
+    version = (
+        parse_vllm_version(options.get("vllm_version"))
+        or parse_vllm_version(args.vllm_version)
+        or NEWEST_VLLM
+    )
     plan_options = PlanOptions(
         target_context=context,
         allow_long=bool(options.get("allow_long")),

@@ -95,15 +95,24 @@ def read_service(systemd: Systemd, service: str) -> ServiceView:
         )
     dropins = [p for p in props.get("DropInPaths", "").split() if p.endswith(".conf")]
     unit = ServiceUnit.load(name, props["FragmentPath"], dropins, root=systemd.root)
-    return view_from_unit(unit)
+    return view_from_unit(unit, systemd.root)
 
 
-def view_from_unit(unit: ServiceUnit) -> ServiceView:
+def view_from_unit(unit: ServiceUnit, root: Path = Path("/")) -> ServiceView:
+    from dataclasses import replace
+
+    from .inputs import container_vllm_version, installed_vllm_version
+
     exec_file, assignment = unit.exec_start()
     command = find_vllm_command(assignment.value)
-    env = unit.environment()
+    env = unit.environment(root)
     env.update(container_environment(command))
     args = parse_serve_argv([expand_env(a, env) for a in command.args], env)
+    if command.form in ("docker", "podman"):
+        version = container_vllm_version(command.words[command.args_start - 1].value)
+    else:
+        version = installed_vllm_version(command.words[0].value, root)
+    args = replace(args, vllm_version=version)
     host = args.host or "127.0.0.1"
     if host in ("0.0.0.0", "", "*"):
         host = "127.0.0.1"
@@ -299,7 +308,7 @@ class Deployer:
         t0 = time.monotonic()
         self.on_step(f"installing {path} (revision {rev.number})")
         self._install(path, new)
-        view = view_from_unit(self._loaded_unit_with(path, new.decode()))
+        view = view_from_unit(self._loaded_unit_with(path, new.decode()), self.systemd.root)
         try:
             verdict, probe_result = self._restart_and_check(view, probe_tokens, long_probe)
         except CtxmgrError as exc:
@@ -359,7 +368,7 @@ class Deployer:
         """Put `old` back byte for byte, restart, and prove it serves again at its own context."""
         self._install(path, old)
         try:
-            view = view_from_unit(self._loaded_unit_with(path, old.decode()))
+            view = view_from_unit(self._loaded_unit_with(path, old.decode()), self.systemd.root)
             verdict, probe_result = self._restart_and_check(view, None, False)
         except CtxmgrError as exc:
             return False, exc.message

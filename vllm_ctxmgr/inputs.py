@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import fields, replace
+from pathlib import Path
 from typing import Any
 
 from .errors import CtxmgrError, UsageError
@@ -17,20 +18,32 @@ from .serve_args import ServeArgs
 
 def is_cpu_deployment(args: ServeArgs) -> bool:
     """The vLLM CPU build: its KV space comes from VLLM_CPU_KVCACHE_SPACE or node memory, not a GPU."""
-    return "VLLM_CPU_KVCACHE_SPACE" in args.env or args.env.get("CTXMGR_PLATFORM") == "cpu"
+    return (
+        "VLLM_CPU_KVCACHE_SPACE" in args.env
+        or args.env.get("CTXMGR_PLATFORM") == "cpu"
+        or "cpu" in (args.vllm_version or "")
+    )
 
 
 def effective_args(args: ServeArgs) -> ServeArgs:
-    """CPU build: VLLM_CPU_KVCACHE_SPACE (GiB) is the KV budget; it wins over --kv-cache-memory-bytes."""
+    """CPU build: VLLM_CPU_KVCACHE_SPACE (whole GiB) is the KV budget.
+
+    In 0.33 it overrides --kv-cache-memory-bytes (platforms/cpu.py); the 0.32 CPU build was seen to
+    honour the flag over it, so there the flag wins when both are given.
+    """
+    from .plan import parse_vllm_version
+
     space = args.env.get("VLLM_CPU_KVCACHE_SPACE")
-    if is_cpu_deployment(args) and space:
-        try:
-            gib = float(space)
-        except ValueError:
-            raise UsageError(f"VLLM_CPU_KVCACHE_SPACE={space!r} is not a number of GiB") from None
-        if gib > 0:
-            return replace(args, kv_cache_memory_bytes=int(gib * GIB))
-    return args
+    if not (is_cpu_deployment(args) and space):
+        return args
+    try:
+        gib = int(space)
+    except ValueError:
+        raise UsageError(f"VLLM_CPU_KVCACHE_SPACE={space!r} is not a whole number of GiB") from None
+    version = parse_vllm_version(args.vllm_version)
+    if args.kv_cache_memory_bytes and version is not None and version < (0, 33, 0):
+        return args
+    return replace(args, kv_cache_memory_bytes=gib * GIB) if gib > 0 else args
 
 
 def gather_gpus(
@@ -69,3 +82,37 @@ def observations_from_store(records: Iterable[Mapping[str, Any]]) -> list[Observ
             data["kv_cache_memory_bytes"] = record.get("configured_kv_cache_memory_bytes")
         out.append(Observation(**data))
     return out
+
+
+def installed_vllm_version(argv0: str, root: Path | None = None) -> str | None:
+    """The version of the vLLM a unit runs, from the dist-info next to its interpreter or console script.
+
+    `/opt/venv/bin/vllm` or `/opt/venv/bin/python` -> /opt/venv/lib/python3*/site-packages/vllm*-X.dist-info.
+    The CPU build ships as `vllm_cpu-X.dist-info` (and often a `vllm-X+cpu` shim): "+cpu" is kept so
+    the planner knows the platform.
+    """
+    import re
+
+    path = Path(argv0)
+    if not path.is_absolute() or path.parent.name != "bin":
+        return None
+    prefix = path.parent.parent
+    host_prefix = (root / str(prefix).lstrip("/")) if root and str(root) != "/" else prefix
+    found: dict[str, str] = {}
+    for site in sorted(host_prefix.glob("lib/python3*/site-packages")):
+        for dist in site.glob("vllm*.dist-info"):
+            match = re.fullmatch(r"(vllm(?:_cpu)?)-(.+)\.dist-info", dist.name)
+            if match:
+                found[match.group(1)] = match.group(2)
+    if "vllm_cpu" in found:
+        version = found["vllm_cpu"]
+        return version if "cpu" in version else f"{version}+cpu"
+    return found.get("vllm")
+
+
+def container_vllm_version(image: str) -> str | None:
+    """`vllm/vllm-openai:v0.11.0` -> "0.11.0" (tags such as `latest` say nothing)."""
+    import re
+
+    match = re.search(r":v?(\d+\.\d+(?:\.\d+)?)", image)
+    return match.group(1) if match else None

@@ -34,6 +34,7 @@ class ServeArgs:
     port: int = 8000
     api_key: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # the unit's Environment= (VLLM_*, CUDA_*)
+    vllm_version: str | None = None  # of the vLLM the unit runs, where it can be read ("0.32.0+cpu")
 
 
 # Flags whose next word is NOT a value (vLLM's store_true / BooleanOptionalAction flags we meet in units).
