@@ -295,7 +295,11 @@ def _make_plan(args: Any, context: int, options: dict[str, Any], service_pids: t
     cpu = is_cpu_deployment(args)
     facts_ = load_model_facts(args.model, hf_home=args.env.get("HF_HOME"))
     gpu_state = None
-    if not cpu:
+    if cpu and not args.kv_cache_memory_bytes:
+        from .inputs import cpu_node_memory
+
+        gpu_state = cpu_node_memory()  # on the CPU build the utilisation is a fraction of node memory
+    elif not cpu:
         gpu_state, _note = gather_gpus(
             options.get("gpu_memory"),
             options.get("gpu_count"),
@@ -480,6 +484,27 @@ def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
         _emit_json({"service": service, "revisions": rows})
     else:
         click.echo(report.history_text(service, rows))
+
+
+@main.command("observe")
+@click.option("--service", required=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handle_errors
+def observe_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
+    """Read vLLM's facts from the service's last start (made by ctxmgr or not) to calibrate plans."""
+    from .deploy import observe_last_start
+
+    deployer = _deployer(ctx, service, True, 60.0)
+    with deployer.store.lock(0.0):
+        data = observe_last_start(deployer)
+    if as_json:
+        _emit_json(data)
+        return
+    obs = data["observation"]
+    click.echo(f"{service}: last start ({data['lines']} journal lines): " + ", ".join(
+        f"{k} {v}" for k, v in obs.items() if v not in (None, False, "")
+    ))  # fmt: skip
 
 
 def entry() -> None:  # pragma: no cover

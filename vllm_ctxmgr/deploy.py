@@ -27,6 +27,7 @@ from .errors import (
     UnitError,
     UsageError,
 )
+from .gpus import GIB
 from .serve_args import ServeArgs, parse_serve_argv
 from .store import ServiceStore, atomic_write
 from .systemd import Systemd
@@ -207,6 +208,7 @@ class ChangeResult:
     plan: dict[str, Any] = field(default_factory=dict)
     probe: dict[str, Any] = field(default_factory=dict)
     observation: dict[str, Any] = field(default_factory=dict)
+    calibration: dict[str, Any] = field(default_factory=dict)  # predicted vs observed KV capacity
     timings: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -228,6 +230,7 @@ class Deployer:
     on_step: Printer = _quiet  # ctxmgr's own steps
     start_timeout: float = 1800.0
     probe_timeout: float = 600.0
+    last_metrics: dict[str, str] = field(default_factory=dict)
 
     @property
     def unit(self) -> str:
@@ -242,7 +245,7 @@ class Deployer:
         self, view: ServiceView, probe_tokens: int | None, long_probe: bool
     ) -> tuple[Any, Any]:
         """daemon-reload, restart, watch the journal, probe. Returns (start verdict, probe result or None)."""
-        from .probe import probe
+        from .probe import cache_config_info, probe
 
         self.systemd.daemon_reload()
         self.systemd.reset_failed(self.unit)
@@ -251,7 +254,9 @@ class Deployer:
         started = time.monotonic()
         self.systemd.restart(self.unit, no_block=True)
         verdict = watch_start(self.systemd, self.unit, cursor, self.start_timeout, self.on_line)
-        self._record_observation(verdict, view)
+        metrics = cache_config_info(view.base_url, api_key=view.api_key) if verdict.ok else {}
+        self.last_metrics = metrics
+        self._record_observation(verdict, view, metrics)
         if not verdict.ok:
             return verdict, None
         self.on_step(f"vLLM is serving after {time.monotonic() - started:.0f} s; probing {view.base_url}")
@@ -268,11 +273,17 @@ class Deployer:
         )
         return verdict, result
 
-    def _record_observation(self, verdict: Any, view: ServiceView) -> None:
+    def _record_observation(self, verdict: Any, view: ServiceView, metrics: dict[str, str]) -> None:
+        import socket
         from dataclasses import asdict
 
         obs = asdict(verdict.observation)
+        blocks = metrics.get("num_gpu_blocks", "")
+        if blocks.isdigit():
+            obs["num_gpu_blocks"] = int(blocks)
         obs.update(
+            host=socket.gethostname(),
+            block_size=int(metrics["block_size"]) if metrics.get("block_size", "").isdigit() else None,
             time=time.time(),
             service=self.service,
             configured_max_model_len=view.args.max_model_len,
@@ -329,6 +340,10 @@ class Deployer:
             self.store.save(rev)
             result.probe = _plain(probe_result)
             result.reason = "vLLM started, reports the new max_model_len and served the context-sized probe"
+            result.calibration = calibration(rev.plan, verdict.observation, self.last_metrics)
+            if result.calibration:
+                rev.capacity.update(result.calibration)
+                self.store.save(rev)
             return result
         # something failed: say why, then put the previous unit back
         if verdict is None:
@@ -677,6 +692,74 @@ def history(store: ServiceStore) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def calibration(plan: dict[str, Any], observation: Any, metrics: dict[str, str]) -> dict[str, Any]:
+    """Predicted against observed KV capacity of a start: the planner's calibration error.
+
+    Observed capacity is vLLM's block count (/metrics num_gpu_blocks, exact) or, without metrics,
+    the logged KV budget; never the "KV cache size: N tokens" line (concurrency x length, derived).
+    """
+    lines = plan.get("gpus") or []
+    budgets = [g["kv_budget"]["bytes"] for g in lines if g.get("kv_budget", {}).get("bytes") is not None]
+    bytes_per_block = (plan.get("layout") or {}).get("bytes_per_block")
+    block_size = (plan.get("layout") or {}).get("block_size")
+    predicted_budget = min(budgets) if budgets else plan.get("kv_cache_memory_bytes")
+    if not predicted_budget or not bytes_per_block:
+        return {}
+    predicted_blocks = predicted_budget // bytes_per_block
+    out: dict[str, Any] = {
+        "predicted_kv_budget_bytes": predicted_budget,
+        "predicted_num_gpu_blocks": predicted_blocks,
+    }
+    blocks = metrics.get("num_gpu_blocks", "")
+    if blocks.isdigit():
+        observed_blocks = int(blocks)
+        out["observed_num_gpu_blocks"] = observed_blocks
+        out["observed_source"] = "vllm metrics (num_gpu_blocks)"
+    elif observation.available_kv_gib is not None:
+        observed_blocks = int(observation.available_kv_gib * GIB) // bytes_per_block
+        out["observed_num_gpu_blocks"] = observed_blocks
+        out["observed_source"] = "vllm log (Available KV cache memory, 0.01 GiB)"
+    else:
+        return out
+    if block_size:
+        out["predicted_capacity_tokens"] = predicted_blocks * block_size
+        out["observed_capacity_tokens"] = observed_blocks * block_size
+    if predicted_blocks:
+        out["error_percent"] = round(100.0 * (observed_blocks - predicted_blocks) / predicted_blocks, 3)
+    return out
+
+
+def observe_last_start(deployer: Deployer) -> dict[str, Any]:
+    """Read the last start of a unit from its journal (made by ctxmgr or not) and keep vLLM's facts."""
+    from dataclasses import asdict
+
+    from .probe import cache_config_info
+    from .vllm_log import last_start, observe_start
+
+    systemd = deployer.systemd
+    view = read_service(systemd, deployer.service)
+    entries = systemd.journal(deployer.unit, lines=20000)
+    messages = last_start([entry.message for entry in entries])
+    if not messages:
+        raise CtxmgrError(f"{deployer.unit}: the journal holds no start of vLLM")
+    observation = observe_start(messages)
+    metrics = (
+        cache_config_info(view.base_url, api_key=view.api_key) if systemd.is_active(deployer.unit) else {}
+    )
+    verdict = _ObservedStart(observation.ready, observation)
+    deployer._record_observation(verdict, view, metrics)
+    data = asdict(observation)
+    if metrics.get("num_gpu_blocks", "").isdigit():
+        data["num_gpu_blocks"] = int(metrics["num_gpu_blocks"])
+    return {"service": deployer.service, "observation": data, "lines": len(messages)}
+
+
+@dataclass(frozen=True)
+class _ObservedStart:
+    ok: bool
+    observation: Any
 
 
 def _plain(obj: Any) -> dict[str, Any]:

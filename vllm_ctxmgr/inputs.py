@@ -68,6 +68,33 @@ def gather_gpus(
         return None, exc.message
 
 
+def cpu_node_memory(node: int = 0) -> GpuState | None:
+    """NUMA node memory as the vLLM CPU build sizes against it (utils/cpu_resource_utils.py).
+
+    On the CPU backend --gpu-memory-utilization is a fraction of this node's MemTotal, and the KV
+    allocation must fit in its free + file + reclaimable memory. None where the kernel does not say.
+    """
+    from .gpus import GpuInfo
+
+    path = Path(f"/sys/devices/system/node/node{node}/meminfo")
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    info: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[3].isdigit():
+            info[parts[2].rstrip(":")] = int(parts[3]) * 1024
+    try:
+        total = info["MemTotal"]
+        available = info["MemFree"] + info["Active(file)"] + info["Inactive(file)"] + info["SReclaimable"]
+    except KeyError:
+        return None
+    gpu = GpuInfo(node, f"CPU (NUMA node {node})", total, available, total - available)
+    return GpuState((gpu,), "numa")
+
+
 def observations_from_store(records: Iterable[Mapping[str, Any]]) -> list[Observation]:
     """Stored observation records (newest last) as Observations with the configuration they ran."""
     names = {f.name for f in fields(Observation)}

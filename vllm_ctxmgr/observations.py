@@ -24,3 +24,6 @@ class Observation:
     needed_kv_gib: float | None = None
     ready: bool = False
     failure: str | None = None  # name of the failure pattern that ended the start
+    # the device memory vLLM sized against at that start (the CPU build's NUMA node moves on some VMs)
+    total_memory_gib: float | None = None
+    num_gpu_blocks: int | None = None  # exact, from /metrics vllm:cache_config_info

@@ -290,6 +290,7 @@ class _Observed:
     weights: int | None
     cuda_graphs: int | None
     estimated_max_model_len: int | None
+    requested_at_start: int | None = None  # ceil(total x u) at that start, where its total is known
 
 
 def _applicable(obs: Observation, version: VllmVersion, platform: Platform) -> bool:
@@ -314,7 +315,7 @@ def _observed(
         obs
         for obs in usable
         if obs.kv_cache_memory_bytes is None
-        and (obs.available_kv_gib is not None or obs.estimated_max_model_len)
+        and (obs.available_kv_gib is not None or obs.estimated_max_model_len or obs.num_gpu_blocks)
     ]
     latest = with_budget[-1] if with_budget else usable[-1]
     u_obs = latest.gpu_memory_utilization or default_gpu_memory_utilization(version)
@@ -327,6 +328,10 @@ def _observed(
             estimated = latest.estimated_max_model_len
             available = layout.bytes_needed(estimated) + layout.bytes_per_block
             source = f"vllm log (estimated maximum model length {estimated})"
+        elif latest.num_gpu_blocks is not None:
+            # exact to one block: vLLM made floor(budget / bytes_per_block) blocks
+            available = latest.num_gpu_blocks * layout.bytes_per_block + layout.bytes_per_block // 2
+            source = "vllm metrics (num_gpu_blocks)"
         elif latest.available_kv_gib is not None:
             available = int(latest.available_kv_gib * GIB)
             source = "vllm log"
@@ -339,8 +344,19 @@ def _observed(
     )
     if available is None and weights is None and graphs is None:
         return None, notes
+    requested_at_start = (
+        math.ceil(latest.total_memory_gib * GIB * u_obs)
+        if available is not None and latest.total_memory_gib is not None
+        else None
+    )
     return _Observed(
-        available, u_obs if available is not None else None, source, weights, graphs, estimated
+        available,
+        u_obs if available is not None else None,
+        source,
+        weights,
+        graphs,
+        estimated,
+        requested_at_start,
     ), notes
 
 
@@ -382,7 +398,8 @@ class _Gpu:
     def non_kv(self) -> int:
         if self.has_observed_budget:
             assert self.observed is not None and self.observed.utilization is not None
-            return self.requested(self.observed.utilization) - (self.observed.available_kv or 0)
+            requested = self.observed.requested_at_start or self.requested(self.observed.utilization)
+            return requested - (self.observed.available_kv or 0)
         graphs = (self.cuda_graphs.bytes or 0) if self.graphs_in_budget else 0
         return (self.weights.bytes or 0) + (self.activation.bytes or 0) + (self.non_torch.bytes or 0) + graphs
 
@@ -473,7 +490,8 @@ def _gpu_models(
     else:
         activation_bytes = ACTIVATION_FALLBACK
     non_torch = NON_TORCH_ESTIMATE + (NON_TORCH_TP_ESTIMATE if tp > 1 else 0)
-    overhead = CUDA_CONTEXT_ESTIMATE + (NCCL_ESTIMATE if world > 1 else 0)
+    cpu = options.cpu or (options.platform is not None and options.platform.is_cpu)
+    overhead = 0 if cpu else CUDA_CONTEXT_ESTIMATE + (NCCL_ESTIMATE if world > 1 else 0)
     models = []
     for rank, info in enumerate(gpus.gpus[:world]):
         margin = max(options.margin_min_bytes, int(info.total_bytes * options.margin_fraction))

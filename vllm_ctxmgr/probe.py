@@ -345,3 +345,28 @@ def wait_until_serving(
         except requests.RequestException:
             pass
         time.sleep(min(interval_s, max(0.0, deadline - time.monotonic())))
+
+
+def cache_config_info(base_url: str, *, api_key: str | None = None, timeout: float = 10.0) -> dict[str, str]:
+    """The labels of vLLM's `vllm:cache_config_info` metric (num_gpu_blocks, block_size, ...).
+
+    num_gpu_blocks is the exact KV capacity of the start; {} when /metrics is off or unreadable.
+    """
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = requests.get(f"{base_url.rstrip('/')}/metrics", headers=headers, timeout=timeout)
+    except requests.RequestException:
+        return {}
+    if response.status_code != 200:
+        return {}
+    try:
+        for family in text_string_to_metric_families(response.text):
+            if family.name == "vllm:cache_config_info":
+                for sample in family.samples:
+                    return dict(sample.labels)
+    except ValueError:
+        return {}
+    return {}

@@ -257,6 +257,15 @@ def change_text(result: Any) -> str:
         ]
         if facts:
             out.append("measured: " + ", ".join(facts))
+    cal = getattr(result, "calibration", None) or {}
+    if "observed_num_gpu_blocks" in cal:
+        unit = "tokens" if "observed_capacity_tokens" in cal else "blocks"
+        predicted = cal.get("predicted_capacity_tokens", cal["predicted_num_gpu_blocks"])
+        observed = cal.get("observed_capacity_tokens", cal["observed_num_gpu_blocks"])
+        out.append(
+            f"KV capacity: predicted {predicted:,} {unit}, observed {observed:,} {unit} "
+            f"(calibration error {cal.get('error_percent', 0):+.2f}%, from {cal['observed_source']})"
+        )
     if result.probe and result.probe.get("steps"):
         steps = ", ".join(
             f"{s['name']} {s.get('status') or '-'} ({s['latency_s']:.2f} s)" for s in result.probe["steps"]

@@ -731,6 +731,7 @@ class _ObservationBuilder:
             self.available[source] = value if known is None else min(known, value)
         if name == "cpu_kv_cache_set":
             self._set_once("platform", "CPU")
+            self._set_once("total_memory_gib", data["total_gib"])
 
     def build(self, failure: str | None = None) -> Observation:
         values = dict(self.values)
