@@ -1,0 +1,75 @@
+"""Calibration against the real vLLM CPU build: learn from one start, predict the next to within 1%.
+
+On the CPU backend `--gpu-memory-utilization` sizes the KV space (a fraction of NUMA node memory minus
+the worker's own footprint), so a change of utilisation is a real test of the calibrated plan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from vllm_ctxmgr import demo_vllm_cpu as cpu
+from vllm_ctxmgr.demo import free_port
+from vllm_ctxmgr.probe import wait_until_serving
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.vllm
+
+
+def require_vllm() -> Path:
+    venv = cpu.vllm_venv()
+    if venv is None:
+        if os.environ.get("CTXMGR_REQUIRE_VLLM") == "1":
+            pytest.fail("CTXMGR_REQUIRE_VLLM=1 but the vLLM CPU build is not installed")
+        pytest.skip("the vLLM CPU build is not installed (examples/vllm-cpu/setup.sh)")
+    return venv
+
+
+def ctxmgr(pid: int, state: Path, *args: str) -> tuple[int, dict, str]:
+    cmd = [sys.executable, "-m", "vllm_ctxmgr", "--systemd-pid", str(pid), "--state-dir", str(state), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    data = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+    return proc.returncode, data, proc.stderr
+
+
+def test_a_calibrated_plan_predicts_the_next_start_within_one_percent(sandbox, install_unit) -> None:  # type: ignore[no-untyped-def]
+    require_vllm()
+    model = cpu.ensure_tiny_model()
+    port = free_port()
+    name = "vllm-e2e-calib"
+    text = cpu.unit_text(model, port, 1024, kv_space_gib=None, extra_args=["--gpu-memory-utilization", "0.25"])
+    assert "VLLM_CPU_KVCACHE_SPACE" not in text
+    unit = install_unit(f"{name}.service", text)
+    sandbox.systemd.start(unit)
+    assert wait_until_serving(f"http://127.0.0.1:{port}", time.monotonic() + cpu.READY_TIMEOUT_S)
+    state = REPO / ".cache" / "e2e-calib" / uuid.uuid4().hex[:8]
+
+    # 1. learn from a start ctxmgr did not make
+    code, data, err = ctxmgr(sandbox.pid, state, "observe", "--service", name, "--json")
+    assert code == 0, err
+    observed = data["observation"]
+    assert observed["platform"] == "CPU" and observed["ready"] is True
+    assert observed["available_kv_gib"] > 0 and observed["total_memory_gib"] > 0
+    assert observed["num_gpu_blocks"] > 0
+
+    # 2. a change of utilisation: the plan is calibrated by that start, the new start is measured
+    code, data, err = ctxmgr(
+        sandbox.pid, state, "set-context", "2048", "--service", name, "--gpu-memory-utilization", "0.3",
+        "--yes", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert data["result"] == "applied"
+    gpu_line = data["plan"]["gpus"][0]
+    assert "vllm" in gpu_line["kv_budget"]["source"], gpu_line["kv_budget"]
+    cal = data["calibration"]
+    assert cal["observed_source"].startswith("vllm metrics")
+    assert cal["observed_num_gpu_blocks"] > observed["num_gpu_blocks"]  # more utilisation, more blocks
+    assert abs(cal["error_percent"]) < 1.0, cal
