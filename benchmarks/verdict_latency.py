@@ -122,7 +122,8 @@ def main() -> int:
             total = statistics.median([r["total_s"] for r in rounds])
             vllm = statistics.median([r["vllm_start_s"] for r in rounds])
             print(
-                f"  whole command {total:.2f} s, of which vLLM's own start(s) {vllm:.2f} s: ctxmgr's overhead "
+                f"  whole command {total:.2f} s, of which vLLM's own start(s) {vllm:.2f} s: "
+                f"ctxmgr's overhead "
                 f"{statistics.median(overheads):.2f} s (planning, install, reload, restart job, probe)"
             )
     return 0

@@ -45,7 +45,8 @@ def test_a_calibrated_plan_predicts_the_next_start_within_one_percent(sandbox, i
     model = cpu.ensure_tiny_model()
     port = free_port()
     name = "vllm-e2e-calib"
-    text = cpu.unit_text(model, port, 1024, kv_space_gib=None, extra_args=["--gpu-memory-utilization", "0.25"])
+    extra = ["--gpu-memory-utilization", "0.25"]
+    text = cpu.unit_text(model, port, 1024, kv_space_gib=None, extra_args=extra)
     assert "VLLM_CPU_KVCACHE_SPACE" not in text
     unit = install_unit(f"{name}.service", text)
     sandbox.systemd.start(unit)

@@ -1,3 +1,174 @@
-"""CLI commands for operating services over time: verify, schedule, unschedule, status, observe."""
+"""CLI commands for operating services over time: verify, schedule, unschedule, status."""
 
 from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from .cli import _emit_json, _systemd, handle_errors, main
+
+ON_FAILURE = ("none", "restart", "rollback")
+
+
+def _say(as_json: bool):  # type: ignore[no-untyped-def]
+    def say(text: str) -> None:
+        if not as_json:
+            click.echo(f"ctxmgr: {text}", err=True)
+
+    return say
+
+
+@main.command("verify")
+@click.option("--service", required=True, help="The systemd service that runs vLLM.")
+@click.option("--long-probe", is_flag=True, help="Also send a prompt of about 90% of the context.")
+@click.option(
+    "--textfile",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write Prometheus metrics here (a .prom file in node_exporter's textfile directory).",
+)
+@click.option(
+    "--gpus-from",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="GPU memory from a `ctxmgr gpus --json` file instead of NVML.",
+)
+@click.option(
+    "--on-failure",
+    type=click.Choice(ON_FAILURE),
+    default="none",
+    show_default=True,
+    help="When the verification fails: restart the unit, or roll back to the last revision that verified.",
+)
+@click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds the probe may wait.")
+@click.option(
+    "--start-timeout", type=float, default=1800.0, show_default=True, help="Seconds a start may take."
+)
+@click.option("--wait-lock", type=float, default=0.0, help="Seconds to wait for another run on the service.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+@handle_errors
+def verify_cmd(ctx: click.Context, service: str, long_probe: bool, textfile: str | None,
+               gpus_from: str | None, on_failure: str, timeout: float, start_timeout: float, wait_lock: float,
+               as_json: bool) -> None:  # fmt: skip
+    """Check that a service still serves what ctxmgr set, and that its next restart still fits.
+
+    \b
+    ok        active, not restarted behind ctxmgr's back, /health, /v1/models reports the unit's
+              max_model_len, the context-sized probe passes, GPU memory keeps the plan's margin,
+              same vLLM version and KV budget as the last start ctxmgr watched
+    degraded  it serves, but one of the latter no longer holds (the reasons say which)
+    failed    not active, or the probe fails
+    \b
+    Exit codes of this command: 0 ok, 1 degraded, 2 failed (usage errors also exit 2),
+    4 a change on the service holds its lock.
+    """
+    from .metrics import check_textfile_path, write_textfile
+    from .store import ServiceStore
+    from .verify import FAILED, VerifyOptions, act_on_failure, verification_text, verify_service
+
+    if textfile:
+        check_textfile_path(textfile)
+    systemd = _systemd(ctx)
+    store = ServiceStore(ctx.find_root().obj["state_dir"], service.removesuffix(".service"))
+    say = _say(as_json)
+    options = VerifyOptions(long_probe=long_probe, probe_timeout=timeout, gpus_from=gpus_from)
+    verification, facts = verify_service(systemd, store, service, options, wait_lock, say)
+    if verification.result == FAILED and on_failure != "none":
+        say(f"verification failed: {'; '.join(verification.reasons)}")
+        verification.action = act_on_failure(
+            systemd, store, service, on_failure, facts, start_timeout, wait_lock, say
+        )
+    if textfile:
+        write_textfile(textfile, verification)
+    if as_json:
+        _emit_json(verification.to_json())
+    else:
+        click.echo(verification_text(verification))
+    sys.exit(verification.exit_code)
+
+
+@main.command("schedule")
+@click.option("--service", required=True, help="The systemd service that runs vLLM.")
+@click.option(
+    "--every",
+    default="15min",
+    show_default=True,
+    help="A systemd time span (15min, 1h, 30s) or calendar expression (hourly, *:0/15).",
+)
+@click.option("--on-failure", type=click.Choice(ON_FAILURE), default="none", show_default=True)
+@click.option(
+    "--textfile",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Prometheus textfile each run writes (absolute path ending in .prom).",
+)
+@click.option("--long-probe", is_flag=True, help="Each run also sends a prompt of about 90% of the context.")
+@click.option(
+    "--randomized-delay",
+    default=None,
+    help="RandomizedDelaySec (default: a tenth of the span, at most 5min; 1min for a calendar).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
+@click.pass_context
+@handle_errors
+def schedule_cmd(ctx: click.Context, service: str, every: str, on_failure: str, textfile: str | None,
+                 long_probe: bool, randomized_delay: str | None, as_json: bool) -> None:  # fmt: skip
+    """Verify a service on a timer: installs, enables and starts ctxmgr-verify@SERVICE.timer.
+
+    Results go to the journal (`journalctl -t ctxmgr-verify`) and, with --textfile, to Prometheus.
+    Scheduling the same again changes nothing.
+    """
+    from pathlib import Path
+
+    from .schedule import ScheduleRequest, schedule_service
+
+    request = ScheduleRequest(
+        service=service,
+        every=every,
+        on_failure=on_failure,
+        textfile=str(Path(textfile).absolute()) if textfile else None,
+        long_probe=long_probe,
+        randomized_delay=randomized_delay,
+        state_dir=str(Path(ctx.find_root().obj["state_dir"]).absolute()),
+    )
+    result = schedule_service(_systemd(ctx), request, _say(as_json))
+    if as_json:
+        _emit_json(result.to_json())
+        return
+    click.echo(result.reason)
+    if result.next_run:
+        click.echo(f"next run: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(result.next_run))}")
+
+
+@main.command("unschedule")
+@click.option("--service", required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
+@click.pass_context
+@handle_errors
+def unschedule_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
+    """Stop the scheduled verification of a service and remove its timer and service units."""
+    from .schedule import unschedule_service
+
+    result = unschedule_service(_systemd(ctx), service, _say(as_json))
+    if as_json:
+        _emit_json(result.to_json())
+    else:
+        click.echo(result.reason)
+
+
+@main.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+@handle_errors
+def status_cmd(ctx: click.Context, as_json: bool) -> None:
+    """Every service on this host that runs vLLM: context, utilisation, last verification, KV, margin."""
+    from .verify import fleet_status, status_table
+
+    rows = fleet_status(_systemd(ctx), ctx.find_root().obj["state_dir"])
+    if as_json:
+        _emit_json({"services": [row.to_json() for row in rows]})
+    else:
+        click.echo(status_table(rows))
