@@ -44,7 +44,11 @@ def _say(as_json: bool):  # type: ignore[no-untyped-def]
 )
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds the probe may wait.")
 @click.option(
-    "--start-timeout", type=float, default=1800.0, show_default=True, help="Seconds a start may take."
+    "--start-timeout",
+    type=float,
+    default=1800.0,
+    show_default=True,
+    help="Seconds a start may take: until then a vLLM still loading is degraded, not failed.",
 )
 @click.option("--wait-lock", type=float, default=0.0, help="Seconds to wait for another run on the service.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -74,7 +78,7 @@ def verify_cmd(ctx: click.Context, service: str, long_probe: bool, textfile: str
     systemd = _systemd(ctx)
     store = ServiceStore(ctx.find_root().obj["state_dir"], service.removesuffix(".service"))
     say = _say(as_json)
-    options = VerifyOptions(long_probe=long_probe, probe_timeout=timeout, gpus_from=gpus_from)
+    options = VerifyOptions(long_probe, timeout, gpus_from, start_timeout)
     verification, facts = verify_service(systemd, store, service, options, wait_lock, say)
     if verification.result == FAILED and on_failure != "none":
         say(f"verification failed: {'; '.join(verification.reasons)}")
@@ -98,7 +102,13 @@ def verify_cmd(ctx: click.Context, service: str, long_probe: bool, textfile: str
     show_default=True,
     help="A systemd time span (15min, 1h, 30s) or calendar expression (hourly, *:0/15).",
 )
-@click.option("--on-failure", type=click.Choice(ON_FAILURE), default="none", show_default=True)
+@click.option(
+    "--on-failure",
+    type=click.Choice(ON_FAILURE),
+    default="none",
+    show_default=True,
+    help="What a failed run does: restart the unit, or roll back to the last revision that verified.",
+)
 @click.option(
     "--textfile",
     type=click.Path(dir_okay=False),
@@ -165,7 +175,7 @@ def unschedule_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
 @handle_errors
 def status_cmd(ctx: click.Context, as_json: bool) -> None:
     """Every service on this host that runs vLLM: context, utilisation, last verification, KV, margin."""
-    from .verify import fleet_status, status_table
+    from .status import fleet_status, status_table
 
     rows = fleet_status(_systemd(ctx), ctx.find_root().obj["state_dir"])
     if as_json:

@@ -241,7 +241,7 @@ class Deployer:
     def _install(self, path: Path, data: bytes) -> None:
         atomic_write(self.systemd.host_path(path), data)
 
-    def _restart_and_check(
+    def restart_and_check(
         self, view: ServiceView, probe_tokens: int | None, long_probe: bool
     ) -> tuple[Any, Any]:
         """daemon-reload, restart, watch the journal, probe. Returns (start verdict, probe result or None)."""
@@ -321,7 +321,7 @@ class Deployer:
         self._install(path, new)
         view = view_from_unit(self._loaded_unit_with(path, new.decode()), self.systemd.root)
         try:
-            verdict, probe_result = self._restart_and_check(view, probe_tokens, long_probe)
+            verdict, probe_result = self.restart_and_check(view, probe_tokens, long_probe)
         except CtxmgrError as exc:
             verdict, probe_result = None, None
             failure = f"ctxmgr could not watch the start: {exc.message}"
@@ -384,7 +384,7 @@ class Deployer:
         self._install(path, old)
         try:
             view = view_from_unit(self._loaded_unit_with(path, old.decode()), self.systemd.root)
-            verdict, probe_result = self._restart_and_check(view, None, False)
+            verdict, probe_result = self.restart_and_check(view, None, False)
         except CtxmgrError as exc:
             return False, exc.message
         if not verdict.ok:

@@ -8,6 +8,7 @@ since unit copies may hold API keys):
     SERVICE/revisions/NNNN/unit         the unit file content this revision installs
     SERVICE/revisions/NNNN/previous     the content it replaced (byte for byte)
     SERVICE/observations.jsonl        what each watched start of the service logged
+    SERVICE/last-verify.json          the last verification (unit invocation, restarts, result)
 
 A record is written "in-progress" before the unit is touched and finalised after, so a run that
 is killed anywhere leaves enough behind for the next run to finish the rollback.

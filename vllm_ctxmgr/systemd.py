@@ -586,8 +586,16 @@ class Systemd:
         self._job("restart", unit, no_block, timeout)
 
     def reset_failed(self, unit: str) -> None:
-        """Clear a failed state and the start rate limit, so a new start is not refused."""
-        self.systemctl("reset-failed", unit)
+        """Clear a failed state and the start rate limit, so a new start is not refused.
+
+        A unit stopped behind ctxmgr's back may already be unloaded by systemd's garbage collection;
+        `reset-failed` then says "not loaded", and there is nothing to reset.
+        """
+        try:
+            self.systemctl("reset-failed", unit)
+        except SystemdError as exc:
+            if "not loaded" not in str(exc):
+                raise
 
     def enable(self, unit: str, now: bool = False) -> None:
         self.systemctl("enable", *self._enable_flags(now), unit)
