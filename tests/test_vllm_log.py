@@ -397,12 +397,16 @@ def test_specific_failure_waits_for_grace_or_exit_not_longer() -> None:
     assert verdict is not None and verdict.failure == "cuda_oom"
     assert "22.00 MiB" in verdict.reason
 
-    exiting = StartWatcher(clock=FakeClock(), grace_s=3.0)
+    exit_clock = FakeClock()
+    exiting = StartWatcher(clock=exit_clock, grace_s=3.0, exit_grace_s=1.0)
     exiting.feed(oom)
     exiting.feed(
         line_with("fail_b_kv_too_small_bytes.log", "RuntimeError: Engine core initialization failed")
     )
-    assert exiting.verdict is not None and exiting.verdict.failure == "cuda_oom"  # the exit ends the wait
+    assert exiting.verdict is None  # the process ended: its last lines get exit_grace_s to arrive
+    exit_clock.now += 1.0
+    verdict = exiting.poll()
+    assert verdict is not None and verdict.failure == "cuda_oom"  # well before the 3 s grace
 
 
 def test_exit_without_error_lines_waits_briefly_for_late_lines() -> None:

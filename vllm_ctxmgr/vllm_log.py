@@ -1059,10 +1059,13 @@ class StartWatcher:
         best = self._best
         if best is not None and best.rank >= RANK_DECISIVE:
             return self._finish_failed(best)
-        exited = self._exited_at is not None
+        # once the process has exited, its last lines may still be on their way through journald
+        # (published in 250 ms steps): give them exit_grace_s to bring a more precise cause
+        exit_settled = self._exited_at is not None and now - self._exited_at >= self.exit_grace_s
         grace_over = self._best_at is not None and now - self._best_at >= self.grace_s
-        if best is not None and best.rank >= RANK_SPECIFIC and (exited or final or grace_over):
+        if best is not None and best.rank >= RANK_SPECIFIC and (exit_settled or final or grace_over):
             return self._finish_failed(best)
+        exited = self._exited_at is not None
         if exited and (final or now - (self._exited_at or now) >= self.exit_grace_s):
             if best is not None:
                 return self._finish_failed(best)
