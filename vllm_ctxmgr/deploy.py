@@ -230,6 +230,8 @@ class Deployer:
     on_step: Printer = _quiet  # ctxmgr's own steps
     start_timeout: float = 1800.0
     probe_timeout: float = 600.0
+    listen_timeout: float = 120.0  # from vLLM's ready line to /health answering
+    exit_wait: float = 20.0  # how long a failed vLLM may take to exit by itself before the restore
     last_metrics: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -245,7 +247,9 @@ class Deployer:
         self, view: ServiceView, probe_tokens: int | None, long_probe: bool
     ) -> tuple[Any, Any]:
         """daemon-reload, restart, watch the journal, probe. Returns (start verdict, probe result or None)."""
-        from .probe import cache_config_info, probe
+        from dataclasses import replace
+
+        from .probe import cache_config_info, probe, wait_until_serving
 
         self.systemd.daemon_reload()
         self.systemd.reset_failed(self.unit)
@@ -254,6 +258,15 @@ class Deployer:
         started = time.monotonic()
         self.systemd.restart(self.unit, no_block=True)
         verdict = watch_start(self.systemd, self.unit, cursor, self.start_timeout, self.on_line)
+        if verdict.ok and not wait_until_serving(view.base_url, time.monotonic() + self.listen_timeout):
+            # vLLM logs "Starting vLLM server on" up to a second before uvicorn listens; a port that
+            # never opens after it is a failed start all the same
+            verdict = replace(
+                verdict,
+                ok=False,
+                failure="not_listening",
+                reason=f"vLLM logged that it serves, but {view.base_url}/health never answered",
+            )
         metrics = cache_config_info(view.base_url, api_key=view.api_key) if verdict.ok else {}
         self.last_metrics = metrics
         self._record_observation(verdict, view, metrics)
@@ -363,6 +376,7 @@ class Deployer:
             decisive = probe_result.error if probe_result is not None else ""
         result.reason, result.decisive_line = reason, decisive
         self.on_step(f"the change failed: {reason}")
+        self._let_failed_start_exit()
         self.on_step(f"rolling back to the previous unit of {self.service}")
         rev.reason, rev.decisive_line = reason, decisive
         back_ok, back_reason = self._restore(path, old, rev)
@@ -378,6 +392,21 @@ class Deployer:
         rev.finished = time.time()
         self.store.save(rev)
         return result
+
+    def _let_failed_start_exit(self) -> None:
+        """A vLLM that has logged its fatal error exits by itself within seconds, while a stop sent
+        meanwhile can hang until TimeoutStopSec (90 s by default): wait for the exit first."""
+        deadline = time.monotonic() + self.exit_wait
+        while time.monotonic() < deadline:
+            state = self.systemd.show(self.unit, "ActiveState", "SubState")
+            if state.get("ActiveState") in ("failed", "inactive") or state.get("SubState") in (
+                "auto-restart",
+                "dead",
+                "failed",
+                "exited",
+            ):
+                return
+            time.sleep(0.3)
 
     def _restore(self, path: Path, old: bytes, rev: st.Revision) -> tuple[bool, str]:
         """Put `old` back byte for byte, restart, and prove it serves again at its own context."""

@@ -148,7 +148,7 @@ def probe(
     base_url: str,
     *,
     api_key: str | None = None,
-    expected_max_model_len: int,
+    expected_max_model_len: int | None,
     probe_tokens: int | None = None,
     long_probe: bool = False,
     timeout: float = 60.0,
@@ -190,7 +190,7 @@ def probe(
         if card is None:
             return False, f"no model {model!r} among {[c['id'] for c in cards]}"
         facts["model_id"], facts["max_model_len"] = card["id"], card.get("max_model_len")
-        if card.get("max_model_len") != expected_max_model_len:
+        if expected_max_model_len is not None and card.get("max_model_len") != expected_max_model_len:
             return False, (
                 f"vLLM reports max_model_len={card.get('max_model_len')} for {card['id']}, "
                 f"expected {expected_max_model_len}"
@@ -224,12 +224,13 @@ def probe(
     if not step.ok:
         return result(f"{'/tokenize' if step.name == 'tokenize' else '/v1/completions'}: {step.detail}")
     prompt_tokens = facts["prompt_tokens"]
-    max_tokens = probe_tokens if probe_tokens is not None else expected_max_model_len - prompt_tokens
+    context = expected_max_model_len or int(facts["max_model_len"])  # None: the context vLLM reports
+    max_tokens = probe_tokens if probe_tokens is not None else context - prompt_tokens
     step = _context_completion(prober, model_id, max_tokens, prompt_tokens)
     if not step.ok:
         return result(f"/v1/completions (max_tokens={max_tokens}): {step.detail}")
     if long_probe:
-        step = _long_prompt(prober, model_id, expected_max_model_len)
+        step = _long_prompt(prober, model_id, context)
         if not step.ok:
             return result(f"/v1/completions (long prompt): {step.detail}")
     return result(None)
