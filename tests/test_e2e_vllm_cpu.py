@@ -145,21 +145,6 @@ def ctxmgr(sandbox: Sandbox, state: Path, *args: str) -> tuple[int, dict[str, An
     return proc.returncode, data, proc.stderr
 
 
-# Known bug (reported, not fixed here): vLLM logs "Starting vLLM server on ..." up to a second before
-# uvicorn listens; ctxmgr takes that line as ready and probes at once, so /health is refused and a good
-# start (and the rollback's) counts as failed. Tests xfail on exactly that signature, nothing else.
-EARLY_PROBE_BUG = (
-    "ctxmgr probes when vLLM logs 'Starting vLLM server on', before uvicorn listens: /health is refused "
-    "(vllm_log server_starting is a ready line; Deployer._restart_and_check probes without waiting)"
-)
-
-
-def xfail_on_early_probe(data: dict[str, Any]) -> None:
-    text = f"{data.get('reason', '')} {data.get('decisive_line', '')}"
-    if data.get("result") in ("rolled-back", "rollback-failed") and "/health: cannot connect" in text:
-        pytest.xfail(EARLY_PROBE_BUG)
-
-
 def history(sandbox: Sandbox, state: Path, served: Served) -> list[dict[str, Any]]:
     code, data, err = ctxmgr(sandbox, state, "history", "--service", served.name, "--json")
     assert code == EXIT_OK, err
@@ -215,7 +200,6 @@ def test_set_context_applies_is_idempotent_and_refuses_above_max_position_embedd
         "--yes",
         "--json",
     )
-    xfail_on_early_probe(data)
     assert code == EXIT_OK, err
     assert (data["result"], data["changed"]) == ("applied", True)
     assert (data["previous_max_model_len"], data["max_model_len"]) == (1024, 2048)
@@ -326,7 +310,6 @@ def test_a_start_vllm_rejects_for_its_kv_cache_is_rolled_back_and_the_plan_saw_i
         "--yes",
         "--json",
     )
-    xfail_on_early_probe(data)
     assert code == EXIT_ERROR, err
     assert data["result"] == "rolled-back"
     assert f"the estimated maximum model length is {vllms_estimate}." in data["decisive_line"]
@@ -418,7 +401,6 @@ def test_ctxmgr_killed_mid_restart_is_recovered_byte_for_byte(
         str(CTXMGR_START_TIMEOUT_S),
         "--json",
     )
-    xfail_on_early_probe(data)
     assert code == EXIT_OK, err
     assert (data["result"], data["changed"], data["revision"]) == ("rolled-back", True, 1)
     assert served.path.read_bytes() == before

@@ -317,6 +317,7 @@ def _make_plan(args: Any, context: int, options: dict[str, Any], service_pids: t
         vllm_version=version,
         max_gpu_memory_utilization=options.get("max_gpu_memory_utilization") or 0.95,
         weights_bytes=options.get("weights_bytes"),
+        fixed_gpu_memory_utilization=options.get("fixed_gpu_memory_utilization"),
         service_pids=service_pids,
         cpu=cpu,
     )

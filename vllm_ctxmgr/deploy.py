@@ -486,7 +486,8 @@ def set_context(deployer: Deployer, request: SetContextRequest, make_plan: PlanF
         view = read_service(systemd, deployer.service)
         observations = observations_from_store(store.observations())
         pids = tuple(systemd.unit_processes(view.name))
-        plan = make_plan(view.args, request.context, request.plan_options, pids, observations)
+        options = {**request.plan_options, "fixed_gpu_memory_utilization": request.gpu_memory_utilization}
+        plan = make_plan(view.args, request.context, options, pids, observations)
         result = ChangeResult(
             deployer.service,
             "set-context",

@@ -136,6 +136,8 @@ class PlanOptions:
     margin_min_bytes: int = DEFAULT_MARGIN_MIN_BYTES
     weights_bytes: int | None = None  # all ranks together; overrides the model files' size
     service_pids: tuple[int, ...] = ()  # this service's processes: their memory is freed by the restart
+    # the operator's own --gpu-memory-utilization: check it (vLLM's checks, no margin) instead of choosing
+    fixed_gpu_memory_utilization: float | None = None
     platform: Platform | None = None
     cpu: bool = False
 
@@ -672,6 +674,24 @@ def _evaluate(
         )
         return _Outcome(feasible, verdict, u, max_context, lines, None)
 
+    fixed = options.fixed_gpu_memory_utilization
+    if fixed is not None:
+        fits_kv = all(g.budget(fixed) >= need_by_stage[g.stage] for g in gpus)
+        fits_memory = fixed <= min(g.max_utilization() for g in gpus) + 1e-9
+        if fits_kv and fits_memory:
+            verdict = f"fits at the chosen gpu_memory_utilization {fixed:.2f}"
+        elif not fits_memory:
+            verdict = (
+                f"does not fit: the free memory allows gpu_memory_utilization {u_limit:.2f}, not {fixed:.2f}"
+            )
+        else:
+            verdict = f"does not fit: the KV budget at gpu_memory_utilization {fixed:.2f} is too small"
+        lines = tuple(
+            _line(g, layout, target, g.requested(fixed), g.budget(fixed), budget_source, g.margin)
+            for g in gpus
+        )
+        return _Outcome(fits_kv and fits_memory, verdict, fixed, max_context, lines, None)
+
     feasible = u_needed is not None and u_needed <= u_limit + 1e-9
     u = u_needed if feasible else u_limit
     assert u is not None
@@ -790,7 +810,8 @@ def _run(
     observed = ctx.observed if same_ranks else None
     gpu_state = gpus if gpus is not None else ctx.gpus
     models = None
-    if gpu_state is not None and not ctx.platform.is_cpu:
+    # on the CPU build the "device" is a NUMA node: --gpu-memory-utilization is a fraction of its memory
+    if gpu_state is not None and (not ctx.platform.is_cpu or gpu_state.source == "numa"):
         models = _gpu_models(ctx.facts, args, gpu_state, ctx.options, layout, observed, warnings)
     upper = _upper(target, ctx.derived, allow_long)
     outcome = _evaluate(layout, args, models, ctx.options, ctx.platform, observed, target, upper, same_config)
