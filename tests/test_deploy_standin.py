@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 import requests
 
+from tests.ctxmgr_cli import ctxmgr_argv, run_ctxmgr
 from vllm_ctxmgr.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit
 from vllm_ctxmgr.sandbox import Sandbox
 
@@ -23,19 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def ctxmgr(sandbox: Sandbox, state: Path, *args: str, timeout: float = 120) -> tuple[int, dict, str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm_ctxmgr",
-        "--systemd-pid",
-        str(sandbox.pid),
-        "--state-dir",
-        str(state),
-        *args,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    data = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
-    return proc.returncode, data, proc.stderr
+    run = run_ctxmgr(sandbox.pid, state, *args, timeout=timeout)
+    return run.code, run.data, run.stderr
 
 
 @pytest.fixture
@@ -228,22 +217,9 @@ def test_ctxmgr_killed_mid_restart_is_recovered_by_the_next_run(sandbox, install
     )
     state = workdir / "state"
     before = path.read_bytes()
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm_ctxmgr",
-        "--systemd-pid",
-        str(sandbox.pid),
-        "--state-dir",
-        str(state),
-        "set-context",
-        "100000",
-        "--service",
-        name,
-        *offline_gpu_args(),
-        "--yes",
-        "--json",
-    ]
+    cmd = ctxmgr_argv(
+        sandbox.pid, state, "set-context", "100000", "--service", name, *offline_gpu_args(), "--yes"
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     record = state / name / "revisions" / "0001" / "record.json"
     deadline = time.monotonic() + 60

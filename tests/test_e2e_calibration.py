@@ -6,15 +6,13 @@ the worker's own footprint), so a change of utilisation is a real test of the ca
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from tests.ctxmgr_cli import run_ctxmgr
 from vllm_ctxmgr import demo_vllm_cpu as cpu
 from vllm_ctxmgr.demo import free_port
 from vllm_ctxmgr.probe import wait_until_serving
@@ -24,10 +22,8 @@ pytestmark = pytest.mark.vllm
 
 
 def ctxmgr(pid: int, state: Path, *args: str) -> tuple[int, dict, str]:
-    cmd = [sys.executable, "-m", "vllm_ctxmgr", "--systemd-pid", str(pid), "--state-dir", str(state), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    data = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
-    return proc.returncode, data, proc.stderr
+    run = run_ctxmgr(pid, state, *args)
+    return run.code, run.data, run.stderr
 
 
 def test_a_calibrated_plan_predicts_the_next_start_within_one_percent(

@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,6 +27,8 @@ from typing import Any
 import pytest
 import requests
 
+from tests.ctxmgr_cli import ctxmgr_argv as shared_argv
+from tests.ctxmgr_cli import run_ctxmgr
 from tests.systemd_fixtures import InstallUnit
 from vllm_ctxmgr import demo_vllm_cpu as vllm_cpu
 from vllm_ctxmgr.demo import free_port
@@ -124,25 +125,13 @@ def start_served(sandbox: Sandbox, install_unit: InstallUnit, name: str, unit_te
 
 
 def ctxmgr_argv(sandbox: Sandbox, state: Path, *args: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "vllm_ctxmgr",
-        "--systemd-pid",
-        str(sandbox.pid),
-        "--state-dir",
-        str(state),
-        *args,
-    ]
+    return shared_argv(sandbox.pid, state, *args)
 
 
 def ctxmgr(sandbox: Sandbox, state: Path, *args: str) -> tuple[int, dict[str, Any], str]:
     """Run ctxmgr as an operator would; (exit code, its --json output, stderr)."""
-    proc = subprocess.run(
-        ctxmgr_argv(sandbox, state, *args), capture_output=True, text=True, timeout=CTXMGR_RUN_TIMEOUT_S
-    )
-    data = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
-    return proc.returncode, data, proc.stderr
+    run = run_ctxmgr(sandbox.pid, state, *args, timeout=CTXMGR_RUN_TIMEOUT_S)
+    return run.code, run.data, run.stderr
 
 
 def history(sandbox: Sandbox, state: Path, served: Served) -> list[dict[str, Any]]:

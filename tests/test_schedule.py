@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.ctxmgr_cli import run_ctxmgr
 from vllm_ctxmgr.demo import free_port, make_vllm_wrapper, standin_unit
 from vllm_ctxmgr.errors import UsageError
 from vllm_ctxmgr.sandbox import Sandbox
@@ -126,11 +127,8 @@ def test_rendered_units_run_this_ctxmgr_with_exactly_its_arguments(tmp_path: Pat
 
 
 def ctxmgr(sandbox: Sandbox, state: Path, *args: str) -> tuple[int, dict, str]:
-    cmd = [sys.executable, "-m", "vllm_ctxmgr", "--systemd-pid", str(sandbox.pid), "--state-dir", str(state),
-           "--unit-dir", "/run/systemd/system", *args]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    data = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
-    return proc.returncode, data, proc.stderr + proc.stdout
+    run = run_ctxmgr(sandbox.pid, state, "--unit-dir", "/run/systemd/system", *args, timeout=120)
+    return run.code, run.data, run.stderr + run.stdout
 
 
 def verify_journal(sandbox: Sandbox, name: str) -> list[str]:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from tests.ctxmgr_cli import run_ctxmgr
 from vllm_ctxmgr.demo import free_port, make_vllm_wrapper, standin_unit
 from vllm_ctxmgr.sandbox import Sandbox
 from vllm_ctxmgr.status import ServiceStatus, status_table
@@ -41,10 +40,8 @@ def test_the_table_lines_up_like_systemctl_list_units() -> None:
 
 
 def ctxmgr(sandbox: Sandbox, state: Path, *args: str) -> tuple[int, str]:
-    cmd = [sys.executable, "-m", "vllm_ctxmgr", "--systemd-pid", str(sandbox.pid), "--state-dir", str(state),
-           "--unit-dir", "/run/systemd/system", *args]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    return proc.returncode, proc.stdout + proc.stderr
+    run = run_ctxmgr(sandbox.pid, state, "--unit-dir", "/run/systemd/system", *args, timeout=120)
+    return run.code, run.stdout + run.stderr
 
 
 @pytest.fixture

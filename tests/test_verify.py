@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import replace
@@ -20,6 +18,7 @@ import pytest
 import requests
 from click.testing import CliRunner
 
+from tests.ctxmgr_cli import run_ctxmgr
 from vllm_ctxmgr.cli import main
 from vllm_ctxmgr.demo import (
     SEED_GPU_COUNT,
@@ -320,11 +319,8 @@ def test_rollback_target_is_the_newest_other_revision_that_verified() -> None:
 
 
 def ctxmgr(sandbox: Sandbox, state: Path, *args: str, timeout: float = 120) -> tuple[int, dict, str]:
-    cmd = [sys.executable, "-m", "vllm_ctxmgr", "--systemd-pid", str(sandbox.pid), "--state-dir", str(state),
-           *args]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    data = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
-    return proc.returncode, data, proc.stderr + proc.stdout
+    run = run_ctxmgr(sandbox.pid, state, *args, timeout=timeout)
+    return run.code, run.data, run.stderr + run.stdout
 
 
 @pytest.fixture

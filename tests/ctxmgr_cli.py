@@ -1,0 +1,28 @@
+"""Running ctxmgr as an operator does: a subprocess against the private systemd, with --json."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def ctxmgr_argv(pid: int, state: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "vllm_ctxmgr", "--systemd-pid", str(pid), "--state-dir", str(state), *args]
+
+
+@dataclass(frozen=True)
+class Run:
+    code: int
+    data: dict[str, Any]  # the --json object, {} when stdout held none
+    stdout: str
+    stderr: str
+
+
+def run_ctxmgr(pid: int, state: Path, *args: str, timeout: float = 600) -> Run:
+    proc = subprocess.run(ctxmgr_argv(pid, state, *args), capture_output=True, text=True, timeout=timeout)
+    data = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+    return Run(proc.returncode, data, proc.stdout, proc.stderr)
