@@ -248,6 +248,15 @@ def test_observation_of_another_version_is_ignored() -> None:
     assert any("another vLLM version" in note for note in plan.notes)
 
 
+def test_observation_of_another_gpu_model_is_ignored() -> None:
+    same = replace(OBSERVED, gpu_name="NVIDIA H100 NVL")
+    other = replace(OBSERVED, gpu_name="NVIDIA A100-SXM4-80GB")
+    assert make_plan(glm5(), SERVICE, eight_gpus(), options(), [same]).gpus[0].kv_budget.source == "vllm log"
+    plan = make_plan(glm5(), SERVICE, eight_gpus(), options(), [other])
+    assert plan.gpus[0].kv_budget.source == "estimate"
+    assert any("another vLLM version or device" in note for note in plan.notes)
+
+
 def test_failed_start_estimate_bounds_max_context() -> None:
     failed = Observation(
         vllm_version="0.33.0",

@@ -38,6 +38,7 @@ from .unit import (
     container_environment,
     edit_unit,
     find_vllm_command,
+    mask_secrets,
     unified_diff,
 )
 
@@ -257,7 +258,14 @@ class Deployer:
         self.on_step(f"restarting {self.unit}; following its journal")
         started = time.monotonic()
         self.systemd.restart(self.unit, no_block=True)
-        verdict = watch_start(self.systemd, self.unit, cursor, self.start_timeout, self.on_line)
+        secrets = view.secrets
+        verdict = watch_start(
+            self.systemd,
+            self.unit,
+            cursor,
+            self.start_timeout,
+            lambda line: self.on_line(mask_secrets(line, secrets)),
+        )
         if verdict.ok and not wait_until_serving(view.base_url, time.monotonic() + self.listen_timeout):
             # vLLM logs "Starting vLLM server on" up to a second before uvicorn listens; a port that
             # never opens after it is a failed start all the same
@@ -294,6 +302,8 @@ class Deployer:
         blocks = metrics.get("num_gpu_blocks", "")
         if blocks.isdigit():
             obs["num_gpu_blocks"] = int(blocks)
+        if not obs.get("gpu_name"):
+            obs["gpu_name"] = "CPU" if obs.get("platform") == "CPU" else _gpu_name(view.env)
         obs.update(
             host=socket.gethostname(),
             block_size=int(metrics["block_size"]) if metrics.get("block_size", "").isdigit() else None,
@@ -348,7 +358,7 @@ class Deployer:
             rev.verified = True
             rev.reason = "served and passed the context-sized probe"
             rev.finished = time.time()
-            rev.vllm_version = verdict.observation.vllm_version
+            rev.vllm_version = verdict.observation.vllm_version or rev.vllm_version
             rev.capacity = _capacity(verdict.observation)
             self.store.save(rev)
             result.probe = _plain(probe_result)
@@ -575,6 +585,7 @@ def set_context(deployer: Deployer, request: SetContextRequest, make_plan: PlanF
                 gpu_memory_utilization=result.gpu_memory_utilization,
                 previous_max_model_len=view.args.max_model_len,
                 previous_gpu_memory_utilization=view.args.gpu_memory_utilization,
+                vllm_version=view.args.vllm_version,
                 plan=result.plan,
             ),
             unit=new,
@@ -790,6 +801,17 @@ def observe_last_start(deployer: Deployer) -> dict[str, Any]:
 class _ObservedStart:
     ok: bool
     observation: Any
+
+
+def _gpu_name(env: dict[str, str]) -> str | None:
+    """The model of the first GPU the service sees, so observations are not carried to other GPUs."""
+    from .gpus import read_nvml
+
+    try:
+        state = read_nvml().select(env.get("CUDA_VISIBLE_DEVICES"))
+    except CtxmgrError:
+        return None
+    return state.gpus[0].name if state.gpus else None
 
 
 def _plain(obj: Any) -> dict[str, Any]:

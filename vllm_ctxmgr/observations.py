@@ -27,3 +27,4 @@ class Observation:
     # the device memory vLLM sized against at that start (the CPU build's NUMA node moves on some VMs)
     total_memory_gib: float | None = None
     num_gpu_blocks: int | None = None  # exact, from /metrics vllm:cache_config_info
+    gpu_name: str | None = None  # the device it ran on ("NVIDIA H200", "CPU"): observations do not travel

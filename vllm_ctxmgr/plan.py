@@ -299,6 +299,8 @@ def _applicable(obs: Observation, version: VllmVersion, platform: Platform) -> b
     observed_version = parse_vllm_version(obs.vllm_version)
     if observed_version is not None and observed_version[:3] != tuple(version[:3]):
         return False
+    if obs.gpu_name and platform.device_name and not platform.is_cpu and obs.gpu_name != platform.device_name:
+        return False  # another GPU model: its memory figures say nothing about this one
     return obs.platform is None or (obs.platform.upper() == "CPU") == platform.is_cpu
 
 
