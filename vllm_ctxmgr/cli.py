@@ -180,6 +180,11 @@ def gpu_options(func: Callable[..., Any]) -> Callable[..., Any]:
             click.option("--gpu-memory", type=SIZE, default=None, help="Plan offline: memory of each GPU."),
             click.option("--gpu-count", type=int, default=None, help="Plan offline: number of GPUs."),
             click.option(
+                "--gpu-name",
+                default=None,
+                help="Plan offline: the GPU model (e.g. 'NVIDIA H200'), which decides backends and defaults.",
+            ),
+            click.option(
                 "--gpus-from",
                 type=click.Path(dir_okay=False),
                 default=None,
@@ -303,6 +308,7 @@ def _make_plan(args: Any, context: int, options: dict[str, Any], service_pids: t
         gpu_state, _note = gather_gpus(
             options.get("gpu_memory"),
             options.get("gpu_count"),
+            options.get("gpu_name"),
             options.get("gpus_from"),
             args.env.get("CUDA_VISIBLE_DEVICES"),
         )

@@ -49,6 +49,7 @@ def effective_args(args: ServeArgs) -> ServeArgs:
 def gather_gpus(
     gpu_memory: int | None = None,
     gpu_count: int | None = None,
+    gpu_name: str | None = None,
     gpus_from: str | None = None,
     visible_devices: str | None = None,
     required: bool = False,
@@ -59,7 +60,7 @@ def gather_gpus(
     if gpu_memory is not None or gpu_count is not None:
         if gpu_memory is None:
             raise UsageError("--gpu-count needs --gpu-memory SIZE")
-        return uniform_gpus(gpu_count or 1, gpu_memory), None
+        return uniform_gpus(gpu_count or 1, gpu_memory, name=gpu_name or "GPU"), None
     try:
         return read_nvml().select(visible_devices), None
     except CtxmgrError as exc:
