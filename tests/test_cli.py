@@ -24,22 +24,16 @@ def run(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+def plan_glm5(context: str, *extra: str, gpu_memory: str = "95.6GiB") -> tuple[int, str, str]:
+    """GLM-5 at TP 8 on eight GPUs with the seeds' GGUF weights (406.7 GiB)."""
+    return run(
+        "plan", context, "--model", GLM5, "-tp", "8", "--gpu-memory", gpu_memory, "--gpu-count", "8",
+        "--weights-bytes", "406.7GiB", *extra,
+    )  # fmt: skip
+
+
 def test_plan_json_has_the_promised_keys_and_vllm_numbers() -> None:
-    code, out, _ = run(
-        "plan",
-        "200000",
-        "--model",
-        GLM5,
-        "-tp",
-        "8",
-        "--gpu-memory",
-        "95.6GiB",
-        "--gpu-count",
-        "8",
-        "--weights-bytes",
-        "406.7GiB",
-        "--json",
-    )
+    code, out, _ = plan_glm5("200000", "--json")
     assert code == 0
     data = json.loads(out)
     for key in (
@@ -61,20 +55,7 @@ def test_plan_json_has_the_promised_keys_and_vllm_numbers() -> None:
 
 
 def test_plan_human_output_shows_a_table_and_bars() -> None:
-    code, out, _ = run(
-        "plan",
-        "200000",
-        "--model",
-        GLM5,
-        "-tp",
-        "8",
-        "--gpu-memory",
-        "95.6GiB",
-        "--gpu-count",
-        "8",
-        "--weights-bytes",
-        "406.7GiB",
-    )
+    code, out, _ = plan_glm5("200000")
     assert code == 0
     assert "KV needed" in out and "18.66 GiB" in out
     assert out.count("[") >= 8  # one bar per GPU
@@ -82,21 +63,7 @@ def test_plan_human_output_shows_a_table_and_bars() -> None:
 
 
 def test_infeasible_plan_exits_3_with_largest_context_and_alternatives() -> None:
-    code, out, _ = run(
-        "plan",
-        "200000",
-        "--model",
-        GLM5,
-        "-tp",
-        "8",
-        "--gpu-memory",
-        "72GiB",
-        "--gpu-count",
-        "8",
-        "--weights-bytes",
-        "406.7GiB",
-        "--json",
-    )
+    code, out, _ = plan_glm5("200000", "--json", gpu_memory="72GiB")
     assert code == 3
     data = json.loads(out)
     assert data["feasible"] is False
@@ -160,39 +127,10 @@ def test_bad_input_is_one_line_and_the_right_code(args: list[str], code: int, me
 
 
 def test_target_above_the_model_maximum_is_refused_unless_allow_long() -> None:
-    code, out, _ = run(
-        "plan",
-        "300000",
-        "--model",
-        GLM5,
-        "-tp",
-        "8",
-        "--gpu-memory",
-        "141GiB",
-        "--gpu-count",
-        "8",
-        "--weights-bytes",
-        "406.7GiB",
-        "--json",
-    )
+    code, out, _ = plan_glm5("300000", "--json", gpu_memory="141GiB")
     assert code == 3
     assert "202752" in json.loads(out)["reason"].replace(",", "")
-    code, out, _ = run(
-        "plan",
-        "300000",
-        "--model",
-        GLM5,
-        "-tp",
-        "8",
-        "--gpu-memory",
-        "141GiB",
-        "--gpu-count",
-        "8",
-        "--weights-bytes",
-        "406.7GiB",
-        "--allow-long",
-        "--json",
-    )
+    code, out, _ = plan_glm5("300000", "--allow-long", "--json", gpu_memory="141GiB")
     data = json.loads(out)
     assert code == 0 and data["feasible"]
     assert data["env_changes"] == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
