@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from .errors import EXIT_ERROR, EXIT_USAGE, CtxmgrError
+from .errors import EXIT_ERROR, CtxmgrError
 
 
 def _emit_json(data: Any) -> None:
@@ -148,7 +148,12 @@ def facts(model: str, as_json: bool, vllm_version: str | None) -> None:
     from .sources import load_model_facts
 
     model_facts = load_model_facts(model)
-    version = report.parse_version(vllm_version)
+    from .errors import UsageError
+    from .plan import parse_vllm_version
+
+    version = parse_vllm_version(vllm_version) or report.NEWEST_VLLM
+    if vllm_version and parse_vllm_version(vllm_version) is None:
+        raise UsageError(f"{vllm_version!r} is not a vLLM version (e.g. 0.33.0)")
     if as_json:
         _emit_json(report.facts_json(model_facts, version))
     else:
@@ -292,8 +297,8 @@ def _make_plan(args: Any, context: int, options: dict[str, Any], service_pids: t
                observations: list[Any] | None = None) -> Any:  # fmt: skip
     """Facts + GPUs + earlier starts -> Plan (the I/O here, the pure planner in plan.make_plan)."""
     from .inputs import effective_args, gather_gpus, is_cpu_deployment
+    from .kv import NEWEST_VLLM
     from .plan import PlanOptions, make_plan, parse_vllm_version
-    from .report import NEWEST_VLLM
     from .sources import load_model_facts
 
     args = effective_args(args)
@@ -518,7 +523,7 @@ def entry() -> None:  # pragma: no cover
     main(prog_name=os.path.basename(sys.argv[0]) or "ctxmgr")
 
 
-__all__ = ["EXIT_USAGE", "main"]
+__all__ = ["main"]
 
 
 # Commands for scheduled verification and fleet status live in their own module.

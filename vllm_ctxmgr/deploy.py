@@ -23,7 +23,6 @@ from .errors import (
     EXIT_OK,
     EXIT_ROLLBACK_FAILED,
     CtxmgrError,
-    InfeasibleError,
     UnitError,
     UsageError,
 )
@@ -829,16 +828,3 @@ def _plain(obj: Any) -> dict[str, Any]:
 def _capacity(observation: Any) -> dict[str, Any]:
     keys = ("available_kv_gib", "kv_cache_tokens", "max_concurrency", "model_loading_gib", "cuda_graph_gib")
     return {k: getattr(observation, k) for k in keys if getattr(observation, k, None) is not None}
-
-
-__all__ = [
-    "EXIT_INFEASIBLE",
-    "ChangeResult",
-    "Deployer",
-    "InfeasibleError",
-    "ServiceView",
-    "UnitError",
-    "read_service",
-    "view_from_unit",
-    "watch_start",
-]

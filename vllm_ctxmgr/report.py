@@ -9,23 +9,7 @@ from typing import Any
 
 from .facts import LayerKind, ModelFacts
 from .gpus import GIB, GpuState
-
-NEWEST_VLLM = (0, 33, 0)
-
-
-def parse_version(text: str | None) -> tuple[int, int, int]:
-    from .errors import UsageError
-
-    if not text:
-        return NEWEST_VLLM
-    parts = text.lstrip("v").split("+")[0].split(".")
-    try:
-        numbers = [int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts[:3]]
-    except ValueError:
-        raise UsageError(f"{text!r} is not a vLLM version (e.g. 0.33.0)") from None
-    while len(numbers) < 3:
-        numbers.append(0)
-    return numbers[0], numbers[1], numbers[2]
+from .kv import NEWEST_VLLM
 
 
 def gib(n: float | int | None, digits: int = 2) -> str:

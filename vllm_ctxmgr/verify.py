@@ -667,9 +667,9 @@ def gather(
     """Read the unit, systemd's state, the journal of the running process, GPU memory; probe."""
     from .deploy import read_service
     from .inputs import gather_gpus, is_cpu_deployment
+    from .kv import NEWEST_VLLM
     from .plan import cuda_graphs_in_budget, default_gpu_memory_utilization, parse_vllm_version
     from .probe import cache_config_info, probe
-    from .report import NEWEST_VLLM
     from .vllm_log import observe_start
 
     now = time.time()
