@@ -297,6 +297,8 @@ class Deployer:
         import socket
         from dataclasses import asdict
 
+        from .inputs import effective_args
+
         obs = asdict(verdict.observation)
         blocks = metrics.get("num_gpu_blocks", "")
         if blocks.isdigit():
@@ -310,7 +312,9 @@ class Deployer:
             service=self.service,
             configured_max_model_len=view.args.max_model_len,
             configured_gpu_memory_utilization=view.args.gpu_memory_utilization,
-            configured_kv_cache_memory_bytes=view.args.kv_cache_memory_bytes,
+            # the explicit budget as vLLM applied it (VLLM_CPU_KVCACHE_SPACE included): such a start says
+            # nothing about how memory scales with the utilisation
+            configured_kv_cache_memory_bytes=effective_args(view.args).kv_cache_memory_bytes,
             ok=verdict.ok,
         )
         self.store.add_observation(obs)
