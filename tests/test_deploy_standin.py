@@ -160,6 +160,11 @@ def test_dry_run_prints_a_diff_and_changes_nothing(sandbox, install_unit, workdi
     assert data["result"] == "dry-run" and data["changed"] is False
     assert "+    --max-model-len 100000" in data["diff"]
     assert path.read_bytes() == before
+    # without --yes and without a terminal to ask on, nothing is applied
+    code, data, err = ctxmgr(sandbox, workdir / "state", "set-context", "100000", "--service", name,
+                             *offline_gpu_args())  # fmt: skip
+    assert code == 2 and "pass --yes" in err
+    assert path.read_bytes() == before
 
 
 def test_a_second_run_on_the_same_service_is_refused_while_one_holds_the_lock(workdir) -> None:  # type: ignore[no-untyped-def]

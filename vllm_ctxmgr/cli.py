@@ -412,21 +412,21 @@ def set_context_cmd(ctx: click.Context, context: int, service: str, gpu_memory_u
         gpu_memory_utilization=gpu_memory_utilization,
         probe_tokens=probe_tokens,
         long_probe=long_probe,
-        dry_run=True,
+        dry_run=dry_run or not yes,  # without --yes: show what would change, ask, then apply
         force=force,
         lock_wait=wait_lock,
         plan_options=options,
     )
-    preview = set_context(deployer, request, _plan_for_service)
-    if dry_run or preview.result in ("unchanged", "infeasible"):
-        _finish(preview, as_json)
-    if not yes and not as_json:
+    result = set_context(deployer, request, _plan_for_service)
+    if not dry_run and not yes and result.result == "dry-run":
         from . import report
 
-        click.echo(report.change_text(preview), err=True)
-    _confirm(yes, f"restart {deployer.unit} with max_model_len {context}")
-    request.dry_run = False
-    _finish(set_context(deployer, request, _plan_for_service), as_json)
+        if not as_json:
+            click.echo(report.change_text(result), err=True)
+        _confirm(yes, f"restart {deployer.unit} with max_model_len {context}")
+        request.dry_run = False
+        result = set_context(deployer, request, _plan_for_service)
+    _finish(result, as_json)
 
 
 def _plan_for_service(args: Any, context: int, options: dict[str, Any], pids: tuple[int, ...],
@@ -452,14 +452,13 @@ def rollback_cmd(ctx: click.Context, service: str, to: int | None, timeout: floa
     from .deploy import rollback
 
     deployer = _deployer(ctx, service, as_json, timeout)
-    if not dry_run:
-        preview = rollback(deployer, to, wait_lock, dry_run=True)
-        if preview.result == "unchanged":
-            _finish(preview, as_json)
+    result = rollback(deployer, to, wait_lock, dry_run=dry_run or not yes)
+    if not dry_run and not yes and result.result == "dry-run":
         _confirm(
             yes, f"restart {deployer.unit} with the unit of revision {to if to is not None else 'before'}"
         )
-    _finish(rollback(deployer, to, wait_lock, dry_run=dry_run), as_json)
+        result = rollback(deployer, to, wait_lock, dry_run=False)
+    _finish(result, as_json)
 
 
 @main.command("recover")

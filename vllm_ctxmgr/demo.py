@@ -7,7 +7,6 @@ unit still reads `.../bin/vllm serve MODEL ...` because a tiny `bin/vllm` wrappe
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -92,7 +91,3 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def is_root() -> bool:
-    return os.geteuid() == 0

@@ -48,10 +48,6 @@ class UnitError(UsageError):
     """A unit file that cannot be parsed or holds no vLLM command."""
 
 
-class InfeasibleError(CtxmgrError):
-    exit_code = EXIT_INFEASIBLE
-
-
 class LockedError(CtxmgrError):
     exit_code = EXIT_LOCKED
 

@@ -30,12 +30,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import CtxmgrError, LockedError, UsageError
+from .errors import LockedError, UsageError
 
 DEFAULT_STATE_DIR = Path("/var/lib/ctxmgr")
 
 # Revision states, in the order a change walks through them (certbot-reverter style).
-PLANNED = "planned"
 IN_PROGRESS = "in-progress"  # recorded; the unit may or may not be installed yet
 FINAL = "final"  # installed, restarted, serving, probed
 ROLLED_BACK = "rolled-back"  # failed, and the previous unit is back and serving
@@ -233,11 +232,3 @@ class ServiceStore:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
             os.close(fd)
-
-
-def state_dir_from_env(value: str | None = None) -> Path:
-    chosen = value or os.environ.get("CTXMGR_STATE_DIR")
-    path = Path(chosen) if chosen else DEFAULT_STATE_DIR
-    if path.exists() and not path.is_dir():
-        raise CtxmgrError(f"state directory {path} is not a directory")
-    return path
