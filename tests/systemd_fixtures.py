@@ -1,4 +1,4 @@
-"""Pytest plugin: a private systemd (vllm_ctxmgr.sandbox) booted once per session, and unit installation.
+"""Pytest plugin: a private systemd (tests.support.sandbox) booted once per session, and unit installation.
 
 Tests that use the `sandbox` fixture get the `systemd` marker, so `-m "not systemd"` leaves them out.
 Where a sandbox cannot run (not root, no unshare, ...) they are skipped with the reason, unless
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from vllm_ctxmgr.errors import SystemdError
-from vllm_ctxmgr.sandbox import Sandbox, sandbox_available
+from tests.support.sandbox import Sandbox, sandbox_available
 from vllm_ctxmgr.systemd import Systemd
 
 SANDBOX_FIXTURES = {"sandbox", "sandbox_systemd", "install_unit"}

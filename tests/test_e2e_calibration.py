@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.ctxmgr_cli import run_ctxmgr
-from vllm_ctxmgr import demo_vllm_cpu as cpu
-from vllm_ctxmgr.demo import free_port
+from tests.support import vllm_cpu as cpu
+from tests.support.demo import free_port
 from vllm_ctxmgr.probe import wait_until_serving
 
 REPO = Path(__file__).resolve().parent.parent

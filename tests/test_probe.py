@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from vllm_ctxmgr.probe import mask_secret, probe, wait_until_serving
-from vllm_ctxmgr.standin import StandinProcess, free_port, launch
+from tests.support.standin import StandinProcess, free_port, launch
 
 FAST = {
     "CTXMGR_STANDIN_TIME_SCALE": "0",

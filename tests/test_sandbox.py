@@ -1,4 +1,4 @@
-"""vllm_ctxmgr.sandbox: a private systemd boots, leaves the host alone, and goes away completely."""
+"""tests.support.sandbox: a private systemd boots, leaves the host alone, and goes away completely."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.systemd_fixtures import require_sandbox
-from vllm_ctxmgr.sandbox import CGROUP_PREFIX, Sandbox, SandboxError, _alive, _Hierarchy, sweep_stale_cgroups
+from tests.support.sandbox import CGROUP_PREFIX, Sandbox, SandboxError, _alive, _Hierarchy, sweep_stale_cgroups
 
 THIRTY_DAYS_S = 30 * 24 * 3600
 
@@ -97,7 +97,7 @@ def test_attach_refuses_a_process_that_is_not_systemd(sandbox: Sandbox) -> None:
 @pytest.mark.systemd
 def test_command_line_start_run_stop() -> None:
     require_sandbox()
-    module = [sys.executable, "-m", "vllm_ctxmgr.sandbox"]
+    module = [sys.executable, "-m", "tests.support.sandbox"]
     started = subprocess.run([*module, "start"], capture_output=True, text=True, check=True, timeout=60)
     pid = started.stdout.strip()
     assert pid.isdigit(), started
@@ -126,7 +126,7 @@ def test_a_killed_caller_takes_its_sandbox_along() -> None:
     """SIGKILL leaves no finaliser to run: the sandbox dies with its caller (PR_SET_PDEATHSIG, unshare
     --kill-child) and the next start sweeps its empty cgroups."""
     require_sandbox()
-    boot = "from vllm_ctxmgr.sandbox import Sandbox; import time; print(Sandbox.start().pid, flush=True); "
+    boot = "from tests.support.sandbox import Sandbox; import time; print(Sandbox.start().pid, flush=True); "
     caller = subprocess.Popen(
         [sys.executable, "-c", boot + "time.sleep(600)"], stdout=subprocess.PIPE, text=True
     )

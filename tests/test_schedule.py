@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests.ctxmgr_cli import run_ctxmgr
-from vllm_ctxmgr.demo import free_port, make_vllm_wrapper, standin_unit
+from tests.support.demo import free_port, make_vllm_wrapper, standin_unit
 from vllm_ctxmgr.errors import UsageError
-from vllm_ctxmgr.sandbox import Sandbox
+from tests.support.sandbox import Sandbox
 from vllm_ctxmgr.schedule import (
     ScheduleRequest,
     format_timespan,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import requests
 
-from vllm_ctxmgr.standin import StandinProcess, launch
+from tests.support.standin import StandinProcess, launch
 from vllm_ctxmgr.vllm_log import StartWatcher, classify_all, observe_start
 
 HTTP = Path(__file__).parent / "data" / "vllm-logs" / "http"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.ctxmgr_cli import run_ctxmgr
-from vllm_ctxmgr.demo import free_port, make_vllm_wrapper, standin_unit
-from vllm_ctxmgr.sandbox import Sandbox
+from tests.support.demo import free_port, make_vllm_wrapper, standin_unit
+from tests.support.sandbox import Sandbox
 from vllm_ctxmgr.status import ServiceStatus, status_table
 from vllm_ctxmgr.store import ServiceStore
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.systemd_fixtures import InstallUnit
 from vllm_ctxmgr.errors import SystemdError
-from vllm_ctxmgr.sandbox import Sandbox
+from tests.support.sandbox import Sandbox
 from vllm_ctxmgr.systemd import (
     CLD_EXITED,
     JournalEntry,

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from tests.ctxmgr_cli import run_ctxmgr
 from vllm_ctxmgr.cli import main
-from vllm_ctxmgr.demo import (
+from tests.support.demo import (
     SEED_GPU_COUNT,
     SEED_GPU_GIB,
     free_port,
@@ -29,7 +29,7 @@ from vllm_ctxmgr.demo import (
     standin_unit,
 )
 from vllm_ctxmgr.gpus import GIB, GpuInfo, GpuProcess, GpuState
-from vllm_ctxmgr.sandbox import Sandbox
+from tests.support.sandbox import Sandbox
 from vllm_ctxmgr.store import Revision
 from vllm_ctxmgr.verify import (
     DEGRADED,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.systemd_fixtures import InstallUnit
-from vllm_ctxmgr import demo_vllm_cpu as vllm_cpu
+from tests.support import vllm_cpu as vllm_cpu
 from vllm_ctxmgr.serve_args import parse_serve_argv
 from vllm_ctxmgr.systemd import Systemd
 from vllm_ctxmgr.unit import ServiceUnit, UnitFile, find_vllm_command, resolve_escapes

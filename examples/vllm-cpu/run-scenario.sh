@@ -4,7 +4,7 @@
 #
 #   run-scenario.sh SANDBOX_PID UNIT_FILE PORT OUTDIR [TIMEOUT_S]
 #
-# SANDBOX_PID is the PID that `systemd-sandbox.sh start` (or vllm_ctxmgr.sandbox) printed. The unit is
+# SANDBOX_PID is the PID that `systemd-sandbox.sh start` (or tests.support.sandbox) printed. The unit is
 # installed under the sandbox's /run/systemd/system and started; every 0.5 s the script samples the summed
 # RSS of the unit's processes and probes http://127.0.0.1:PORT/health. It ends at the first of: /health
 # answers 200 ("ready"), the unit reaches ActiveState=failed, the timeout. Then it writes

@@ -1,13 +1,13 @@
 """A private systemd, booted as PID 1 of new cgroup, PID, mount and UTS namespaces, for tests and demos.
 
-The disk is shared with the host: data/sandbox-boot.sh gives systemd its own /run and cgroup mounts
+The disk is shared with the host: sandbox-boot.sh gives systemd its own /run and cgroup mounts
 and runtime-masks every unit that would touch the host (tmpfiles would empty /tmp). Each sandbox gets
 its own subtree in every cgroup hierarchy, so systemd sees and kills all of a unit's processes, and
 several sandboxes can run side by side.
 
-    python -m vllm_ctxmgr.sandbox start          -> prints the sandbox's systemd PID
-    python -m vllm_ctxmgr.sandbox stop PID
-    python -m vllm_ctxmgr.sandbox run PID CMD... -> CMD inside (systemctl/journalctl reach its systemd)
+    python -m tests.support.sandbox start          -> prints the sandbox's systemd PID
+    python -m tests.support.sandbox stop PID
+    python -m tests.support.sandbox run PID CMD... -> CMD inside (systemctl/journalctl reach its systemd)
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
-from .errors import SystemdError
-from .systemd import RUNTIME_UNIT_DIR, Systemd
+from vllm_ctxmgr.errors import SystemdError
+from vllm_ctxmgr.systemd import RUNTIME_UNIT_DIR, Systemd
 
 CGROUP_PREFIX = "ctxmgr-sandbox-"
 SYSTEMD_BINARIES = (Path("/lib/systemd/systemd"), Path("/usr/lib/systemd/systemd"))
@@ -39,7 +38,7 @@ class SandboxError(SystemdError):
 
 
 def boot_script() -> Path:
-    return Path(str(resources.files("vllm_ctxmgr") / "data" / "sandbox-boot.sh"))
+    return Path(__file__).resolve().parent / "sandbox-boot.sh"
 
 
 def sandbox_available() -> str | None:
@@ -296,7 +295,7 @@ class Sandbox:
 
     @classmethod
     def attach(cls, pid: int) -> Sandbox:
-        """A sandbox started elsewhere (e.g. by `python -m vllm_ctxmgr.sandbox start`)."""
+        """A sandbox started elsewhere (e.g. by `python -m tests.support.sandbox start`)."""
         if not _alive(pid) or _comm(pid) != "systemd":
             raise SandboxError(f"process {pid} is not a running systemd")
         return cls(pid=pid, cgroup_dirs=_sandbox_cgroup_dirs(pid))
@@ -405,7 +404,7 @@ class Sandbox:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    usage = "usage: python -m vllm_ctxmgr.sandbox start [TIMEOUT_S] | stop PID | run PID CMD..."
+    usage = "usage: python -m tests.support.sandbox start [TIMEOUT_S] | stop PID | run PID CMD..."
     try:
         if args[:1] == ["start"] and len(args) <= 2:
             timeout = float(args[1]) if len(args) == 2 else DEFAULT_BOOT_TIMEOUT_S

@@ -1,7 +1,7 @@
 """The built-in demo deployment: a GLM-5 service as the seeds' machine had it, served by the stand-in.
 
 Used by `make demo` (examples/demo.py) and by the integration tests, so both run the same service.
-The stand-in (vllm_ctxmgr.standin) prints vLLM 0.33's own log lines and answers its HTTP API; the
+The stand-in (tests.support.standin) prints vLLM 0.33's own log lines and answers its HTTP API; the
 unit still reads `.../bin/vllm serve MODEL ...` because a tiny `bin/vllm` wrapper execs it.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .unit import quote_env_assignment, quote_exec_word
+from vllm_ctxmgr.unit import quote_env_assignment, quote_exec_word
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 GLM5_CONFIG_DIR = REPO_ROOT / "examples" / "models" / "glm-5"
 
 # The seeds' machine: 8 x RTX PRO 6000 Blackwell (95.6 GiB each), GLM-5 GGUF weights of ~50.8 GiB/GPU.
@@ -26,7 +26,7 @@ def make_vllm_wrapper(directory: Path, python: str | None = None) -> Path:
     bin_dir = directory / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     wrapper = bin_dir / "vllm"
-    wrapper.write_text(f'#!/bin/sh\nexec {python or sys.executable} -m vllm_ctxmgr.standin "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\nexec {python or sys.executable} -m tests.support.standin "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
 

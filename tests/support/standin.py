@@ -1,6 +1,6 @@
 """A stand-in for `vllm serve` where no GPU is at hand: vLLM 0.33.0's real log lines and HTTP API.
 
-    python -m vllm_ctxmgr.standin serve MODEL [vLLM's flags ...]
+    python -m tests.support.standin serve MODEL [vLLM's flags ...]
 
 It reads --max-model-len (int, 1k/1K forms, auto/-1), --port, --host, --api-key, --served-model-name,
 --gpu-memory-utilization, --kv-cache-memory-bytes, --tensor-parallel-size/-tp, --block-size and
@@ -1346,9 +1346,9 @@ def launch(
     host: str = "127.0.0.1",
     python: str = sys.executable,
 ) -> StandinProcess:
-    """Start `python -m vllm_ctxmgr.standin serve ...` on a free port; `env` is added to os.environ."""
+    """Start `python -m tests.support.standin serve ...` on a free port; `env` is added to os.environ."""
     port = port if port is not None else free_port(host)
-    command = [python, "-m", "vllm_ctxmgr.standin", "serve", *serve_args, "--host", host, "--port", str(port)]
+    command = [python, "-m", "tests.support.standin", "serve", *serve_args, "--host", host, "--port", str(port)]
     process = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,

@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_DIR = REPO_ROOT / "examples" / "vllm-cpu"
 SETUP_SCRIPT = EXAMPLES_DIR / "setup.sh"
 MAKE_TINY_LLAMA = EXAMPLES_DIR / "make_tiny_llama.py"
