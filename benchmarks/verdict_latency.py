@@ -22,9 +22,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.support.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit  # noqa: E402
+from tests.support.sandbox import Sandbox, sandbox_available  # noqa: E402
 from vllm_ctxmgr.deploy import Deployer, SetContextRequest, set_context  # noqa: E402
 from vllm_ctxmgr.probe import wait_until_serving  # noqa: E402
-from tests.support.sandbox import Sandbox, sandbox_available  # noqa: E402
 from vllm_ctxmgr.store import ServiceStore  # noqa: E402
 
 ROUNDS = 3

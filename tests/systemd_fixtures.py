@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from vllm_ctxmgr.errors import SystemdError
 from tests.support.sandbox import Sandbox, sandbox_available
+from vllm_ctxmgr.errors import SystemdError
 from vllm_ctxmgr.systemd import Systemd
 
 SANDBOX_FIXTURES = {"sandbox", "sandbox_systemd", "install_unit"}

@@ -29,12 +29,12 @@ import requests
 
 from tests.ctxmgr_cli import ctxmgr_argv as shared_argv
 from tests.ctxmgr_cli import run_ctxmgr
-from tests.systemd_fixtures import InstallUnit
 from tests.support import vllm_cpu as vllm_cpu
 from tests.support.demo import free_port
+from tests.support.sandbox import Sandbox
+from tests.systemd_fixtures import InstallUnit
 from vllm_ctxmgr.errors import EXIT_ERROR, EXIT_INFEASIBLE, EXIT_OK
 from vllm_ctxmgr.probe import wait_until_serving
-from tests.support.sandbox import Sandbox
 
 REPO = Path(__file__).resolve().parent.parent
 # One CPU block of the tiny model (K and V of all its layers for 128 tokens).

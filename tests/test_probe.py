@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from vllm_ctxmgr.probe import mask_secret, probe, wait_until_serving
 from tests.support.standin import StandinProcess, free_port, launch
+from vllm_ctxmgr.probe import mask_secret, probe, wait_until_serving
 
 FAST = {
     "CTXMGR_STANDIN_TIME_SCALE": "0",

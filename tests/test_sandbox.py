@@ -11,8 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.sandbox import (
+    CGROUP_PREFIX,
+    Sandbox,
+    SandboxError,
+    _alive,
+    _Hierarchy,
+    sweep_stale_cgroups,
+)
 from tests.systemd_fixtures import require_sandbox
-from tests.support.sandbox import CGROUP_PREFIX, Sandbox, SandboxError, _alive, _Hierarchy, sweep_stale_cgroups
 
 THIRTY_DAYS_S = 30 * 24 * 3600
 

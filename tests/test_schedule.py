@@ -19,8 +19,8 @@ import pytest
 
 from tests.ctxmgr_cli import run_ctxmgr
 from tests.support.demo import free_port, make_vllm_wrapper, standin_unit
-from vllm_ctxmgr.errors import UsageError
 from tests.support.sandbox import Sandbox
+from vllm_ctxmgr.errors import UsageError
 from vllm_ctxmgr.schedule import (
     ScheduleRequest,
     format_timespan,

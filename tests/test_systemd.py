@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.sandbox import Sandbox
 from tests.systemd_fixtures import InstallUnit
 from vllm_ctxmgr.errors import SystemdError
-from tests.support.sandbox import Sandbox
 from vllm_ctxmgr.systemd import (
     CLD_EXITED,
     JournalEntry,

@@ -19,7 +19,6 @@ import requests
 from click.testing import CliRunner
 
 from tests.ctxmgr_cli import run_ctxmgr
-from vllm_ctxmgr.cli import main
 from tests.support.demo import (
     SEED_GPU_COUNT,
     SEED_GPU_GIB,
@@ -28,8 +27,9 @@ from tests.support.demo import (
     offline_gpu_args,
     standin_unit,
 )
-from vllm_ctxmgr.gpus import GIB, GpuInfo, GpuProcess, GpuState
 from tests.support.sandbox import Sandbox
+from vllm_ctxmgr.cli import main
+from vllm_ctxmgr.gpus import GIB, GpuInfo, GpuProcess, GpuState
 from vllm_ctxmgr.store import Revision
 from vllm_ctxmgr.verify import (
     DEGRADED,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.systemd_fixtures import InstallUnit
 from tests.support import vllm_cpu as vllm_cpu
+from tests.systemd_fixtures import InstallUnit
 from vllm_ctxmgr.serve_args import parse_serve_argv
 from vllm_ctxmgr.systemd import Systemd
 from vllm_ctxmgr.unit import ServiceUnit, UnitFile, find_vllm_command, resolve_escapes

@@ -1348,7 +1348,17 @@ def launch(
 ) -> StandinProcess:
     """Start `python -m tests.support.standin serve ...` on a free port; `env` is added to os.environ."""
     port = port if port is not None else free_port(host)
-    command = [python, "-m", "tests.support.standin", "serve", *serve_args, "--host", host, "--port", str(port)]
+    command = [
+        python,
+        "-m",
+        "tests.support.standin",
+        "serve",
+        *serve_args,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
     process = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
