@@ -251,20 +251,34 @@ class Sandbox:
     cgroup_dirs: list[Path] = field(default_factory=list)
     boot_seconds: float | None = None
     state: str = ""  # what is-system-running said when the boot finished
+    netns: str | None = None  # the named network namespace it was booted in (None: the caller's)
     _launcher: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _console_fd: int | None = field(default=None, repr=False)
 
     @classmethod
-    def start(cls, timeout: float = DEFAULT_BOOT_TIMEOUT_S, outlive_caller: bool = False) -> Sandbox:
+    def start(
+        cls, timeout: float = DEFAULT_BOOT_TIMEOUT_S, outlive_caller: bool = False, netns: str | None = None
+    ) -> Sandbox:
         """Boot and wait until `systemctl is-system-running` says running or degraded.
 
         Unless `outlive_caller`, the sandbox dies with the calling thread (PR_SET_PDEATHSIG through
         setpriv, then unshare --kill-child): a killed test run leaves no systemd behind, and the next
         start sweeps its empty cgroups. Start it from a thread that lives as long as it should.
+
+        `netns` boots it inside that named network namespace (/run/netns/NAME, made by `ip netns add`),
+        so its units, an sshd among them, see only that namespace's addresses. nsenter --net switches
+        the network namespace alone (`ip netns exec` would also remount /sys and hide the cgroup mounts).
         """
         reason = sandbox_available()
         if reason:
             raise SandboxError(f"cannot boot a sandbox: {reason}")
+        enter_netns: list[str] = []
+        if netns is not None:
+            if not Path("/run/netns", netns).exists() or "/" in netns:
+                raise SandboxError(
+                    f"cannot boot a sandbox in network namespace {netns!r}: no /run/netns/{netns}"
+                )
+            enter_netns = ["nsenter", f"--net=/run/netns/{netns}"]
         began = time.monotonic()
         sweep_stale_cgroups()
         name = f"{CGROUP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
@@ -273,7 +287,7 @@ class Sandbox:
         tie = [] if outlive_caller or shutil.which("setpriv") is None else ["setpriv", "--pdeathsig", "KILL"]
         try:
             launcher = subprocess.Popen(
-                [*tie, "bash", str(boot_script()), "launch", *map(str, cgroup_dirs)],
+                [*tie, *enter_netns, "bash", str(boot_script()), "launch", *map(str, cgroup_dirs)],
                 stdin=subprocess.DEVNULL,
                 stdout=console_fd,
                 stderr=console_fd,
@@ -283,7 +297,7 @@ class Sandbox:
             os.close(console_fd)
             _remove_cgroup_dirs(cgroup_dirs)
             raise SandboxError(f"cannot run {boot_script()}: {exc}") from None
-        sandbox = cls(pid=0, cgroup_dirs=cgroup_dirs, _launcher=launcher, _console_fd=console_fd)
+        sandbox = cls(pid=0, cgroup_dirs=cgroup_dirs, netns=netns, _launcher=launcher, _console_fd=console_fd)
         try:
             sandbox.pid = sandbox._wait_for_pid1(began + timeout)
             sandbox.state = sandbox._wait_for_boot(began + timeout)
