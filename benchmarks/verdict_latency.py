@@ -31,14 +31,14 @@ ROUNDS = 3
 
 
 def plan_function():  # type: ignore[no-untyped-def]
-    from vllm_ctxmgr.cli import _plan_for_service
+    from vllm_ctxmgr.cli.main import _plan_for_service
 
     return _plan_for_service
 
 
 def gpu_options() -> dict:
     flags = offline_gpu_args()
-    from vllm_ctxmgr.cli import SIZE
+    from vllm_ctxmgr.cli.main import SIZE
 
     return {
         "gpu_memory": SIZE.convert(flags[1], None, None),

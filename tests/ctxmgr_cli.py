@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -10,8 +11,15 @@ from pathlib import Path
 from typing import Any
 
 
+def ctxmgr_command() -> list[str]:
+    """The ctxmgr under test: the installed wheel's console script where CTXMGR_BIN names it (make test
+    and CI), else this checkout's package."""
+    binary = os.environ.get("CTXMGR_BIN")
+    return [binary] if binary else [sys.executable, "-m", "vllm_ctxmgr"]
+
+
 def ctxmgr_argv(pid: int, state: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "vllm_ctxmgr", "--systemd-pid", str(pid), "--state-dir", str(state), *args]
+    return [*ctxmgr_command(), "--systemd-pid", str(pid), "--state-dir", str(state), *args]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.sandbox import Sandbox, sandbox_available
 from vllm_ctxmgr.errors import SystemdError
-from vllm_ctxmgr.systemd import Systemd
+from vllm_ctxmgr.systemd.systemctl import Systemd
 
 SANDBOX_FIXTURES = {"sandbox", "sandbox_systemd", "install_unit"}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from vllm_ctxmgr.cli import main
+from vllm_ctxmgr.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 GLM5 = str(REPO / "examples" / "models" / "glm-5")
@@ -168,7 +168,7 @@ def test_facts_json_for_a_gguf(tmp_path: Path) -> None:
 def test_help_is_fast_enough_to_not_import_heavy_modules() -> None:
     # `ctxmgr --help` must not import transformers, gguf, numpy or requests (the benchmark times it)
     code = (
-        "import sys; from vllm_ctxmgr.cli import main\n"
+        "import sys; from vllm_ctxmgr.cli.main import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
         "heavy = [m for m in ('transformers', 'gguf', 'numpy', 'requests', 'jinja2') if m in sys.modules]\n"
         "print('HEAVY:' + ','.join(heavy))"

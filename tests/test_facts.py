@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_ctxmgr.facts import (
+from vllm_ctxmgr.core.facts import (
     LayerFacts,
     LayerKind,
     ModelFacts,

@@ -6,11 +6,11 @@ import re
 
 import pytest
 
+from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts, StateFacts
+from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, Platform, platform_for
+from vllm_ctxmgr.core.kv import kv_cache_layout, pp_stage_layers
+from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.errors import UsageError
-from vllm_ctxmgr.facts import LayerFacts, LayerKind, ModelFacts, StateFacts
-from vllm_ctxmgr.gpus import GIB, GpuInfo, GpuState
-from vllm_ctxmgr.kv import Platform, kv_cache_layout, platform_for, pp_stage_layers
-from vllm_ctxmgr.serve_args import ServeArgs
 
 H200 = Platform("cuda", (9, 0), "NVIDIA H200", 140 * GIB)  # >= 70 GiB, not A100: 8192 batched tokens
 A100 = Platform("cuda", (8, 0), "NVIDIA A100-SXM4-80GB", 80 * GIB)  # A100: 2048 batched tokens

@@ -8,19 +8,19 @@ from dataclasses import replace
 
 import pytest
 
-from vllm_ctxmgr.errors import UsageError
-from vllm_ctxmgr.facts import LayerFacts, LayerKind, ModelFacts
-from vllm_ctxmgr.gpus import GIB, GpuInfo, GpuProcess, GpuState
-from vllm_ctxmgr.kv import kv_cache_layout, platform_for
-from vllm_ctxmgr.observations import Observation
-from vllm_ctxmgr.plan import (
+from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts
+from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuProcess, GpuState, platform_for
+from vllm_ctxmgr.core.kv import kv_cache_layout
+from vllm_ctxmgr.core.observations import Observation
+from vllm_ctxmgr.core.plan import (
     Plan,
     PlanOptions,
     default_gpu_memory_utilization,
     make_plan,
     parse_vllm_version,
 )
-from vllm_ctxmgr.serve_args import ServeArgs
+from vllm_ctxmgr.core.serve_args import ServeArgs
+from vllm_ctxmgr.errors import UsageError
 
 TOTAL = int(95.6 * GIB)
 DRIVER_RESERVED = GIB // 2

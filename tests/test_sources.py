@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from tests import gguf_builders
+from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts, StateFacts, derived_max_model_len
 from vllm_ctxmgr.errors import ModelFactsError
-from vllm_ctxmgr.facts import LayerFacts, LayerKind, ModelFacts, StateFacts, derived_max_model_len
-from vllm_ctxmgr.sources import load_model_facts, read_gguf_header, transformers_defaults
+from vllm_ctxmgr.model_files.sources import load_model_facts, read_gguf_header, transformers_defaults
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "examples" / "models"

@@ -13,7 +13,7 @@ import pytest
 from tests.support.sandbox import Sandbox
 from tests.systemd_fixtures import InstallUnit
 from vllm_ctxmgr.errors import SystemdError
-from vllm_ctxmgr.systemd import (
+from vllm_ctxmgr.systemd.systemctl import (
     CLD_EXITED,
     JournalEntry,
     Systemd,

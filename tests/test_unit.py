@@ -8,18 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vllm_ctxmgr.core.serve_args import human_readable_int, parse_serve_argv
 from vllm_ctxmgr.errors import UnitError
-from vllm_ctxmgr.serve_args import human_readable_int, parse_serve_argv
-from vllm_ctxmgr.unit import (
+from vllm_ctxmgr.systemd.quoting import quote_env_assignment, quote_exec_word, resolve_escapes, split_words
+from vllm_ctxmgr.systemd.unit import (
     ServiceUnit,
     UnitFile,
     edit_unit,
     find_vllm_command,
     mask_secrets,
-    quote_env_assignment,
-    quote_exec_word,
-    resolve_escapes,
-    split_words,
     unified_diff,
 )
 

@@ -28,8 +28,8 @@ from tests.support.demo import (
     standin_unit,
 )
 from tests.support.sandbox import Sandbox
-from vllm_ctxmgr.cli import main
-from vllm_ctxmgr.gpus import GIB, GpuInfo, GpuProcess, GpuState
+from vllm_ctxmgr.cli.main import main
+from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuProcess, GpuState
 from vllm_ctxmgr.store import Revision
 from vllm_ctxmgr.verify import (
     DEGRADED,

@@ -15,9 +15,10 @@ import pytest
 
 from tests.support import vllm_cpu as vllm_cpu
 from tests.systemd_fixtures import InstallUnit
-from vllm_ctxmgr.serve_args import parse_serve_argv
-from vllm_ctxmgr.systemd import Systemd
-from vllm_ctxmgr.unit import ServiceUnit, UnitFile, find_vllm_command, resolve_escapes
+from vllm_ctxmgr.core.serve_args import parse_serve_argv
+from vllm_ctxmgr.systemd.quoting import resolve_escapes
+from vllm_ctxmgr.systemd.systemctl import Systemd
+from vllm_ctxmgr.systemd.unit import ServiceUnit, UnitFile, find_vllm_command
 
 needs_vllm = pytest.mark.usefixtures("require_vllm")  # skip here, fail in CI when it is missing
 

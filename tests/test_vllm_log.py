@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ctxmgr.vllm_log import (
+from vllm_ctxmgr.vllm_log.patterns import (
     PATTERNS,
     StartWatcher,
     classify,

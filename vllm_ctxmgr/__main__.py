@@ -1,3 +1,3 @@
-from .cli import main
+from vllm_ctxmgr.cli.main import main
 
 main(prog_name="ctxmgr")

@@ -9,15 +9,17 @@ leaves enough behind for the next ctxmgr run on the service to finish the rollba
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import store as st
-from .errors import (
+from vllm_ctxmgr import store as st
+from vllm_ctxmgr.core.hardware import GIB
+from vllm_ctxmgr.core.plan import default_gpu_memory_utilization
+from vllm_ctxmgr.core.serve_args import ServeArgs
+from vllm_ctxmgr.errors import (
     EXIT_ERROR,
     EXIT_INFEASIBLE,
     EXIT_OK,
@@ -26,20 +28,20 @@ from .errors import (
     UnitError,
     UsageError,
 )
-from .gpus import GIB
-from .serve_args import ServeArgs, parse_serve_argv
-from .store import ServiceStore, atomic_write
-from .systemd import Systemd
-from .unit import (
+from vllm_ctxmgr.nvml import read_nvml
+from vllm_ctxmgr.planning import PlanRequest, effective_args, observations_from_store, plan_for
+from vllm_ctxmgr.probe import cache_config_info, probe, wait_until_serving
+from vllm_ctxmgr.service import ServiceView, read_service, unit_name, view_from_unit
+from vllm_ctxmgr.store import ServiceStore, atomic_write
+from vllm_ctxmgr.systemd.systemctl import Systemd
+from vllm_ctxmgr.systemd.unit import (
     ServiceUnit,
     UnitFile,
-    VllmCommand,
-    container_environment,
     edit_unit,
-    find_vllm_command,
     mask_secrets,
     unified_diff,
 )
+from vllm_ctxmgr.vllm_log.patterns import StartWatcher, last_start, observe_start
 
 Printer = Callable[[str], None]
 
@@ -50,95 +52,6 @@ def _quiet(_: str) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Reading the service as systemd sees it
-
-
-@dataclass
-class ServiceView:
-    """A unit as systemd loaded it, with the vLLM command and how to reach its endpoint."""
-
-    name: str
-    unit: ServiceUnit
-    exec_file: UnitFile
-    command: VllmCommand
-    args: ServeArgs
-    env: dict[str, str]
-    base_url: str
-    api_key: str | None
-
-    @property
-    def secrets(self) -> list[str]:
-        return [s for s in (self.api_key,) if s]
-
-    @property
-    def unit_path(self) -> Path:
-        return self.exec_file.path
-
-
-def unit_name(service: str) -> str:
-    return service if "." in service else f"{service}.service"
-
-
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
-
-
-def expand_env(word: str, env: dict[str, str]) -> str:
-    """systemd's `${VAR}` / `$VAR` expansion of an ExecStart word (`$$` is a literal `$`)."""
-    parts = word.split("$$")
-    return "$".join(_VAR.sub(lambda m: env.get(m.group(1) or m.group(2), ""), p) for p in parts)
-
-
-def read_service(systemd: Systemd, service: str) -> ServiceView:
-    name = unit_name(service)
-    props = systemd.show(name, "LoadState", "FragmentPath", "DropInPaths")
-    if props.get("LoadState") in ("not-found", "") or not props.get("FragmentPath"):
-        raise UsageError(
-            f"{name}: no such unit (systemctl show says LoadState={props.get('LoadState', '?')})"
-        )
-    dropins = [p for p in props.get("DropInPaths", "").split() if p.endswith(".conf")]
-    unit = ServiceUnit.load(name, props["FragmentPath"], dropins, root=systemd.root)
-    return view_from_unit(unit, systemd.root)
-
-
-def view_from_unit(unit: ServiceUnit, root: Path = Path("/")) -> ServiceView:
-    from dataclasses import replace
-
-    from .inputs import container_vllm_version, installed_vllm_version
-
-    exec_file, assignment = unit.exec_start()
-    command = find_vllm_command(assignment.value)
-    env = unit.environment(root)
-    env.update(container_environment(command))
-    args = parse_serve_argv([expand_env(a, env) for a in command.args], env)
-    if command.form in ("docker", "podman"):
-        version = container_vllm_version(command.words[command.args_start - 1].value)
-    else:
-        version = installed_vllm_version(command.words[0].value, root)
-    args = replace(args, vllm_version=version)
-    host = args.host or "127.0.0.1"
-    if host in ("0.0.0.0", "", "*"):
-        host = "127.0.0.1"
-    elif host in ("::", "[::]"):
-        host = "[::1]"
-    elif ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    port = _published_port(command, args.port) if command.form in ("docker", "podman") else args.port
-    api_key = args.api_key or env.get("VLLM_API_KEY") or None
-    return ServiceView(unit.name, unit, exec_file, command, args, env, f"http://{host}:{port}", api_key)
-
-
-def _published_port(command: VllmCommand, container_port: int) -> int:
-    vals = [w.value for w in command.words[: command.args_start]]
-    for i, v in enumerate(vals):
-        spec = vals[i + 1] if v in ("-p", "--publish") and i + 1 < len(vals) else None
-        if v.startswith("--publish="):
-            spec = v.split("=", 1)[1]
-        if spec:
-            parts = spec.split("/")[0].split(":")
-            if len(parts) >= 2 and parts[-1] == str(container_port) and parts[-2].isdigit():
-                return int(parts[-2])
-        if v in ("--network", "--net") and i + 1 < len(vals) and vals[i + 1] == "host":
-            return container_port
-    return container_port
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,7 +68,6 @@ def watch_start(
     progress_interval: float = 3.0,
 ) -> Any:
     """Follow the unit's journal from `cursor` and decide as soon as vLLM's decisive line appears."""
-    from .vllm_log import StartWatcher
 
     baseline = systemd.state(unit).n_restarts
     watcher = StartWatcher(timeout_s=timeout, baseline_nrestarts=baseline, await_start=True)
@@ -249,8 +161,6 @@ class Deployer:
         """daemon-reload, restart, watch the journal, probe. Returns (start verdict, probe result or None)."""
         from dataclasses import replace
 
-        from .probe import cache_config_info, probe, wait_until_serving
-
         self.systemd.daemon_reload()
         self.systemd.reset_failed(self.unit)
         cursor = self.systemd.journal_cursor()
@@ -296,8 +206,6 @@ class Deployer:
     def _record_observation(self, verdict: Any, view: ServiceView, metrics: dict[str, str]) -> None:
         import socket
         from dataclasses import asdict
-
-        from .inputs import effective_args
 
         obs = asdict(verdict.observation)
         blocks = metrics.get("num_gpu_blocks", "")
@@ -482,15 +390,12 @@ class SetContextRequest:
     dry_run: bool = False
     force: bool = False  # apply even when the plan says it will not fit
     lock_wait: float = 0.0
-    plan_options: dict[str, Any] = field(default_factory=dict)  # gpu_memory, vllm_version, allow_long...
+    # where the GPUs' memory comes from, the vLLM rules to plan by, the utilisation ceiling
+    planning: PlanRequest | None = None
 
 
-PlanFunction = Callable[[ServeArgs, int, dict[str, Any], tuple[int, ...], list[Any]], Any]
-
-
-def set_context(deployer: Deployer, request: SetContextRequest, make_plan: PlanFunction) -> ChangeResult:
+def set_context(deployer: Deployer, request: SetContextRequest) -> ChangeResult:
     """Plan, render, record, install, restart, watch, probe; roll back on any failure."""
-    from .inputs import observations_from_store
 
     store, systemd = deployer.store, deployer.systemd
     with store.lock(request.lock_wait):
@@ -499,8 +404,12 @@ def set_context(deployer: Deployer, request: SetContextRequest, make_plan: PlanF
         view = read_service(systemd, deployer.service)
         observations = observations_from_store(store.observations())
         pids = tuple(systemd.unit_processes(view.name))
-        options = {**request.plan_options, "fixed_gpu_memory_utilization": request.gpu_memory_utilization}
-        plan = make_plan(view.args, request.context, options, pids, observations)
+        planning = replace(
+            request.planning or PlanRequest(request.context),
+            context=request.context,
+            fixed_gpu_memory_utilization=request.gpu_memory_utilization,
+        )
+        plan = plan_for(view.args, planning, pids, observations)
         result = ChangeResult(
             deployer.service,
             "set-context",
@@ -601,7 +510,6 @@ def set_context(deployer: Deployer, request: SetContextRequest, make_plan: PlanF
 
 def _current_utilization_suffices(args: ServeArgs, plan: Any) -> bool:
     """The unit's utilisation is at least the planned minimum and passes vLLM's free-memory check."""
-    from .plan import default_gpu_memory_utilization
 
     if plan.gpu_memory_utilization is None or not plan.feasible or args.kv_cache_memory_bytes:
         return False
@@ -779,9 +687,6 @@ def observe_last_start(deployer: Deployer) -> dict[str, Any]:
     """Read the last start of a unit from its journal (made by ctxmgr or not) and keep vLLM's facts."""
     from dataclasses import asdict
 
-    from .probe import cache_config_info
-    from .vllm_log import last_start, observe_start
-
     systemd = deployer.systemd
     view = read_service(systemd, deployer.service)
     entries = systemd.journal(deployer.unit, lines=20000)
@@ -808,7 +713,6 @@ class _ObservedStart:
 
 def _gpu_name(env: dict[str, str]) -> str | None:
     """The model of the first GPU the service sees, so observations are not carried to other GPUs."""
-    from .gpus import read_nvml
 
     try:
         state = read_nvml().select(env.get("CUDA_VISIBLE_DEVICES"))

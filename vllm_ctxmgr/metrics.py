@@ -22,20 +22,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import UsageError
+from vllm_ctxmgr.errors import UsageError
+from vllm_ctxmgr.verify import RESULTS
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from .verify import Verification
+    from vllm_ctxmgr.verify import Verification
 
 PREFIX = "ctxmgr_verify"
 
 
 def registry_for(verification: Verification) -> CollectorRegistry:
     from prometheus_client import CollectorRegistry, Gauge
-
-    from .verify import RESULTS
 
     registry = CollectorRegistry()
     service = verification.service

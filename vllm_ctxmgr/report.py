@@ -7,9 +7,9 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
-from .facts import LayerKind, ModelFacts
-from .gpus import GIB, GpuState
-from .kv import NEWEST_VLLM
+from vllm_ctxmgr.core.facts import LayerKind, ModelFacts, derived_max_model_len
+from vllm_ctxmgr.core.hardware import GIB, GpuState
+from vllm_ctxmgr.core.kv import NEWEST_VLLM
 
 
 def gib(n: float | int | None, digits: int = 2) -> str:
@@ -48,7 +48,6 @@ def _layer_summary(model: ModelFacts) -> list[str]:
 
 
 def facts_text(model: ModelFacts, version: tuple[int, int, int] = NEWEST_VLLM) -> str:
-    from .facts import derived_max_model_len
 
     derived, key = derived_max_model_len(model, version)
     out = [
@@ -71,7 +70,6 @@ def facts_text(model: ModelFacts, version: tuple[int, int, int] = NEWEST_VLLM) -
 
 
 def facts_json(model: ModelFacts, version: tuple[int, int, int] = NEWEST_VLLM) -> dict[str, Any]:
-    from .facts import derived_max_model_len
 
     derived, key = derived_max_model_len(model, version)
     data = asdict(model)

@@ -23,9 +23,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .errors import SystemdError, UsageError
-from .store import atomic_write
-from .systemd import Systemd
+from vllm_ctxmgr.errors import SystemdError, UsageError
+from vllm_ctxmgr.metrics import check_textfile_path
+from vllm_ctxmgr.service import read_service
+from vllm_ctxmgr.store import atomic_write
+from vllm_ctxmgr.systemd.render import render
+from vllm_ctxmgr.systemd.systemctl import Systemd
 
 IDENTIFIER = "ctxmgr-verify"
 UNIT_PREFIX = "ctxmgr-verify@"
@@ -166,7 +169,6 @@ def verify_command(request: ScheduleRequest) -> list[str]:
 
 def render_units(request: ScheduleRequest, schedule: TimerSchedule) -> dict[str, str]:
     """{unit name: text} of the verify service and its timer."""
-    from .templates import render
 
     name = instance(request.service)
     timeout = "2h" if request.on_failure != "none" else "30min"
@@ -264,8 +266,6 @@ def next_run(state: dict[str, str]) -> float | None:
 
 def schedule_service(systemd: Systemd, request: ScheduleRequest, on_step: Printer = _quiet) -> ScheduleResult:
     """Render, install, reload, enable and start; nothing is touched when all is already in place."""
-    from .deploy import read_service
-    from .metrics import check_textfile_path
 
     if request.on_failure not in ON_FAILURE:
         raise UsageError(f"--on-failure must be one of {', '.join(ON_FAILURE)}")

@@ -14,10 +14,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import CtxmgrError, UnitError
-from .store import ServiceStore
-from .systemd import Systemd
-from .verify import LAST_VERIFY, gib
+from vllm_ctxmgr.errors import CtxmgrError, UnitError
+from vllm_ctxmgr.schedule import UNIT_PREFIX, next_run, timer_name, timer_state
+from vllm_ctxmgr.service import read_service
+from vllm_ctxmgr.store import ServiceStore
+from vllm_ctxmgr.systemd.systemctl import Systemd
+from vllm_ctxmgr.verify import LAST_VERIFY, gib
 
 
 @dataclass
@@ -60,7 +62,6 @@ def _lock_holder(store: ServiceStore) -> str | None:
 
 def vllm_units(systemd: Systemd) -> list[str]:
     """Services whose ExecStart mentions vLLM, loaded or only installed (one `systemctl show` for all)."""
-    from .schedule import UNIT_PREFIX
 
     names = {u.unit for u in systemd.list_units("*.service")}
     names.update(name for name in systemd.list_unit_files("*.service") if not name.endswith("@.service"))
@@ -83,7 +84,6 @@ def vllm_units(systemd: Systemd) -> list[str]:
 
 def service_status(systemd: Systemd, state_dir: Path | str, unit: str, view: Any = None) -> ServiceStatus:
     """One service's row; `view` is its read unit (deploy.ServiceView), None when it cannot be read."""
-    from .schedule import next_run, timer_name, timer_state
 
     store = ServiceStore(state_dir, unit.removesuffix(".service"))
     state = systemd.state(unit)
@@ -123,7 +123,6 @@ def service_status(systemd: Systemd, state_dir: Path | str, unit: str, view: Any
 
 def fleet_status(systemd: Systemd, state_dir: Path | str) -> list[ServiceStatus]:
     """Every service that runs vLLM, plus those ctxmgr's state knows that are gone now."""
-    from .deploy import read_service
 
     rows = []
     for unit in vllm_units(systemd):

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import LockedError, UsageError
+from vllm_ctxmgr.errors import LockedError, UsageError
 
 DEFAULT_STATE_DIR = Path("/var/lib/ctxmgr")
 

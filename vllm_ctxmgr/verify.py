@@ -28,11 +28,23 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import CtxmgrError
-from .gpus import GIB, GpuInfo, GpuState
-from .plan import DEFAULT_MARGIN_FRACTION, DEFAULT_MARGIN_MIN_BYTES
-from .store import BASELINE, FINAL, Revision, ServiceStore
-from .systemd import Systemd, parse_journal_json
+from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState
+from vllm_ctxmgr.core.kv import NEWEST_VLLM
+from vllm_ctxmgr.core.plan import (
+    DEFAULT_MARGIN_FRACTION,
+    DEFAULT_MARGIN_MIN_BYTES,
+    cuda_graphs_in_budget,
+    default_gpu_memory_utilization,
+    parse_vllm_version,
+)
+from vllm_ctxmgr.deploy import Deployer, rollback
+from vllm_ctxmgr.errors import CtxmgrError
+from vllm_ctxmgr.planning import gather_gpus, is_cpu_deployment
+from vllm_ctxmgr.probe import cache_config_info, probe
+from vllm_ctxmgr.service import read_service
+from vllm_ctxmgr.store import BASELINE, FINAL, Revision, ServiceStore
+from vllm_ctxmgr.systemd.systemctl import Systemd, parse_journal_json
+from vllm_ctxmgr.vllm_log.patterns import classify, observe_start
 
 OK = "ok"
 DEGRADED = "degraded"
@@ -588,7 +600,6 @@ def unit_facts(systemd: Systemd, unit: str) -> UnitFacts:
 
 def invocation_messages(systemd: Systemd, invocation_id: str, limit: int = JOURNAL_LINES_LIMIT) -> list[str]:
     """The first log lines of one run of a unit, up to vLLM's ready line (journal match on the invocation)."""
-    from .vllm_log import classify
 
     if not invocation_id:
         return []
@@ -665,12 +676,6 @@ def gather(
     systemd: Systemd, store: ServiceStore, service: str, options: VerifyOptions, on_step: Printer = _quiet
 ) -> VerifyFacts:
     """Read the unit, systemd's state, the journal of the running process, GPU memory; probe."""
-    from .deploy import read_service
-    from .inputs import gather_gpus, is_cpu_deployment
-    from .kv import NEWEST_VLLM
-    from .plan import cuda_graphs_in_budget, default_gpu_memory_utilization, parse_vllm_version
-    from .probe import cache_config_info, probe
-    from .vllm_log import observe_start
 
     now = time.time()
     view = read_service(systemd, service)
@@ -838,7 +843,6 @@ def _act(
     lock_wait: float,
     on_step: Printer,
 ) -> dict[str, Any]:
-    from .deploy import Deployer, read_service, rollback
 
     deployer = Deployer(systemd, store, service, on_step=on_step, start_timeout=timeout)
     if how == "rollback":
@@ -877,7 +881,6 @@ def _change_summary(change: Any) -> dict[str, Any]:
 def restart_and_check(deployer: Any, lock_wait: float = 0.0) -> dict[str, Any]:
     """Restart the unit as it is through the deployer's own path: watch the start, record vLLM's
     numbers, probe at the unit's max_model_len."""
-    from .deploy import read_service
 
     with deployer.store.lock(lock_wait):
         view = read_service(deployer.systemd, deployer.service)

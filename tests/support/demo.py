@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vllm_ctxmgr.unit import quote_env_assignment, quote_exec_word
+from vllm_ctxmgr.systemd.quoting import quote_env_assignment, quote_exec_word
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GLM5_CONFIG_DIR = REPO_ROOT / "examples" / "models" / "glm-5"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_ctxmgr.errors import SystemdError
-from vllm_ctxmgr.systemd import RUNTIME_UNIT_DIR, Systemd
+from vllm_ctxmgr.systemd.systemctl import RUNTIME_UNIT_DIR, Systemd
 
 CGROUP_PREFIX = "ctxmgr-sandbox-"
 SYSTEMD_BINARIES = (Path("/lib/systemd/systemd"), Path("/usr/lib/systemd/systemd"))

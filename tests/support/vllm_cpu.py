@@ -211,7 +211,7 @@ def unit_text(
     ("Start request repeated too quickly", ActiveState=failed) within StartLimitIntervalSec=600.
     extra_environment values are written as they are (systemd specifiers such as %t are expanded).
     """
-    from vllm_ctxmgr.unit import quote_exec_word
+    from vllm_ctxmgr.systemd.quoting import quote_exec_word
 
     environment = dict(BASE_ENVIRONMENT)
     if kv_cache_memory_bytes is None and kv_space_gib is not None:

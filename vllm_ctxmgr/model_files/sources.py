@@ -35,8 +35,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .errors import ModelFactsError
-from .facts import LayerFacts, LayerKind, ModelFacts, RopeFacts, StateFacts, auto_dtype
+from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts, RopeFacts, StateFacts, auto_dtype
+from vllm_ctxmgr.errors import ModelFactsError
 
 # --- vLLM's own lists (0.33.0) ---
 

@@ -7,7 +7,12 @@ import time
 
 import click
 
-from .cli import _emit_json, _systemd, handle_errors, main
+from vllm_ctxmgr.cli.common import emit_json, handle_errors, systemd_for
+from vllm_ctxmgr.metrics import check_textfile_path, write_textfile
+from vllm_ctxmgr.schedule import ScheduleRequest, schedule_service, unschedule_service
+from vllm_ctxmgr.status import fleet_status, status_table
+from vllm_ctxmgr.store import ServiceStore
+from vllm_ctxmgr.verify import FAILED, VerifyOptions, act_on_failure, verification_text, verify_service
 
 ON_FAILURE = ("none", "restart", "rollback")
 
@@ -20,7 +25,7 @@ def _say(as_json: bool):  # type: ignore[no-untyped-def]
     return say
 
 
-@main.command("verify")
+@click.command("verify")
 @click.option("--service", required=True, help="The systemd service that runs vLLM.")
 @click.option("--long-probe", is_flag=True, help="Also send a prompt of about 90% of the context.")
 @click.option(
@@ -69,13 +74,10 @@ def verify_cmd(ctx: click.Context, service: str, long_probe: bool, textfile: str
     Exit codes of this command: 0 ok, 1 degraded, 2 failed (usage errors also exit 2),
     4 a change on the service holds its lock.
     """
-    from .metrics import check_textfile_path, write_textfile
-    from .store import ServiceStore
-    from .verify import FAILED, VerifyOptions, act_on_failure, verification_text, verify_service
 
     if textfile:
         check_textfile_path(textfile)
-    systemd = _systemd(ctx)
+    systemd = systemd_for(ctx)
     store = ServiceStore(ctx.find_root().obj["state_dir"], service.removesuffix(".service"))
     say = _say(as_json)
     options = VerifyOptions(long_probe, timeout, gpus_from, start_timeout)
@@ -88,13 +90,13 @@ def verify_cmd(ctx: click.Context, service: str, long_probe: bool, textfile: str
     if textfile:
         write_textfile(textfile, verification)
     if as_json:
-        _emit_json(verification.to_json())
+        emit_json(verification.to_json())
     else:
         click.echo(verification_text(verification))
     sys.exit(verification.exit_code)
 
 
-@main.command("schedule")
+@click.command("schedule")
 @click.option("--service", required=True, help="The systemd service that runs vLLM.")
 @click.option(
     "--every",
@@ -133,8 +135,6 @@ def schedule_cmd(ctx: click.Context, service: str, every: str, on_failure: str, 
     """
     from pathlib import Path
 
-    from .schedule import ScheduleRequest, schedule_service
-
     request = ScheduleRequest(
         service=service,
         every=every,
@@ -144,41 +144,39 @@ def schedule_cmd(ctx: click.Context, service: str, every: str, on_failure: str, 
         randomized_delay=randomized_delay,
         state_dir=str(Path(ctx.find_root().obj["state_dir"]).absolute()),
     )
-    result = schedule_service(_systemd(ctx), request, _say(as_json))
+    result = schedule_service(systemd_for(ctx), request, _say(as_json))
     if as_json:
-        _emit_json(result.to_json())
+        emit_json(result.to_json())
         return
     click.echo(result.reason)
     if result.next_run:
         click.echo(f"next run: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(result.next_run))}")
 
 
-@main.command("unschedule")
+@click.command("unschedule")
 @click.option("--service", required=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
 @click.pass_context
 @handle_errors
 def unschedule_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
     """Stop the scheduled verification of a service and remove its timer and service units."""
-    from .schedule import unschedule_service
 
-    result = unschedule_service(_systemd(ctx), service, _say(as_json))
+    result = unschedule_service(systemd_for(ctx), service, _say(as_json))
     if as_json:
-        _emit_json(result.to_json())
+        emit_json(result.to_json())
     else:
         click.echo(result.reason)
 
 
-@main.command("status")
+@click.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 @handle_errors
 def status_cmd(ctx: click.Context, as_json: bool) -> None:
     """Every service on this host that runs vLLM: context, utilisation, last verification, KV, margin."""
-    from .status import fleet_status, status_table
 
-    rows = fleet_status(_systemd(ctx), ctx.find_root().obj["state_dir"])
+    rows = fleet_status(systemd_for(ctx), ctx.find_root().obj["state_dir"])
     if as_json:
-        _emit_json({"services": [row.to_json() for row in rows]})
+        emit_json({"services": [row.to_json() for row in rows]})
     else:
         click.echo(status_table(rows))

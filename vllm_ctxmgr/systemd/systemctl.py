@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .errors import SystemdError
+from vllm_ctxmgr.errors import SystemdError
 
 SYSTEM_UNIT_DIR = Path("/etc/systemd/system")
 RUNTIME_UNIT_DIR = Path("/run/systemd/system")

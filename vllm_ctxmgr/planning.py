@@ -6,14 +6,19 @@ Everything here does I/O (files, NVML, the revision store); `plan.make_plan` sta
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import CtxmgrError, UsageError
-from .gpus import GIB, GpuState, gpus_from_file, read_nvml, uniform_gpus
-from .observations import Observation
-from .serve_args import ServeArgs
+from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, uniform_gpus
+from vllm_ctxmgr.core.kv import NEWEST_VLLM
+from vllm_ctxmgr.core.observations import Observation
+from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan, parse_vllm_version
+from vllm_ctxmgr.core.serve_args import ServeArgs
+from vllm_ctxmgr.errors import CtxmgrError, UsageError
+from vllm_ctxmgr.model_files.sources import load_model_facts
+from vllm_ctxmgr.nvml import gpus_from_file, read_nvml
+from vllm_ctxmgr.store import ServiceStore
 
 
 def is_cpu_deployment(args: ServeArgs) -> bool:
@@ -31,7 +36,6 @@ def effective_args(args: ServeArgs) -> ServeArgs:
     In 0.33 it overrides --kv-cache-memory-bytes (platforms/cpu.py); the 0.32 CPU build was seen to
     honour the flag over it, so there the flag wins when both are given.
     """
-    from .plan import parse_vllm_version
 
     space = args.env.get("VLLM_CPU_KVCACHE_SPACE")
     if not (is_cpu_deployment(args) and space):
@@ -75,7 +79,6 @@ def cpu_node_memory(node: int = 0) -> GpuState | None:
     On the CPU backend --gpu-memory-utilization is a fraction of this node's MemTotal, and the KV
     allocation must fit in its free + file + reclaimable memory. None where the kernel does not say.
     """
-    from .gpus import GpuInfo
 
     path = Path(f"/sys/devices/system/node/node{node}/meminfo")
     try:
@@ -112,35 +115,62 @@ def observations_from_store(records: Iterable[Mapping[str, Any]]) -> list[Observ
     return out
 
 
-def installed_vllm_version(argv0: str, root: Path | None = None) -> str | None:
-    """The version of the vLLM a unit runs, from the dist-info next to its interpreter or console script.
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a plan is asked for beyond the unit's own vLLM arguments.
 
-    `/opt/venv/bin/vllm` or `/opt/venv/bin/python` -> /opt/venv/lib/python3*/site-packages/vllm*-X.dist-info.
-    The CPU build ships as `vllm_cpu-X.dist-info` (and often a `vllm-X+cpu` shim): "+cpu" is kept so
-    the planner knows the platform.
+    The target, and where the GPUs' memory comes from when NVML is not the answer (offline flags or
+    a `ctxmgr gpus --json` file from the target host); `plan`, `set-context` and `verify` share it.
     """
-    import re
 
-    path = Path(argv0)
-    if not path.is_absolute() or path.parent.name != "bin":
-        return None
-    prefix = path.parent.parent
-    host_prefix = (root / str(prefix).lstrip("/")) if root and str(root) != "/" else prefix
-    found: dict[str, str] = {}
-    for site in sorted(host_prefix.glob("lib/python3*/site-packages")):
-        for dist in site.glob("vllm*.dist-info"):
-            match = re.fullmatch(r"(vllm(?:_cpu)?)-(.+)\.dist-info", dist.name)
-            if match:
-                found[match.group(1)] = match.group(2)
-    if "vllm_cpu" in found:
-        version = found["vllm_cpu"]
-        return version if "cpu" in version else f"{version}+cpu"
-    return found.get("vllm")
+    context: int
+    gpu_memory: int | None = None
+    gpu_count: int | None = None
+    gpu_name: str | None = None
+    gpus_from: str | None = None
+    weights_bytes: int | None = None
+    vllm_version: str | None = None  # plan by this vLLM's rules instead of the unit's own
+    allow_long: bool = False
+    max_gpu_memory_utilization: float = 0.95
+    fixed_gpu_memory_utilization: float | None = None  # the operator's choice, not the planner's
 
 
-def container_vllm_version(image: str) -> str | None:
-    """`vllm/vllm-openai:v0.11.0` -> "0.11.0" (tags such as `latest` say nothing)."""
-    import re
+def stored_observations(state_dir: Path | str, unit: str) -> list[Observation]:
+    """The starts ctxmgr has seen of a unit (newest last), as the planner takes them."""
+    store = ServiceStore(state_dir, unit.removesuffix(".service"))
+    return observations_from_store(store.observations())
 
-    match = re.search(r":v?(\d+\.\d+(?:\.\d+)?)", image)
-    return match.group(1) if match else None
+
+def plan_for(
+    args: ServeArgs,
+    request: PlanRequest,
+    service_pids: tuple[int, ...] = (),
+    observations: Iterable[Observation] = (),
+) -> Plan:
+    """Model facts + GPUs + earlier starts -> a Plan: the I/O is here, the planner (core.plan) is pure."""
+    args = effective_args(args)
+    cpu = is_cpu_deployment(args)
+    model_facts = load_model_facts(args.model, hf_home=args.env.get("HF_HOME"))
+    gpu_state = None
+    if cpu and not args.kv_cache_memory_bytes:
+        gpu_state = cpu_node_memory()  # on the CPU build the utilisation is a fraction of node memory
+    elif not cpu:
+        gpu_state, _note = gather_gpus(
+            request.gpu_memory,
+            request.gpu_count,
+            request.gpu_name,
+            request.gpus_from,
+            args.env.get("CUDA_VISIBLE_DEVICES"),
+        )
+    version = parse_vllm_version(request.vllm_version) or parse_vllm_version(args.vllm_version) or NEWEST_VLLM
+    options = PlanOptions(
+        target_context=request.context,
+        allow_long=request.allow_long,
+        vllm_version=version,
+        max_gpu_memory_utilization=request.max_gpu_memory_utilization,
+        weights_bytes=request.weights_bytes,
+        fixed_gpu_memory_utilization=request.fixed_gpu_memory_utilization,
+        service_pids=service_pids,
+        cpu=cpu,
+    )
+    return make_plan(model_facts, args, gpu_state, options, tuple(observations))

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from vllm_ctxmgr.observations import Observation
+from vllm_ctxmgr.core.observations import Observation
 
 EventKind = Literal["progress", "ready", "failure", "fact"]
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vllm_ctxmgr.errors import UsageError
+
 
 @dataclass(frozen=True)
 class ServeArgs:
@@ -75,7 +77,6 @@ _BOOLEAN_FLAGS = {
 
 def split_flags(args: list[str]) -> tuple[list[str], dict[str, str | bool]]:
     """(positionals, {canonical flag: value}) from vLLM arguments; later flags win like argparse."""
-    from .unit import canonical_flag
 
     positionals: list[str] = []
     flags: dict[str, str | bool] = {}
@@ -113,8 +114,6 @@ def human_readable_int(value: str, *, allow_auto: bool = False) -> int:
     """vLLM's `1k` (1,000) / `1K` (1,024) / `25.6k` / `auto` forms (vllm/utils/argparse_utils.py)."""
     import re
 
-    from .errors import UsageError
-
     value = value.strip()
     if allow_auto and (value == "-1" or value.lower() == "auto"):
         return -1
@@ -134,7 +133,6 @@ def human_readable_int(value: str, *, allow_auto: bool = False) -> int:
 
 def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> ServeArgs:
     """ServeArgs from the words after `vllm serve` (or after `-m vllm.entrypoints.openai.api_server`)."""
-    from .errors import UsageError
 
     positionals, flags = split_flags(args)
     model = flags.get("--model")
@@ -200,3 +198,29 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
         api_key=flags.get("--api-key") if isinstance(flags.get("--api-key"), str) else None,  # type: ignore[arg-type]
         env=dict(env or {}),
     )
+
+
+# vLLM's flags and their aliases (vllm/engine/arg_utils.py); underscores are accepted too.
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {
+    "--max-model-len": ("--max-model-len",),
+    "--gpu-memory-utilization": ("--gpu-memory-utilization", "--device-memory-utilization"),
+    "--kv-cache-memory-bytes": ("--kv-cache-memory-bytes", "--kv-cache-memory"),
+    "--tensor-parallel-size": ("--tensor-parallel-size", "-tp"),
+    "--pipeline-parallel-size": ("--pipeline-parallel-size", "-pp"),
+    "--decode-context-parallel-size": ("--decode-context-parallel-size", "-dcp"),
+    "--data-parallel-size": ("--data-parallel-size", "-dp"),
+    "--kv-cache-dtype": ("--kv-cache-dtype",),
+    "--max-num-seqs": ("--max-num-seqs",),
+    "--max-num-batched-tokens": ("--max-num-batched-tokens",),
+}
+
+
+def canonical_flag(word: str) -> str:
+    """`--max_model_len=5` -> `--max-model-len`; aliases map to their main name."""
+    name = word.split("=", 1)[0]
+    if name.startswith("--"):
+        name = "--" + name[2:].replace("_", "-")
+    for main, aliases in FLAG_ALIASES.items():
+        if name in aliases:
+            return main
+    return name

@@ -47,23 +47,21 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from . import facts as facts_module
-from .errors import UsageError
-from .facts import LayerKind, ModelFacts
-from .gpus import GIB, GpuInfo, GpuState
-from .kv import (
+from vllm_ctxmgr.core import facts as facts_module
+from vllm_ctxmgr.core.facts import LayerKind, ModelFacts
+from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, Platform, platform_for
+from vllm_ctxmgr.core.kv import (
     NEWEST_VLLM,
     KVCacheLayout,
-    Platform,
     VllmVersion,
     cdiv,
     is_quantized_kv_cache,
     kv_cache_layout,
-    platform_for,
     round_up,
 )
-from .observations import Observation
-from .serve_args import ServeArgs
+from vllm_ctxmgr.core.observations import Observation
+from vllm_ctxmgr.core.serve_args import ServeArgs
+from vllm_ctxmgr.errors import UsageError
 
 MIB = 1 << 20
 DEFAULT_MAX_GPU_MEMORY_UTILIZATION = 0.95

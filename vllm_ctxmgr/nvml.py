@@ -1,73 +1,12 @@
-"""The GPUs' real memory, through NVML (nvidia-ml-py), or given by hand for offline planning."""
+"""The GPUs' real memory, through NVML (nvidia-ml-py), or as `ctxmgr gpus --json` wrote it on another host."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import CtxmgrError, UsageError
-
-GIB = 1 << 30
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    pid: int
-    name: str
-    used_bytes: int | None  # None where the driver does not say (MIG, some containers)
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    index: int
-    name: str
-    total_bytes: int
-    free_bytes: int
-    used_bytes: int
-    uuid: str = ""
-    compute_capability: tuple[int, int] | None = None
-    processes: tuple[GpuProcess, ...] = ()
-
-
-@dataclass(frozen=True)
-class GpuState:
-    gpus: tuple[GpuInfo, ...]
-    source: str  # "nvml" | "flags" | path of a `ctxmgr gpus --json` file
-    driver_version: str | None = None
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-    def select(self, visible_devices: str | None) -> GpuState:
-        """The GPUs a service sees through CUDA_VISIBLE_DEVICES (indices or UUIDs), in its order."""
-        if not visible_devices or visible_devices.strip() == "":
-            return self
-        chosen: list[GpuInfo] = []
-        for token in (t.strip() for t in visible_devices.split(",")):
-            if not token:
-                continue
-            match = [g for g in self.gpus if str(g.index) == token or (g.uuid and g.uuid.startswith(token))]
-            if not match:
-                raise UsageError(f"CUDA_VISIBLE_DEVICES names GPU {token!r}, which this host does not have")
-            chosen.append(match[0])
-        return GpuState(tuple(chosen), self.source, self.driver_version, self.notes)
-
-    def to_json(self) -> dict:
-        return {
-            "source": self.source,
-            "driver_version": self.driver_version,
-            "gpus": [asdict(g) for g in self.gpus],
-        }
-
-
-def uniform_gpus(count: int, total_bytes: int, free_bytes: int | None = None, name: str = "GPU") -> GpuState:
-    """Offline planning: N identical, otherwise idle GPUs (`--gpu-memory SIZE --gpu-count N`)."""
-    if count < 1:
-        raise UsageError("--gpu-count must be at least 1")
-    if total_bytes <= 0:
-        raise UsageError("--gpu-memory must be positive")
-    free = total_bytes if free_bytes is None else free_bytes
-    gpus = tuple(GpuInfo(i, name, total_bytes, free, total_bytes - free) for i in range(count))
-    return GpuState(gpus, "flags")
+from vllm_ctxmgr.core.hardware import GpuInfo, GpuProcess, GpuState
+from vllm_ctxmgr.errors import CtxmgrError, UsageError
 
 
 def gpus_from_file(path: str | Path) -> GpuState:

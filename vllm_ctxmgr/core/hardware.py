@@ -1,0 +1,180 @@
+"""The hardware a plan is made for: GPUs and their memory, and the platform vLLM runs on.
+
+Plain records only: where they come from (NVML, a file, flags) is the job of `vllm_ctxmgr.nvml`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from vllm_ctxmgr.errors import UsageError
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    name: str
+    used_bytes: int | None  # None where the driver does not say (MIG, some containers)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int
+    used_bytes: int
+    uuid: str = ""
+    compute_capability: tuple[int, int] | None = None
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuState:
+    gpus: tuple[GpuInfo, ...]
+    source: str  # "nvml" | "flags" | path of a `ctxmgr gpus --json` file
+    driver_version: str | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def select(self, visible_devices: str | None) -> GpuState:
+        """The GPUs a service sees through CUDA_VISIBLE_DEVICES (indices or UUIDs), in its order."""
+        if not visible_devices or visible_devices.strip() == "":
+            return self
+        chosen: list[GpuInfo] = []
+        for token in (t.strip() for t in visible_devices.split(",")):
+            if not token:
+                continue
+            match = [g for g in self.gpus if str(g.index) == token or (g.uuid and g.uuid.startswith(token))]
+            if not match:
+                raise UsageError(f"CUDA_VISIBLE_DEVICES names GPU {token!r}, which this host does not have")
+            chosen.append(match[0])
+        return GpuState(tuple(chosen), self.source, self.driver_version, self.notes)
+
+    def to_json(self) -> dict:
+        return {
+            "source": self.source,
+            "driver_version": self.driver_version,
+            "gpus": [asdict(g) for g in self.gpus],
+        }
+
+
+def uniform_gpus(count: int, total_bytes: int, free_bytes: int | None = None, name: str = "GPU") -> GpuState:
+    """Offline planning: N identical, otherwise idle GPUs (`--gpu-memory SIZE --gpu-count N`)."""
+    if count < 1:
+        raise UsageError("--gpu-count must be at least 1")
+    if total_bytes <= 0:
+        raise UsageError("--gpu-memory must be positive")
+    free = total_bytes if free_bytes is None else free_bytes
+    gpus = tuple(GpuInfo(i, name, total_bytes, free, total_bytes - free) for i in range(count))
+    return GpuState(gpus, "flags")
+
+
+# --------------------------------------------------------------------------------------------------
+# Platform: the constants that differ between a CUDA GPU and the CPU build
+# --------------------------------------------------------------------------------------------------
+
+# Marketing names -> compute capability, for GPU lists that lack it (offline files, old drivers).
+_CAPABILITY_BY_NAME: tuple[tuple[str, tuple[int, int]], ...] = (
+    ("gb10", (12, 1)),
+    ("rtx pro 6000 blackwell", (12, 0)),
+    ("rtx 50", (12, 0)),
+    ("gb300", (10, 3)),
+    ("b300", (10, 3)),
+    ("gb200", (10, 0)),
+    ("b200", (10, 0)),
+    ("b100", (10, 0)),
+    ("gh200", (9, 0)),
+    ("h200", (9, 0)),
+    ("h100", (9, 0)),
+    ("h800", (9, 0)),
+    ("h20", (9, 0)),
+    ("l40", (8, 9)),
+    ("l4", (8, 9)),
+    ("rtx 40", (8, 9)),
+    ("rtx 6000 ada", (8, 9)),
+    ("a100", (8, 0)),
+    ("a800", (8, 0)),
+    ("a30", (8, 0)),
+    ("a40", (8, 6)),
+    ("a10", (8, 6)),
+    ("rtx 30", (8, 6)),
+    ("v100", (7, 0)),
+    ("t4", (7, 5)),
+)
+
+
+@dataclass(frozen=True)
+class Platform:
+    """Where vLLM runs: decides block sizes, backends, in-flight tokens and batch defaults.
+
+    `total_memory_bytes` is one device's memory (vLLM's default max_num_batched_tokens depends
+    on it). `cuda_runtime_major` matters only for FlashInfer GDN prefill on SM10x/12x; None means
+    unknown and is treated as >= 13 (the choice that costs more KV memory).
+    """
+
+    device_type: str  # "cuda" | "cpu"
+    compute_capability: tuple[int, int] | None = None
+    device_name: str = ""
+    total_memory_bytes: int | None = None
+    cuda_runtime_major: int | None = None
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device_type == "cpu"
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device_type == "cuda"
+
+    @property
+    def capability_major(self) -> int:
+        """Unknown GPUs are treated as Hopper, the most common vLLM server GPU."""
+        return self.compute_capability[0] if self.compute_capability else 9
+
+    def is_capability_family(self, family: int) -> bool:
+        """vLLM's is_device_capability_family(100) means SM10.x, (90) means SM9.x."""
+        return self.is_cuda and self.capability_major == family // 10
+
+    def default_max_num_batched_tokens(self, world_size: int) -> int:
+        """EngineArgs.get_batch_defaults for the OpenAI server (arg_utils.py)."""
+        if self.is_cpu:
+            return 2048 * world_size
+        memory = self.total_memory_bytes
+        if memory is None:
+            return 8192  # assumed H100/H200-class; vLLM reads it from the device
+        if memory >= 160 * GIB:
+            return 16384
+        is_gb10 = self.compute_capability == (12, 1)
+        if memory >= 70 * GIB and "a100" not in self.device_name.lower() and not is_gb10:
+            return 8192
+        return 2048
+
+    def default_model_dtype(self, config_dtype: str) -> str:
+        """`--dtype auto`: float32 checkpoints are downcast to the platform's preferred dtype."""
+        preferred = "bfloat16" if self.is_cpu or self.capability_major >= 8 else "float16"
+        if config_dtype == "float32":
+            return preferred
+        if config_dtype == "bfloat16" and preferred != "bfloat16":
+            return preferred
+        return config_dtype
+
+
+def capability_for_name(name: str) -> tuple[int, int] | None:
+    lowered = name.lower()
+    for needle, capability in _CAPABILITY_BY_NAME:
+        if needle in lowered:
+            return capability
+    return None
+
+
+def platform_for(gpus: GpuState | None, cpu: bool = False) -> Platform:
+    """The platform a service runs on, from the GPUs it sees (first GPU decides)."""
+    if cpu:
+        return Platform("cpu")
+    if gpus is None or not gpus.gpus:
+        return Platform("cuda")
+    first = gpus.gpus[0]
+    capability = first.compute_capability or capability_for_name(first.name)
+    return Platform("cuda", capability, first.name, first.total_bytes)

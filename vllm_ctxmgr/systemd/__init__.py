@@ -1,0 +1,1 @@
+"""systemd: unit files (parse, edit, quote, render) and the manager itself (systemctl, the journal)."""
