@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-from importlib import resources
 from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.systemd.quoting import quote_env_assignment, quote_exec_word
-
 
 TEMPLATES_PACKAGE = "vllm_ctxmgr.templates"
 
