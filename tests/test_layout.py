@@ -154,7 +154,8 @@ def test_the_installed_ctxmgr_runs_from_its_wheel_not_from_this_checkout() -> No
     )
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True, cwd="/")
     package_file, templates = (Path(line) for line in out.stdout.split())
-    assert REPO not in package_file.parents and "site-packages" in package_file.parts
-    assert (templates / "unit.j2").is_file() and REPO not in templates.parents
+    assert PACKAGE not in package_file.parents and "site-packages" in package_file.parts
+    assert (templates / "unit.j2").is_file() and templates != REPO / "templates"
+    assert "site-packages" in templates.parts
     version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True, cwd="/")
     assert "version" in version.stdout

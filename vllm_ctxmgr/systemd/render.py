@@ -24,7 +24,9 @@ def template_dir() -> Path:
     if override:
         return Path(override)
     try:
-        installed = Path(str(resources.files(TEMPLATES_PACKAGE)))
+        # templates/ has no __init__.py, so in a wheel it is a namespace package: join a file name to
+        # get a real path (a MultiplexedPath has none), then take its directory
+        installed: Path | None = Path(str(resources.files(TEMPLATES_PACKAGE) / "unit.j2")).parent
     except ModuleNotFoundError:
         installed = None
     checkout = Path(__file__).resolve().parents[2] / "templates"
