@@ -17,7 +17,9 @@ import pytest
 from tests import gguf_builders
 from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts, StateFacts, derived_max_model_len
 from vllm_ctxmgr.errors import ModelFactsError
-from vllm_ctxmgr.model_files.sources import load_model_facts, read_gguf_header, transformers_defaults
+from vllm_ctxmgr.model_files.gguf import read_gguf_header
+from vllm_ctxmgr.model_files.hf_defaults import transformers_defaults
+from vllm_ctxmgr.model_files.load import load_model_facts
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "examples" / "models"
@@ -575,7 +577,7 @@ def test_static_defaults_equal_the_imported_class(model_type: str) -> None:
     compared = 0
     for key in keys:
         # None: __post_init__ derives it; Qwen3Config nulls sliding_window unless use_sliding_window.
-        # sources.py applies both rules itself (tested above).
+        # model_files/hf.py applies both rules itself (tested above).
         if static.values.get(key) is not None and (model_type, key) != ("qwen3", "sliding_window"):
             assert static.values[key] == getattr(instance, key), key
             compared += 1

@@ -16,7 +16,7 @@ from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan, parse_vllm_version
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.errors import CtxmgrError, UsageError
-from vllm_ctxmgr.model_files.sources import load_model_facts
+from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.nvml import gpus_from_file, read_nvml
 from vllm_ctxmgr.store import ServiceStore
 

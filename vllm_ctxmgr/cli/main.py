@@ -32,7 +32,7 @@ from vllm_ctxmgr.deploy import (
     set_context,
 )
 from vllm_ctxmgr.errors import EXIT_INFEASIBLE, UsageError
-from vllm_ctxmgr.model_files.sources import load_model_facts
+from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.planning import PlanRequest, plan_for, stored_observations
 from vllm_ctxmgr.service import read_service, view_from_unit

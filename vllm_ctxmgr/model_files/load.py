@@ -1,0 +1,28 @@
+"""What a model string means: a local HF directory, a config.json, a GGUF file or a cached repo id."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vllm_ctxmgr.core.facts import ModelFacts
+from vllm_ctxmgr.errors import ModelFactsError
+from vllm_ctxmgr.model_files.gguf import load_gguf_facts
+from vllm_ctxmgr.model_files.hf import load_hf_facts
+from vllm_ctxmgr.model_files.hf_cache import HF_REPO_ID, hf_cache_snapshot
+
+
+def load_model_facts(model: str, *, hf_home: str | None = None) -> ModelFacts:
+    """Facts for MODEL: a local HF directory, a GGUF file (or split part) or a cached HF repo id.
+
+    Never downloads. Raises ModelFactsError with a one-line message for anything unreadable.
+    """
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return load_hf_facts(path, source=model)
+    if path.is_file():
+        if path.name == "config.json":
+            return load_hf_facts(path.parent, source=model)
+        return load_gguf_facts(path, source=model)
+    if path.exists() or model.startswith((".", "/", "~")) or not HF_REPO_ID.match(model):
+        raise ModelFactsError(f"model path not found: {model}")
+    return load_hf_facts(hf_cache_snapshot(model, hf_home), source=model)
