@@ -12,7 +12,8 @@ import pytest
 import requests
 
 from tests.support.standin import StandinProcess, launch
-from vllm_ctxmgr.vllm_log.patterns import StartWatcher, classify_all, observe_start
+from vllm_ctxmgr.vllm_log.patterns import classify_all
+from vllm_ctxmgr.vllm_log.watcher import StartWatcher, observe_start
 
 HTTP = Path(__file__).parent / "data" / "vllm-logs" / "http"
 LOGS = HTTP.parent

@@ -8,16 +8,12 @@ import pytest
 
 from vllm_ctxmgr.vllm_log.patterns import (
     PATTERNS,
-    StartWatcher,
     classify,
     classify_all,
     journal_message,
-    last_start,
-    observe_start,
     parse_line,
-    split_starts,
-    watch,
 )
+from vllm_ctxmgr.vllm_log.watcher import StartWatcher, last_start, observe_start, split_starts, watch
 
 LOGS = Path(__file__).parent / "data" / "vllm-logs"
 
@@ -238,6 +234,25 @@ def test_engine_error_appears_twice_with_the_same_meaning() -> None:
 def test_every_pattern_names_its_source() -> None:
     assert all(pattern.source for pattern in PATTERNS)
     assert {p.kind for p in PATTERNS} == {"progress", "ready", "failure", "fact"}
+
+
+def test_every_pattern_says_what_it_means_and_where_a_real_line_was_seen() -> None:
+    """The table's `seen` is checked, not trusted: each log it names holds a line of that name."""
+    public = {row.split("\t", 1)[0] for row in (LOGS / "public_gpu_lines.tsv").read_text().splitlines()}
+    named = 0
+    for pattern in PATTERNS:
+        assert pattern.meaning and pattern.seen, pattern.name
+        files = [
+            word.strip(",;") for word in pattern.seen.split() if word.strip(",;").endswith((".log", ".tsv"))
+        ]
+        assert files or pattern.seen.startswith("not in a log here"), pattern.name
+        for name in files:
+            if name == "public_gpu_lines.tsv":
+                assert pattern.name in public, pattern.name
+            else:
+                assert any(e.name == pattern.name for e in classify_all(lines_of(name))), (pattern.name, name)
+            named += 1
+    assert named >= 60
 
 
 def test_parse_line_strips_journal_vllm_and_uvicorn_prefixes() -> None:

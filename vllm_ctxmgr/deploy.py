@@ -41,7 +41,7 @@ from vllm_ctxmgr.systemd.unit import (
     mask_secrets,
     unified_diff,
 )
-from vllm_ctxmgr.vllm_log.patterns import StartWatcher, last_start, observe_start
+from vllm_ctxmgr.vllm_log.watcher import StartWatcher, last_start, observe_start
 
 Printer = Callable[[str], None]
 

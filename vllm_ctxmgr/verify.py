@@ -44,7 +44,8 @@ from vllm_ctxmgr.probe import cache_config_info, probe
 from vllm_ctxmgr.service import read_service
 from vllm_ctxmgr.store import BASELINE, FINAL, Revision, ServiceStore
 from vllm_ctxmgr.systemd.systemctl import Systemd, parse_journal_json
-from vllm_ctxmgr.vllm_log.patterns import classify, observe_start
+from vllm_ctxmgr.vllm_log.patterns import classify
+from vllm_ctxmgr.vllm_log.watcher import observe_start
 
 OK = "ok"
 DEGRADED = "degraded"

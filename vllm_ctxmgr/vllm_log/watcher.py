@@ -1,0 +1,439 @@
+"""Deciding a start from its journal: the StartWatcher state machine, and vLLM's numbers from a start.
+
+The lines themselves (what each means, where its wording comes from) are data in vllm_log/patterns.py;
+this module holds only the rules: which evidence decides a start and when (see StartWatcher), how a
+longer journal is cut into starts, and how one start's events fold into an `Observation`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_ctxmgr.core.observations import Observation
+from vllm_ctxmgr.vllm_log.patterns import (
+    RANK_DECISIVE,
+    RANK_SPECIFIC,
+    LogEvent,
+    ParsedLine,
+    classify,
+    classify_all,
+    failure_reason,
+    parse_line,
+)
+
+
+class _ObservationBuilder:
+    """Folds one start's events into vLLM's own numbers (an `Observation`)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self.best_failure: LogEvent | None = None
+        self.ready = False
+        self.max_len_source_rank = -1
+        self.available: dict[int, float] = {}  # source priority -> smallest value seen
+
+    def _set_once(self, key: str, value: Any) -> None:
+        if value is not None and key not in self.values:
+            self.values[key] = value
+
+    def _set_max_model_len(self, value: int | None, source_rank: int) -> None:
+        # capacity line (after auto-fit) > auto-fit > "Using max model len" > the failing request's length
+        if value is not None and source_rank >= self.max_len_source_rank:
+            self.values["max_model_len"] = value
+            self.max_len_source_rank = source_rank
+
+    def add(self, event: LogEvent) -> None:
+        data, name = event.data, event.name
+        if event.kind == "ready":
+            self.ready = True
+        if event.kind == "failure" and (self.best_failure is None or event.rank > self.best_failure.rank):
+            self.best_failure = event
+        if name in ("version_banner", "engine_version"):
+            self._set_once("vllm_version", data.get("version"))
+        if name == "non_default_args" and isinstance(data.get("args"), dict):
+            args = data["args"]
+            self._set_once("gpu_memory_utilization", _float_or_none(args.get("gpu_memory_utilization")))
+            kv_bytes = args.get("kv_cache_memory_bytes")
+            self._set_once("kv_cache_memory_bytes", kv_bytes if isinstance(kv_bytes, int) else None)
+        if name in (
+            "cuda_graph_utilization_notice",
+            "kv_cache_memory_suggestion",
+            "free_memory_below_utilization",
+        ):
+            self._set_once("gpu_memory_utilization", data.get("gpu_memory_utilization"))
+        if name in ("using_max_model_len", "engine_version"):
+            self._set_max_model_len(data.get("max_model_len"), 1)
+        elif name in ("auto_fit_reduced", "auto_fit_full"):
+            self._set_max_model_len(data["max_model_len"], 2)
+        elif name in ("kv_cache_capacity", "max_concurrency") and "max_model_len" in data:
+            self._set_max_model_len(data["max_model_len"], 3)
+        elif name == "kv_cache_too_small":
+            self._set_max_model_len(data["max_model_len"], 0)
+            self._set_once("estimated_max_model_len", data.get("estimated_max_model_len"))
+            self._set_once("needed_kv_gib", data["needed_kv_gib"])
+        if name == "kv_cache_capacity":
+            self._set_once("platform", data.get("platform"))
+            self._set_once("kv_cache_tokens", data.get("kv_cache_tokens"))
+        if "max_concurrency" in data:
+            self._set_once("max_concurrency", data["max_concurrency"])
+        if name == "model_loading_took":
+            self._set_once("model_loading_gib", data["model_loading_gib"])
+        if name == "estimated_cuda_graph_memory":
+            self.values["cuda_graph_gib"] = data["cuda_graph_gib"]
+        elif name == "graph_capturing_finished":
+            self._set_once("cuda_graph_gib", data["cuda_graph_gib"])
+        # the KV budget per GPU: vLLM sizes the cache by the smallest rank's budget
+        source = _AVAILABLE_SOURCES.get(name)
+        if source is not None:
+            value = data["available_kv_gib"]
+            known = self.available.get(source)
+            self.available[source] = value if known is None else min(known, value)
+        if name == "cpu_kv_cache_set":
+            self._set_once("platform", "CPU")
+            self._set_once("total_memory_gib", data["total_gib"])
+
+    def build(self, failure: str | None = None) -> Observation:
+        values = dict(self.values)
+        if self.available:
+            values["available_kv_gib"] = self.available[min(self.available)]
+        if failure is None and not self.ready and self.best_failure is not None:
+            failure = self.best_failure.name
+        return Observation(**values, ready=self.ready, failure=failure)
+
+
+# where the KV budget comes from, best first: the profiler's figure, the --kv-cache-memory-bytes
+# reservation, the usable figure (one block less) of the auto-fit and fit-check lines, the CPU request
+_AVAILABLE_SOURCES = {
+    "available_kv_cache_memory": 0,
+    "kv_cache_memory_bytes_reserved": 1,
+    "auto_fit_reduced": 2,
+    "auto_fit_full": 2,
+    "kv_cache_too_small": 2,
+    "cpu_kv_cache_set": 3,
+}
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _observation(events: Iterable[LogEvent], failure: str | None = None) -> Observation:
+    builder = _ObservationBuilder()
+    for event in events:
+        builder.add(event)
+    return builder.build(failure)
+
+
+def observe_start(messages: Iterable[str]) -> Observation:
+    """vLLM's numbers from one start's log (use `split_starts` first on a longer journal)."""
+    return _observation(classify_all(messages))
+
+
+def split_starts(messages: Iterable[str]) -> list[list[str]]:
+    """Cut a journal into starts: at systemd's `Started`, or at a second vLLM banner without one."""
+    starts: list[list[str]] = []
+    current: list[str] = []
+    seen_vllm_start = False
+    for message in messages:
+        parsed = parse_line(message)
+        is_unit_start = bool(re.match(r"^(?:Started|Starting) \S+\.service\b", parsed.message))
+        is_vllm_start = not is_unit_start and _is_banner_start(parsed.message)
+        if is_unit_start or (is_vllm_start and seen_vllm_start):
+            carried: list[str] = []
+            # the banner's first line is an empty message from the same process: it opens the new start
+            while is_vllm_start and current and _same_process_empty(current[-1], parsed):
+                carried.insert(0, current.pop())
+            if current:
+                starts.append(current)
+            current, seen_vllm_start = carried, False
+        if is_vllm_start:
+            seen_vllm_start = True
+        current.append(message)
+    if current:
+        starts.append(current)
+    return starts
+
+
+def _is_banner_start(message: str) -> bool:
+    return bool(re.search(r"█\s+█\s+█▄\s+▄█\s*$|^vLLM (?:API )?server version ", message))
+
+
+def _same_process_empty(line: str, parsed: ParsedLine) -> bool:
+    previous = parse_line(line)
+    return previous.message == "" and previous.pid == parsed.pid and previous.pid is not None
+
+
+def last_start(messages: Iterable[str]) -> list[str]:
+    starts = split_starts(messages)
+    return starts[-1] if starts else []
+
+
+# ---------------------------------------------------------------- verdict
+
+
+@dataclass(frozen=True)
+class StartVerdict:
+    ok: bool
+    reason: str  # plain words
+    decisive_line: str
+    failure: str | None
+    estimated_max_model_len: int | None
+    observation: Observation
+
+
+_EXITED_SUBSTATES = frozenset({"auto-restart", "failed"})
+
+
+@dataclass
+class StartWatcher:
+    """Reads one start's journal messages (and unit states) and decides: serving, or failed and why.
+
+    - a ready line (`Starting vLLM server on`, uvicorn's `Application startup complete.`) -> ok at once;
+    - a decisive error (rank >= RANK_DECISIVE, e.g. KV cache too small with vLLM's estimate) -> failed
+      at once;
+    - a specific error -> failed when the process exits, or `grace_s` later if a more precise line
+      has not come by then;
+    - generic evidence (traceback, the final RuntimeError, systemd's exit) -> failed only once the
+      process has exited, `exit_grace_s` after the exit to let late journal lines in;
+    - nothing decisive within `timeout_s` (a hang) -> failed with the last progress line.
+    Time comes from `clock` (monotonic seconds); call `poll()` while waiting for more lines.
+    With `await_start`, lines before the new process announces itself (systemd's `Started`, vLLM's
+    banner) are ignored: an older attempt's error that reaches the journal late cannot decide.
+    """
+
+    grace_s: float = 3.0
+    exit_grace_s: float = 1.0
+    timeout_s: float | None = None
+    baseline_nrestarts: int | None = None
+    await_start: bool = False
+    clock: Callable[[], float] = time.monotonic
+    events: list[LogEvent] = field(default_factory=list)
+    verdict: StartVerdict | None = None
+    phase: str = "starting"
+    last_progress: LogEvent | None = None
+    _started_at: float = field(init=False)
+    _previous: str | None = field(default=None, init=False)
+    _best: LogEvent | None = field(default=None, init=False)
+    _best_at: float | None = field(default=None, init=False)
+    _exit_event: LogEvent | None = field(default=None, init=False)
+    _exit_line: str | None = field(default=None, init=False)
+    _exited_at: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self._started_at = self.clock()
+
+    # ---- input
+    def feed(self, message: str) -> list[LogEvent]:
+        """Take one journal message; returns the events it carried (0 or 1)."""
+        if self.verdict is not None:
+            return []
+        event = classify(message, self._previous)
+        self._previous = message
+        if self.await_start:
+            if event is None or event.name not in ("unit_started", "version_banner"):
+                self._decide()
+                return []
+            self.await_start = False
+        if event is None:
+            self._decide()
+            return []
+        if self._is_new_process(event):
+            self._forget_previous_process()
+        self.events.append(event)
+        now = self.clock()
+        if event.kind == "ready":
+            self._finish_ok(event)
+            return [event]
+        if event.kind == "progress":
+            self.last_progress = event
+            self.phase = _PHASES.get(event.name, self.phase)
+        elif event.kind == "fact":
+            self.phase = _PHASES.get(event.name, self.phase)
+        elif event.kind == "failure":
+            if self._best is None or event.rank > self._best.rank:
+                self._best, self._best_at = event, now
+            if event.ends_process and self._exited_at is None:
+                self._exited_at, self._exit_event = now, event
+        self._decide()
+        return [event]
+
+    def feed_unit_state(self, state: Mapping[str, object]) -> None:
+        """Take `systemctl show` properties (ActiveState, SubState, NRestarts, ExecMainStatus...)."""
+        if self.verdict is not None:
+            return
+        restarts = _int_or_none(state.get("NRestarts"))
+        if restarts is not None and (self.baseline_nrestarts is None or restarts < self.baseline_nrestarts):
+            self.baseline_nrestarts = restarts  # first look, or a manual (re)start reset the counter
+        active, sub = str(state.get("ActiveState", "")), str(state.get("SubState", ""))
+        exited = (
+            sub in _EXITED_SUBSTATES
+            or active == "failed"
+            # inactive with success is also what a restart passes through: only a failed result counts
+            or (active == "inactive" and str(state.get("Result", "success")) != "success")
+            or (
+                restarts is not None
+                and self.baseline_nrestarts is not None
+                and restarts > self.baseline_nrestarts
+            )
+        )
+        if exited and self._exited_at is None:
+            self._exited_at = self.clock()
+            self._exit_line = "unit state: " + " ".join(
+                f"{key}={state[key]}"
+                for key in ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus")
+                if key in state
+            )
+        self._decide()
+
+    def poll(self) -> StartVerdict | None:
+        """Apply the time-based rules (grace after an error or an exit, the start timeout)."""
+        if self.verdict is None:
+            self._decide()
+        return self.verdict
+
+    def finish(self) -> StartVerdict:
+        """No more input will come: decide with what is known."""
+        if self.verdict is None:
+            self._decide(final=True)
+        assert self.verdict is not None
+        return self.verdict
+
+    @property
+    def observation(self) -> Observation:
+        return _observation(self.events, self._failure_name())
+
+    def _is_new_process(self, event: LogEvent) -> bool:
+        """systemd's `Started`, or vLLM's banner: what came before was another process (its shutdown)."""
+        if event.name == "unit_started":
+            return True
+        return event.name == "version_banner" and any(e.name == "version_banner" for e in self.events)
+
+    def _forget_previous_process(self) -> None:
+        self.events.clear()
+        self._best = self._best_at = self._exit_event = self._exit_line = self._exited_at = None
+        self.last_progress, self.phase = None, "starting"
+        self._started_at = self.clock()
+
+    # ---- decisions
+    def _failure_name(self) -> str | None:
+        if self.verdict is not None:
+            return self.verdict.failure
+        return self._best.name if self._best is not None else None
+
+    def _decide(self, final: bool = False) -> None:
+        if self.verdict is not None:
+            return
+        now = self.clock()
+        best = self._best
+        if best is not None and best.rank >= RANK_DECISIVE:
+            return self._finish_failed(best)
+        # once the process has exited, its last lines may still be on their way through journald
+        # (published in 250 ms steps): give them exit_grace_s to bring a more precise cause
+        exit_settled = self._exited_at is not None and now - self._exited_at >= self.exit_grace_s
+        grace_over = self._best_at is not None and now - self._best_at >= self.grace_s
+        if best is not None and best.rank >= RANK_SPECIFIC and (exit_settled or final or grace_over):
+            return self._finish_failed(best)
+        exited = self._exited_at is not None
+        if exited and (final or now - (self._exited_at or now) >= self.exit_grace_s):
+            if best is not None:
+                return self._finish_failed(best)
+            return self._finish_exit()
+        if final:
+            if best is not None:
+                return self._finish_failed(best)
+            return self._finish_incomplete("the log ended before vLLM was ready or failed")
+        if self.timeout_s is not None and now - self._started_at >= self.timeout_s:
+            what = (
+                f"; last progress: {parse_line(self.last_progress.line).message}"
+                if self.last_progress
+                else ""
+            )
+            return self._finish_incomplete(
+                f"no ready line after {self.timeout_s:.0f} s{what}", "start_timeout"
+            )
+
+    def _finish_ok(self, event: LogEvent) -> None:
+        self.verdict = StartVerdict(
+            ok=True,
+            reason=f"vLLM is serving ({parse_line(event.line).message})",
+            decisive_line=event.line,
+            failure=None,
+            estimated_max_model_len=None,
+            observation=_observation(self.events),
+        )
+
+    def _finish_failed(self, event: LogEvent) -> None:
+        self.verdict = StartVerdict(
+            ok=False,
+            reason=failure_reason(event),
+            decisive_line=event.line,
+            failure=event.name,
+            estimated_max_model_len=event.data.get("estimated_max_model_len"),
+            observation=_observation(self.events, event.name),
+        )
+
+    def _finish_exit(self) -> None:
+        if self._exit_event is not None:
+            return self._finish_failed(self._exit_event)
+        self.verdict = StartVerdict(
+            ok=False,
+            reason="the vLLM process exited before it was ready, without an error line in the log",
+            decisive_line=self._exit_line or "",
+            failure="process_exited",
+            estimated_max_model_len=None,
+            observation=_observation(self.events, "process_exited"),
+        )
+
+    def _finish_incomplete(self, reason: str, failure: str = "no_verdict") -> None:
+        line = (
+            self.last_progress.line if self.last_progress else (self.events[-1].line if self.events else "")
+        )
+        self.verdict = StartVerdict(
+            ok=False,
+            reason=reason,
+            decisive_line=line,
+            failure=failure,
+            estimated_max_model_len=None,
+            observation=_observation(self.events, failure),
+        )
+
+
+_PHASES = {
+    "unit_started": "starting",
+    "resolved_architecture": "configuring",
+    "using_max_model_len": "configuring",
+    "starting_to_load_model": "loading weights",
+    "loading_weights_progress": "loading weights",
+    "loading_weights_took": "loading weights",
+    "model_loading_took": "compiling and profiling",
+    "torch_compile_took": "compiling and profiling",
+    "profiling_cuda_graph_memory": "compiling and profiling",
+    "available_kv_cache_memory": "allocating the KV cache",
+    "kv_cache_capacity": "capturing CUDA graphs",
+    "capturing_cuda_graphs": "capturing CUDA graphs",
+    "graph_capturing_finished": "warming up",
+    "init_engine_took": "starting the HTTP server",
+    "supported_tasks": "starting the HTTP server",
+}
+
+
+def _int_or_none(value: object) -> int | None:
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def watch(messages: Iterable[str], watcher: StartWatcher | None = None) -> Iterator[LogEvent | StartVerdict]:
+    """Events as they come, then the verdict (at once when decisive, else when the messages end)."""
+    watcher = watcher or StartWatcher()
+    for message in messages:
+        yield from watcher.feed(message)
+        if watcher.verdict is not None:
+            yield watcher.verdict
+            return
+    yield watcher.finish()
