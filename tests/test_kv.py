@@ -8,7 +8,7 @@ import pytest
 
 from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts, StateFacts
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, Platform, platform_for
-from vllm_ctxmgr.core.kv import kv_cache_layout, pp_stage_layers
+from vllm_ctxmgr.core.kv.layout import kv_cache_layout, pp_stage_layers
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.errors import UsageError
 

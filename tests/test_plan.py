@@ -10,7 +10,7 @@ import pytest
 
 from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuProcess, GpuState, platform_for
-from vllm_ctxmgr.core.kv import kv_cache_layout
+from vllm_ctxmgr.core.kv.layout import kv_cache_layout
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan import (
     Plan,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, uniform_gpus
-from vllm_ctxmgr.core.kv import NEWEST_VLLM
+from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan, parse_vllm_version
 from vllm_ctxmgr.core.serve_args import ServeArgs

@@ -9,7 +9,7 @@ from typing import Any
 
 from vllm_ctxmgr.core.facts import LayerKind, ModelFacts, derived_max_model_len
 from vllm_ctxmgr.core.hardware import GIB, GpuState
-from vllm_ctxmgr.core.kv import NEWEST_VLLM
+from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 
 
 def gib(n: float | int | None, digits: int = 2) -> str:

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState
-from vllm_ctxmgr.core.kv import NEWEST_VLLM
+from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.plan import (
     DEFAULT_MARGIN_FRACTION,
     DEFAULT_MARGIN_MIN_BYTES,

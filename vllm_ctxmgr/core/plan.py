@@ -50,15 +50,9 @@ from dataclasses import dataclass, field, replace
 from vllm_ctxmgr.core import facts as facts_module
 from vllm_ctxmgr.core.facts import LayerKind, ModelFacts
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, Platform, platform_for
-from vllm_ctxmgr.core.kv import (
-    NEWEST_VLLM,
-    KVCacheLayout,
-    VllmVersion,
-    cdiv,
-    is_quantized_kv_cache,
-    kv_cache_layout,
-    round_up,
-)
+from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM, VllmVersion, is_quantized_kv_cache
+from vllm_ctxmgr.core.kv.layout import KVCacheLayout, kv_cache_layout
+from vllm_ctxmgr.core.kv.specs import cdiv, round_up
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.errors import UsageError

@@ -1,12 +1,19 @@
-"""vLLM's KV-cache accounting, mirrored in plain Python (no torch, no I/O).
+"""KV cache groups, the shared block pool and what one request takes from it, per pipeline stage.
 
-One small spec class per layer kind, as in `vllm/v1/kv_cache_interface.py` (vLLM 0.33.0): each knows
-its `page_size_bytes` and what one request of `max_model_len` tokens costs it. `kv_cache_layout`
-builds the specs for a model the way the model files and the attention backends do, then groups
-them like `vllm/v1/core/kv_cache_planning.py` (hybrid allocator, one shared block pool, null block,
-pipeline-parallel stages). The numbers are vLLM's to the byte: `bytes_needed(L)` is what vLLM's
-startup check compares with the KV budget, `max_model_len_for(budget)` is its "estimated maximum
-model length" (and what `--max-model-len auto` picks).
+Mirrors vLLM 0.33.0's `vllm/v1/core/kv_cache_planning.py` (in 0.32 and before `kv_cache_utils.py`):
+- `kv_cache_layout` builds every layer's spec (specs.py) on the backend's block size and dtype
+  (backends.py), aligns the attention block to the mamba page (`Platform._align_hybrid_block_size`),
+  then groups the layers (`get_kv_cache_groups`: `is_kv_cache_type_uniform` / UniformTypeKVCacheSpecs,
+  `unify_kv_cache_spec_page_size`, `_get_kv_cache_groups_uniform_page_size`, and
+  `_promote_local_specs` for --disable-hybrid-kv-cache-manager);
+- `KVCacheLayout` is the pool: `_get_kv_cache_bytes_per_block` (largest group's bytes per block),
+  `num_blocks = available // bytes_per_block` with the BlockPool's null block held back,
+  `_max_memory_usage_bytes_from_groups` (bytes one request needs), `_check_enough_kv_cache_memory`
+  (`fits`), `_estimate_max_model_len_from_groups` (`max_model_len_for`, also what
+  `--max-model-len auto` picks) and `get_max_concurrency_for_kv_cache_config` (`max_concurrency`);
+- `pp_stage_layers` is `get_pp_indices`: each pipeline stage's worker holds only its layers.
+The numbers are vLLM's to the byte: `bytes_needed(L)` is what vLLM's startup check compares with
+the KV budget.
 
 What is assumed, not read from a live engine:
 - the KV cache layout is vLLM's default layer-outer one (LBNHC/LBHNC), so blocks are not padded
@@ -24,189 +31,39 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts, StateFacts, dtype_bytes
+from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts, dtype_bytes
 from vllm_ctxmgr.core.hardware import Platform
+from vllm_ctxmgr.core.kv.backends import (
+    FLASHINFER_GDN_CHECKPOINT_ALIGNMENT,
+    NEWEST_VLLM,
+    AttentionBackend,
+    VllmVersion,
+    backend_block_size,
+    backend_kv_cache_dtype,
+    flashinfer_gdn_prefill,
+    kv_dtype_bytes,
+    resolve_kv_cache_dtype,
+    resolve_model_dtype,
+    select_attention_backend,
+)
+from vllm_ctxmgr.core.kv.specs import (
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SizingContext,
+    SlidingWindowSpec,
+    cdiv,
+    kv_heads_per_gpu,
+    layer_specs,
+    mamba_state_dtype_sizes,
+    mamba_state_shapes,
+    round_up,
+)
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.errors import UsageError
-
-VllmVersion = tuple[int, ...]
-NEWEST_VLLM: VllmVersion = (0, 33, 0)
-
-DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE
-CPU_DEFAULT_BLOCK_SIZE = 128  # platforms/cpu.py: preferred size for CPU_ATTN
-FLASHINFER_GDN_CHECKPOINT_ALIGNMENT = 64  # v1/attention/backends/gdn_attn.py
-
-# state_content_bytes of the DeepSeek sparse-MLA packed formats (mla_attention.py get_kv_cache_spec)
-PACKED_MLA_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
-FP8_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
-KNOWN_KV_DTYPES = ("auto", "bfloat16", "float16", "half", "float32", *FP8_KV_DTYPES, *PACKED_MLA_BYTES)
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def round_up(a: int, b: int) -> int:
-    return cdiv(a, b) * b
-
-
-def is_quantized_kv_cache(kv_cache_dtype: str) -> bool:
-    return kv_cache_dtype.startswith("fp8") or kv_cache_dtype.startswith("nvfp4")
-
-
-# --------------------------------------------------------------------------------------------------
-# Per-layer specs (kv_cache_interface.py)
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SizingContext:
-    """The VllmConfig values a spec reads to size one request."""
-
-    max_model_len: int
-    max_in_flight_tokens: int
-    decode_context_parallel_size: int = 1
-    mamba_cache_mode: str = "none"
-
-
-@dataclass(frozen=True)
-class KVCacheSpec:
-    block_size: int
-
-    kind = "?"
-
-    @property
-    def page_size_bytes(self) -> int:
-        raise NotImplementedError
-
-    @property
-    def block_stride_alignment(self) -> int:
-        """Bytes a layer-outer block stride must be a multiple of (backend customize_spec)."""
-        return 1
-
-    def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
-        raise NotImplementedError
-
-    def blocks_per_request(self, ctx: SizingContext) -> int:
-        return cdiv(self.max_memory_usage_bytes(ctx), self.page_size_bytes)
-
-
-@dataclass(frozen=True)
-class AttentionSpec(KVCacheSpec):
-    num_kv_heads: int  # per GPU
-    head_size: int
-    head_size_v: int
-    dtype_bytes: int
-    state_content_bytes: int | None = None  # packed formats (fp8_ds_mla) set it directly
-    page_size_padded: int | None = None
-    dcp_sharded: bool = True
-    stride_alignment: int = 1
-
-    @property
-    def state_content_size_bytes(self) -> int:
-        if self.state_content_bytes is not None:
-            return self.state_content_bytes
-        return (self.head_size + self.head_size_v) * self.dtype_bytes
-
-    @property
-    def page_size_bytes(self) -> int:
-        unpadded = self.num_kv_heads * self.block_size * self.state_content_size_bytes
-        return self.page_size_padded if self.page_size_padded is not None else unpadded
-
-    @property
-    def block_stride_alignment(self) -> int:
-        return self.stride_alignment
-
-
-@dataclass(frozen=True)
-class FullAttentionSpec(AttentionSpec):
-    """Every token of the request stays: cdiv(L, block_size) pages (cdiv(L, DCP) tokens per rank)."""
-
-    kind = "full"
-
-    def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
-        tokens = ctx.max_model_len
-        if self.dcp_sharded and ctx.decode_context_parallel_size > 1:
-            tokens = cdiv(tokens, ctx.decode_context_parallel_size)
-        return cdiv(tokens, self.block_size) * self.page_size_bytes
-
-
-@dataclass(frozen=True)
-class MLAAttentionSpec(FullAttentionSpec):
-    """One latent per token, replicated on every TP rank (num_kv_heads 1, max_tp_shards 1).
-
-    The DSA indexer K cache is an MLAAttentionSpec too (cache_role "indexer", uint8).
-    """
-
-    cache_role: str = "sparse"
-    cache_dtype_str: str = "auto"
-
-    @property
-    def kind(self) -> str:  # type: ignore[override]
-        return "indexer" if self.cache_role == "indexer" else "mla"
-
-
-@dataclass(frozen=True)
-class SlidingWindowSpec(AttentionSpec):
-    """Bounded per request: the window plus the tokens in flight (+1 for a window that straddles)."""
-
-    sliding_window: int = 0
-    extra_retained_tokens: int = 0
-
-    kind = "sliding"
-
-    def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
-        tokens = min(
-            self.sliding_window - 1 + self.extra_retained_tokens + ctx.max_in_flight_tokens, ctx.max_model_len
-        )
-        return (cdiv(tokens, self.block_size) + 1) * self.page_size_bytes
-
-
-@dataclass(frozen=True)
-class ChunkedLocalAttentionSpec(AttentionSpec):
-    """Bounded per request: one chunk plus the tokens in flight."""
-
-    attention_chunk_size: int = 0
-
-    kind = "chunked"
-
-    def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
-        tokens = min(self.attention_chunk_size + ctx.max_in_flight_tokens, ctx.max_model_len)
-        return cdiv(tokens, self.block_size) * self.page_size_bytes
-
-
-@dataclass(frozen=True)
-class MambaSpec(KVCacheSpec):
-    """Constant state per request; pages per request depend on the mamba cache mode."""
-
-    shapes: tuple[tuple[int, ...], ...]
-    dtype_sizes: tuple[int, ...]
-    page_size_padded: int | None = None
-    num_speculative_blocks: int = 0
-    num_prefill_checkpoint_blocks: int = 0
-    family: str = "mamba2"
-
-    kind = "mamba"
-
-    @property
-    def real_page_size_bytes(self) -> int:
-        return sum(math.prod(shape) * size for shape, size in zip(self.shapes, self.dtype_sizes, strict=True))
-
-    @property
-    def page_size_bytes(self) -> int:
-        return self.page_size_padded if self.page_size_padded is not None else self.real_page_size_bytes
-
-    def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
-        if ctx.mamba_cache_mode == "align":
-            pages = 2 + self.num_speculative_blocks + self.num_prefill_checkpoint_blocks
-        else:
-            pages = 1 + self.num_speculative_blocks
-        return self.page_size_bytes * pages
-
-
-# --------------------------------------------------------------------------------------------------
-# Groups and the layout
-# --------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -413,162 +270,8 @@ class KVCacheLayout:
 
 
 # --------------------------------------------------------------------------------------------------
-# Building the specs for a model
+# Building the layout for a model
 # --------------------------------------------------------------------------------------------------
-
-_DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}
-
-
-@dataclass(frozen=True)
-class _Backend:
-    name: str
-    min_kernel_block: int  # smallest kernel block size it takes (MultipleOf base or fixed)
-    preferred_block: int  # get_preferred_block_size(16) for this backend alone
-    mla_format: str = "latent"  # "latent" | "fp8_ds_mla" | "standard_fp8"
-
-
-def _is_glm_dsa(facts: ModelFacts) -> bool:
-    return facts.model_type in ("glm_moe_dsa", "glm-dsa") or "GlmMoeDsaForCausalLM" in facts.architectures
-
-
-def _is_deepseek_v32(facts: ModelFacts) -> bool:
-    return facts.model_type == "deepseek_v32" or "DeepseekV32ForCausalLM" in facts.architectures
-
-
-def resolve_model_dtype(facts: ModelFacts, args: ServeArgs, platform: Platform) -> str:
-    requested = _DTYPE_ALIASES.get(args.dtype.lower(), args.dtype.lower())
-    if requested == "auto":
-        return platform.default_model_dtype(_DTYPE_ALIASES.get(facts.dtype, facts.dtype))
-    dtype_bytes(requested)  # validates
-    return requested
-
-
-def resolve_kv_cache_dtype(
-    facts: ModelFacts, args: ServeArgs, platform: Platform, vllm_version: VllmVersion, notes: list[str]
-) -> str:
-    """cache_config.cache_dtype after the model's and the checkpoint's rules (before the backend's)."""
-    kv = args.kv_cache_dtype.lower()
-    if kv not in KNOWN_KV_DTYPES:
-        raise UsageError(
-            f"--kv-cache-dtype {args.kv_cache_dtype}: not modelled by ctxmgr (scales packed per page)"
-        )
-    if kv == "half":
-        kv = "float16"
-    if kv == "auto" and facts.kv_cache_scheme:
-        kv = facts.kv_cache_scheme
-        notes.append(f"the checkpoint declares a {kv} KV cache scheme, so 'auto' means {kv}")
-    if _is_deepseek_v32(facts):
-        if vllm_version < (0, 12) and (kv == "auto" or kv.startswith("fp8")):
-            notes.append("vLLM 0.11 forces DeepSeek-V3.2's KV cache to fp8_ds_mla")
-            return "fp8_ds_mla"
-        if kv == "bfloat16":
-            kv = "auto"
-    if _is_glm_dsa(facts) and kv == "auto" and platform.is_capability_family(100):
-        notes.append("GLM-5 (glm_moe_dsa) on SM10x: vLLM turns --kv-cache-dtype auto into fp8_e4m3")
-        kv = "fp8_e4m3"
-    return kv
-
-
-def _attention_backend(
-    facts: ModelFacts, kv_cache_dtype: str, platform: Platform, tp: int, dcp: int
-) -> _Backend:
-    """The first backend vLLM 0.33.0 would select (platforms/cuda.py priorities), block sizes only."""
-    quantized = is_quantized_kv_cache(kv_cache_dtype)
-    if platform.is_cpu:
-        if facts.is_mla:
-            return _Backend("CPU_MLA", 16, 16)
-        return _Backend("CPU_ATTN", 32, CPU_DEFAULT_BLOCK_SIZE)
-    major = platform.capability_major
-    if facts.is_mla and facts.has_indexer:  # DeepSeek sparse attention
-        if major == 9:
-            if not quantized and dcp == 1:
-                return _Backend("FLASH_ATTN_MLA_SPARSE", 64, 64)
-            return _Backend("FLASHMLA_SPARSE", 64, 64, "fp8_ds_mla" if quantized else "latent")
-        if major == 10:
-            if quantized and kv_cache_dtype not in PACKED_MLA_BYTES:
-                return _Backend("FLASHINFER_MLA_SPARSE", 32, 32, "standard_fp8")
-            heads_per_gpu = facts.num_attention_heads // tp
-            if not quantized and heads_per_gpu <= 16:
-                return _Backend("FLASH_ATTN_MLA_SPARSE_FA4", 64, 64)
-            return _Backend("FLASHMLA_SPARSE", 64, 64, "fp8_ds_mla" if quantized else "latent")
-        if major == 12:
-            fmt = "fp8_ds_mla" if kv_cache_dtype in ("auto", "fp8", "fp8_e4m3") else "latent"
-            return _Backend("FLASHINFER_MLA_SPARSE_SM120", 64, 64, fmt)
-        raise UsageError(f"vLLM has no sparse-MLA backend for compute capability {major}.x")
-    if facts.is_mla:
-        if major == 9:
-            if quantized:
-                return _Backend("FLASHMLA", 64, 64)
-            return _Backend("FLASH_ATTN_MLA", 16, 16)
-        if major == 10:
-            if facts.qk_nope_head_dim in (64, 128, 192):
-                return _Backend("FLASHINFER_MLA", 32, 32)
-            return _Backend("CUTLASS_MLA", 128, 128)
-        return _Backend("TRITON_MLA", 16, 16)
-    if major == 10:
-        return _Backend("FLASHINFER", 16, 16)
-    return _Backend("FLASH_ATTN", 16, 16)
-
-
-def _kv_heads_per_gpu(total: int, tp: int, layer: int) -> int:
-    """get_num_kv_heads, with the models' own divisibility asserts."""
-    if total <= 0:
-        raise UsageError(f"layer {layer}: no KV heads")
-    if tp >= total:
-        if tp % total:
-            raise UsageError(
-                f"tensor parallel size {tp} is not a multiple of the {total} KV heads (layer {layer})"
-            )
-    elif total % tp:
-        raise UsageError(f"{total} KV heads are not divisible by tensor parallel size {tp} (layer {layer})")
-    return max(1, total // tp)
-
-
-def _divide(numerator: int, denominator: int, what: str) -> int:
-    if numerator % denominator:
-        raise UsageError(f"{what} ({numerator}) is not divisible by tensor parallel size {denominator}")
-    return numerator // denominator
-
-
-def _mamba_shapes(state: StateFacts, tp: int, num_spec: int) -> tuple[tuple[tuple[int, ...], ...], int]:
-    """(state shapes per TP rank, number of conv-like leading tensors) from mamba_utils.py."""
-    if state.family == "mamba2":
-        n_groups = state.n_groups + (0 if state.n_groups % tp == 0 else tp - state.n_groups)
-        conv_dim = state.intermediate_size + 2 * n_groups * state.state_size
-        conv = (state.conv_kernel - 1 + num_spec, _divide(conv_dim, tp, "mamba2 conv dim"))
-        ssm = (_divide(state.num_heads, tp, "mamba2 heads"), state.head_dim, state.state_size)
-        return (conv, ssm), 1
-    if state.family == "mamba1":
-        inner = _divide(state.intermediate_size, tp, "mamba intermediate size")
-        return ((state.conv_kernel - 1, inner), (inner, state.state_size)), 1
-    if state.family == "gdn":
-        conv_dim = state.k_head_dim * state.num_k_heads * 2 + state.v_head_dim * state.num_v_heads
-        conv = (state.conv_kernel - 1 + num_spec, _divide(conv_dim, tp, "gated delta net conv dim"))
-        ssm = (_divide(state.num_v_heads, tp, "gated delta net V heads"), state.v_head_dim, state.k_head_dim)
-        return (conv, ssm), 1
-    if state.family == "linear":
-        return ((_divide(state.num_heads, tp, "linear attention heads"), state.head_dim, state.head_dim),), 0
-    raise UsageError(f"unknown recurrent state family {state.family!r}")
-
-
-def _mamba_dtype_sizes(state: StateFacts, model_dtype: str, conv_like: int) -> tuple[int, ...]:
-    """MambaStateDtypeCalculator: conv follows the model (or mamba_cache_dtype), ssm follows conv."""
-    conv_dtype = state.conv_dtype or model_dtype
-    ssm_dtype = state.ssm_dtype or conv_dtype
-    if conv_like == 0:  # linear attention: one state tensor in the mamba cache dtype
-        return (dtype_bytes(conv_dtype),)
-    return (dtype_bytes(conv_dtype), dtype_bytes(ssm_dtype))
-
-
-def _flashinfer_gdn_prefill(platform: Platform, state: StateFacts) -> bool:
-    """_resolve_gdn_prefill_backend('auto'): FlashInfer on SM90, or SM10x/12x with CUDA 13 and k dim 128."""
-    if not platform.is_cuda:
-        return False
-    if platform.compute_capability is None or platform.compute_capability == (9, 0):
-        return True
-    if platform.capability_major in (10, 12) and state.k_head_dim == 128:
-        return platform.cuda_runtime_major is None or platform.cuda_runtime_major >= 13
-    return False
 
 
 def pp_stage_layers(num_layers: int, pp: int, partition: str | None = None) -> tuple[range, ...]:
@@ -624,25 +327,9 @@ def kv_cache_layout(
     notes: list[str] = []
     model_dtype = resolve_model_dtype(facts, args, platform)
     kv_dtype = resolve_kv_cache_dtype(facts, args, platform, vllm_version, notes)
-    backend = _attention_backend(facts, kv_dtype, platform, tp, dcp)
-    if facts.is_mla and facts.has_indexer:
-        if backend.mla_format == "fp8_ds_mla" and kv_dtype not in PACKED_MLA_BYTES:
-            notes.append(
-                f"{backend.name} serves a quantized KV cache as fp8_ds_mla (656 B per token per layer)"
-            )
-            kv_dtype = "fp8_ds_mla"
-        elif backend.mla_format == "standard_fp8":
-            notes.append(f"{backend.name} uses standard fp8 (576 B per token per layer), not fp8_ds_mla")
-        if dcp > 1 and backend.name == "FLASHMLA_SPARSE" and kv_dtype != "fp8_ds_mla":
-            raise UsageError(
-                "decode context parallel with sparse MLA needs the FlashMLA-sparse fp8_ds_mla cache "
-                "(--kv-cache-dtype fp8)"
-            )
-    if kv_dtype == "nvfp4_ds_mla" and not platform.is_capability_family(100):
-        raise UsageError("nvfp4_ds_mla needs SM100 (Blackwell)")
-    if kv_dtype in PACKED_MLA_BYTES and not facts.is_mla:
-        raise UsageError(f"--kv-cache-dtype {kv_dtype} exists only for MLA models")
-    kv_bytes = dtype_bytes(model_dtype) if kv_dtype == "auto" else _kv_dtype_bytes(kv_dtype)
+    backend = select_attention_backend(facts, kv_dtype, platform, tp, dcp)
+    kv_dtype = backend_kv_cache_dtype(facts, kv_dtype, backend, dcp, platform, notes)
+    kv_bytes = dtype_bytes(model_dtype) if kv_dtype == "auto" else kv_dtype_bytes(kv_dtype)
 
     mnbt = args.max_num_batched_tokens or platform.default_max_num_batched_tokens(tp * pp)
     in_flight = _max_concurrent_batches(platform, args, vllm_version) * mnbt
@@ -653,15 +340,8 @@ def kv_cache_layout(
         prefix_caching = True if has_attention else not has_mamba  # attention-free models: off
     mamba_cache_mode = "align" if has_mamba and prefix_caching else "none"
 
-    # Phase 1: the block size every backend takes (user value wins), CPU MLA forced to 16.
-    block_size = args.block_size or backend.preferred_block
-    if facts.has_indexer and not platform.is_cpu and args.block_size is None:
-        block_size = math.lcm(block_size, 64)  # the DSA indexer backend takes 64-token blocks on CUDA
-    if platform.is_cpu and facts.is_mla:
-        block_size = 16
-    platform_default = CPU_DEFAULT_BLOCK_SIZE if platform.is_cpu else DEFAULT_BLOCK_SIZE
-    if args.block_size is None and block_size != platform_default and has_attention:
-        notes.append(f"Setting kv cache block size to {block_size} for {backend.name} backend(s).")
+    # Phase 1: the block size every backend takes.
+    block_size = backend_block_size(facts, args, platform, backend, has_attention, notes)
 
     layers = list(facts.layers)
     if args.num_speculative_tokens and facts.mtp_layers:
@@ -675,7 +355,7 @@ def kv_cache_layout(
     gdn_checkpoints = all(
         layer.state is not None
         and layer.state.family == "gdn"
-        and _flashinfer_gdn_prefill(platform, layer.state)
+        and flashinfer_gdn_prefill(platform, layer.state)
         for layer in layers
         if layer.kind == LayerKind.MAMBA
     )
@@ -697,7 +377,7 @@ def kv_cache_layout(
     for index, layer in enumerate(layers):
         specs.extend(
             (index, spec)
-            for spec in _layer_specs(
+            for spec in layer_specs(
                 layer,
                 index,
                 args,
@@ -745,124 +425,11 @@ def kv_cache_layout(
     )
 
 
-def _kv_dtype_bytes(kv_dtype: str) -> int:
-    if kv_dtype in PACKED_MLA_BYTES or kv_dtype.startswith("fp8"):
-        return 1
-    return dtype_bytes(kv_dtype)
-
-
-def _mla_content_bytes(layer: LayerFacts, kv_dtype: str, kv_bytes: int) -> int:
-    return PACKED_MLA_BYTES.get(kv_dtype, layer.head_size * kv_bytes)
-
-
-def _layer_specs(
-    layer: LayerFacts,
-    index: int,
-    args: ServeArgs,
-    platform: Platform,
-    kv_dtype: str,
-    kv_bytes: int,
-    model_dtype: str,
-    block_size: int,
-    mamba_cache_mode: str,
-    mamba_page_padded: int | None,
-    gdn_checkpoints: bool,
-    backend: _Backend,
-) -> list[KVCacheSpec]:
-    tp = args.tensor_parallel_size
-    kind = layer.kind
-    if kind == LayerKind.NONE:
-        return []  # kv_sharing_target_layer_name: reads another layer's cache
-    if kind == LayerKind.SLIDING and args.disable_sliding_window:
-        kind = LayerKind.FULL
-    if kind in (LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED):
-        if args.decode_context_parallel_size > 1:
-            if kind == LayerKind.SLIDING:
-                raise UsageError("vLLM does not support decode context parallel with sliding-window layers")
-            _check_gqa_dcp(layer, args)
-        common = dict(
-            block_size=block_size,
-            num_kv_heads=_kv_heads_per_gpu(layer.num_kv_heads, tp, index),
-            head_size=layer.head_size,
-            head_size_v=layer.head_size_v or layer.head_size,
-            dtype_bytes=kv_bytes,
-        )
-        if kind == LayerKind.SLIDING:
-            if not layer.window:
-                raise UsageError(f"layer {index} is sliding-window but has no window")
-            return [SlidingWindowSpec(**common, sliding_window=layer.window)]
-        if kind == LayerKind.CHUNKED:
-            if not layer.window:
-                raise UsageError(f"layer {index} is chunked-local but has no chunk size")
-            return [ChunkedLocalAttentionSpec(**common, attention_chunk_size=layer.window)]
-        return [FullAttentionSpec(**common)]
-    if kind == LayerKind.MLA:
-        content = _mla_content_bytes(layer, kv_dtype, kv_bytes)
-        sparse_backend = "SPARSE" in backend.name
-        specs: list[KVCacheSpec] = [
-            MLAAttentionSpec(
-                block_size=block_size,
-                num_kv_heads=1,
-                head_size=layer.head_size,
-                head_size_v=0,
-                dtype_bytes=kv_bytes,
-                state_content_bytes=content if kv_dtype in PACKED_MLA_BYTES else None,
-                cache_dtype_str=kv_dtype,
-                # sparse backends read flat rows, so blocks must be whole rows apart (align_blocks_to_rows)
-                stride_alignment=content if sparse_backend else 1,
-            )
-        ]
-        if layer.indexer_head_dim:
-            indexer_bytes = layer.indexer_head_dim + layer.indexer_head_dim // 128 * 4
-            specs.append(
-                MLAAttentionSpec(
-                    block_size=block_size,
-                    num_kv_heads=1,
-                    head_size=indexer_bytes,
-                    head_size_v=0,
-                    dtype_bytes=1,  # fp8 values + one fp32 scale per 128, stored as uint8
-                    cache_role="indexer",
-                )
-            )
-        return specs
-    if kind == LayerKind.MAMBA:
-        if layer.state is None:
-            raise UsageError(f"layer {index} is a mamba/linear layer without state dimensions")
-        shapes, conv_like = _mamba_shapes(layer.state, tp, args.num_speculative_tokens)
-        checkpoint_blocks = 0
-        if layer.state.family == "mamba2" or (layer.state.family == "gdn" and gdn_checkpoints):
-            checkpoint_blocks = 1  # MambaMixer2 / FlashInfer GDN export a prefill checkpoint in align mode
-        return [
-            MambaSpec(
-                block_size=block_size if mamba_cache_mode == "align" else 0,
-                shapes=shapes,
-                dtype_sizes=_mamba_dtype_sizes(layer.state, model_dtype, conv_like),
-                page_size_padded=mamba_page_padded,
-                num_speculative_blocks=args.num_speculative_tokens,
-                num_prefill_checkpoint_blocks=checkpoint_blocks,
-                family=layer.state.family,
-            )
-        ]
-    raise UsageError(f"layer {index}: unknown layer kind {layer.kind!r}")
-
-
-def _check_gqa_dcp(layer: LayerFacts, args: ServeArgs) -> None:
-    """ModelConfig.verify_with_parallel_config for decode context parallel on GQA/MQA."""
-    tp, dcp, kv = args.tensor_parallel_size, args.decode_context_parallel_size, layer.num_kv_heads
-    if tp <= kv:
-        raise UsageError(
-            f"Decode context parallelism for GQA/MQA requires --tensor-parallel-size ({tp}) to be greater "
-            f"than the model's total number of KV heads ({kv})."
-        )
-    if dcp > tp // kv:
-        raise UsageError(f"--decode-context-parallel-size ({dcp}) exceeds the maximum ({tp // kv})")
-
-
 def _align_hybrid_block_size(
     facts: ModelFacts,
     layers: list[LayerFacts],
     args: ServeArgs,
-    backend: _Backend,
+    backend: AttentionBackend,
     block_size: int,
     kv_bytes: int,
     model_dtype: str,
@@ -879,13 +446,13 @@ def _align_hybrid_block_size(
     else:
         # FullAttentionSpec(head_size=model head size): head_size_v defaults to head_size here
         attn_page_1_token = (
-            2 * _kv_heads_per_gpu(attention.num_kv_heads, tp, 0) * attention.head_size * kv_bytes
+            2 * kv_heads_per_gpu(attention.num_kv_heads, tp, 0) * attention.head_size * kv_bytes
         )
     mamba_pages = []
     for layer in layers:
         if layer.kind == LayerKind.MAMBA and layer.state is not None:
-            shapes, conv_like = _mamba_shapes(layer.state, tp, args.num_speculative_tokens)
-            sizes = _mamba_dtype_sizes(layer.state, model_dtype, conv_like)
+            shapes, conv_like = mamba_state_shapes(layer.state, tp, args.num_speculative_tokens)
+            sizes = mamba_state_dtype_sizes(layer.state, model_dtype, conv_like)
             mamba_pages.append(sum(math.prod(s) * b for s, b in zip(shapes, sizes, strict=True)))
     mamba_page = max(mamba_pages, default=0)
     if mamba_page == 0:

@@ -1,0 +1,332 @@
+"""One frozen spec per KV cache layer kind, as in vLLM 0.33.0's `vllm/v1/kv_cache_interface.py`.
+
+Each spec knows its `page_size_bytes` (one block of one layer) and `max_memory_usage_bytes` (what one
+request of max_model_len tokens costs that layer); a subclass overrides only what differs from its
+base and says why. The bottom half builds a model layer's specs the way the layers' own
+`get_kv_cache_spec` do (attention.py, mla_attention.py, mamba_utils.py), on the block size and cache
+dtype that `backends.py` chose.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, StateFacts, dtype_bytes
+from vllm_ctxmgr.core.hardware import Platform
+from vllm_ctxmgr.core.kv.backends import PACKED_MLA_BYTES, AttentionBackend, mla_content_bytes
+from vllm_ctxmgr.core.serve_args import ServeArgs
+from vllm_ctxmgr.errors import UsageError
+
+
+def cdiv(a: int, b: int) -> int:
+    """vllm.utils.math_utils.cdiv: ceiling division on ints (no float rounding at 10^12 bytes)."""
+    return -(-a // b)
+
+
+def round_up(a: int, b: int) -> int:
+    """vllm.utils.math_utils.round_up."""
+    return cdiv(a, b) * b
+
+
+@dataclass(frozen=True)
+class SizingContext:
+    """The VllmConfig values a spec reads to size one request."""
+
+    max_model_len: int
+    max_in_flight_tokens: int
+    decode_context_parallel_size: int = 1
+    mamba_cache_mode: str = "none"
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    block_size: int
+
+    kind = "?"
+
+    @property
+    def page_size_bytes(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def block_stride_alignment(self) -> int:
+        """Bytes a layer-outer block stride must be a multiple of (backend customize_spec)."""
+        return 1
+
+    def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
+        raise NotImplementedError
+
+    def blocks_per_request(self, ctx: SizingContext) -> int:
+        return cdiv(self.max_memory_usage_bytes(ctx), self.page_size_bytes)
+
+
+@dataclass(frozen=True)
+class AttentionSpec(KVCacheSpec):
+    num_kv_heads: int  # per GPU
+    head_size: int
+    head_size_v: int
+    dtype_bytes: int
+    state_content_bytes: int | None = None  # packed formats (fp8_ds_mla) set it directly
+    page_size_padded: int | None = None
+    dcp_sharded: bool = True
+    stride_alignment: int = 1
+
+    @property
+    def state_content_size_bytes(self) -> int:
+        if self.state_content_bytes is not None:
+            return self.state_content_bytes
+        return (self.head_size + self.head_size_v) * self.dtype_bytes
+
+    @property
+    def page_size_bytes(self) -> int:
+        unpadded = self.num_kv_heads * self.block_size * self.state_content_size_bytes
+        return self.page_size_padded if self.page_size_padded is not None else unpadded
+
+    @property
+    def block_stride_alignment(self) -> int:
+        return self.stride_alignment
+
+
+@dataclass(frozen=True)
+class FullAttentionSpec(AttentionSpec):
+    """Every token of the request stays: cdiv(L, block_size) pages (cdiv(L, DCP) tokens per rank)."""
+
+    kind = "full"
+
+    def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
+        tokens = ctx.max_model_len
+        if self.dcp_sharded and ctx.decode_context_parallel_size > 1:
+            tokens = cdiv(tokens, ctx.decode_context_parallel_size)
+        return cdiv(tokens, self.block_size) * self.page_size_bytes
+
+
+@dataclass(frozen=True)
+class MLAAttentionSpec(FullAttentionSpec):
+    """One latent per token, replicated on every TP rank (num_kv_heads 1, max_tp_shards 1).
+
+    The DSA indexer K cache is an MLAAttentionSpec too (cache_role "indexer", uint8).
+    """
+
+    cache_role: str = "sparse"
+    cache_dtype_str: str = "auto"
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return "indexer" if self.cache_role == "indexer" else "mla"
+
+
+@dataclass(frozen=True)
+class SlidingWindowSpec(AttentionSpec):
+    """Bounded per request: the window plus the tokens in flight (+1 for a window that straddles)."""
+
+    sliding_window: int = 0
+    extra_retained_tokens: int = 0
+
+    kind = "sliding"
+
+    def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
+        tokens = min(
+            self.sliding_window - 1 + self.extra_retained_tokens + ctx.max_in_flight_tokens, ctx.max_model_len
+        )
+        return (cdiv(tokens, self.block_size) + 1) * self.page_size_bytes
+
+
+@dataclass(frozen=True)
+class ChunkedLocalAttentionSpec(AttentionSpec):
+    """Bounded per request: one chunk plus the tokens in flight."""
+
+    attention_chunk_size: int = 0
+
+    kind = "chunked"
+
+    def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
+        tokens = min(self.attention_chunk_size + ctx.max_in_flight_tokens, ctx.max_model_len)
+        return cdiv(tokens, self.block_size) * self.page_size_bytes
+
+
+@dataclass(frozen=True)
+class MambaSpec(KVCacheSpec):
+    """Constant state per request; pages per request depend on the mamba cache mode."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtype_sizes: tuple[int, ...]
+    page_size_padded: int | None = None
+    num_speculative_blocks: int = 0
+    num_prefill_checkpoint_blocks: int = 0
+    family: str = "mamba2"
+
+    kind = "mamba"
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        return sum(math.prod(shape) * size for shape, size in zip(self.shapes, self.dtype_sizes, strict=True))
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.page_size_padded if self.page_size_padded is not None else self.real_page_size_bytes
+
+    def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
+        if ctx.mamba_cache_mode == "align":
+            pages = 2 + self.num_speculative_blocks + self.num_prefill_checkpoint_blocks
+        else:
+            pages = 1 + self.num_speculative_blocks
+        return self.page_size_bytes * pages
+
+
+# --------------------------------------------------------------------------------------------------
+# From a model layer to its specs (the layers' get_kv_cache_spec)
+# --------------------------------------------------------------------------------------------------
+
+
+def kv_heads_per_gpu(total: int, tp: int, layer: int) -> int:
+    """get_num_kv_heads, with the models' own divisibility asserts."""
+    if total <= 0:
+        raise UsageError(f"layer {layer}: no KV heads")
+    if tp >= total:
+        if tp % total:
+            raise UsageError(
+                f"tensor parallel size {tp} is not a multiple of the {total} KV heads (layer {layer})"
+            )
+    elif total % tp:
+        raise UsageError(f"{total} KV heads are not divisible by tensor parallel size {tp} (layer {layer})")
+    return max(1, total // tp)
+
+
+def _divide(numerator: int, denominator: int, what: str) -> int:
+    if numerator % denominator:
+        raise UsageError(f"{what} ({numerator}) is not divisible by tensor parallel size {denominator}")
+    return numerator // denominator
+
+
+def mamba_state_shapes(state: StateFacts, tp: int, num_spec: int) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """(state shapes per TP rank, number of conv-like leading tensors) from mamba_utils.py."""
+    if state.family == "mamba2":
+        n_groups = state.n_groups + (0 if state.n_groups % tp == 0 else tp - state.n_groups)
+        conv_dim = state.intermediate_size + 2 * n_groups * state.state_size
+        conv = (state.conv_kernel - 1 + num_spec, _divide(conv_dim, tp, "mamba2 conv dim"))
+        ssm = (_divide(state.num_heads, tp, "mamba2 heads"), state.head_dim, state.state_size)
+        return (conv, ssm), 1
+    if state.family == "mamba1":
+        inner = _divide(state.intermediate_size, tp, "mamba intermediate size")
+        return ((state.conv_kernel - 1, inner), (inner, state.state_size)), 1
+    if state.family == "gdn":
+        conv_dim = state.k_head_dim * state.num_k_heads * 2 + state.v_head_dim * state.num_v_heads
+        conv = (state.conv_kernel - 1 + num_spec, _divide(conv_dim, tp, "gated delta net conv dim"))
+        ssm = (_divide(state.num_v_heads, tp, "gated delta net V heads"), state.v_head_dim, state.k_head_dim)
+        return (conv, ssm), 1
+    if state.family == "linear":
+        return ((_divide(state.num_heads, tp, "linear attention heads"), state.head_dim, state.head_dim),), 0
+    raise UsageError(f"unknown recurrent state family {state.family!r}")
+
+
+def mamba_state_dtype_sizes(state: StateFacts, model_dtype: str, conv_like: int) -> tuple[int, ...]:
+    """MambaStateDtypeCalculator: conv follows the model (or mamba_cache_dtype), ssm follows conv."""
+    conv_dtype = state.conv_dtype or model_dtype
+    ssm_dtype = state.ssm_dtype or conv_dtype
+    if conv_like == 0:  # linear attention: one state tensor in the mamba cache dtype
+        return (dtype_bytes(conv_dtype),)
+    return (dtype_bytes(conv_dtype), dtype_bytes(ssm_dtype))
+
+
+def layer_specs(
+    layer: LayerFacts,
+    index: int,
+    args: ServeArgs,
+    platform: Platform,
+    kv_dtype: str,
+    kv_bytes: int,
+    model_dtype: str,
+    block_size: int,
+    mamba_cache_mode: str,
+    mamba_page_padded: int | None,
+    gdn_checkpoints: bool,
+    backend: AttentionBackend,
+) -> list[KVCacheSpec]:
+    tp = args.tensor_parallel_size
+    kind = layer.kind
+    if kind == LayerKind.NONE:
+        return []  # kv_sharing_target_layer_name: reads another layer's cache
+    if kind == LayerKind.SLIDING and args.disable_sliding_window:
+        kind = LayerKind.FULL
+    if kind in (LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED):
+        if args.decode_context_parallel_size > 1:
+            if kind == LayerKind.SLIDING:
+                raise UsageError("vLLM does not support decode context parallel with sliding-window layers")
+            _check_gqa_dcp(layer, args)
+        common = dict(
+            block_size=block_size,
+            num_kv_heads=kv_heads_per_gpu(layer.num_kv_heads, tp, index),
+            head_size=layer.head_size,
+            head_size_v=layer.head_size_v or layer.head_size,
+            dtype_bytes=kv_bytes,
+        )
+        if kind == LayerKind.SLIDING:
+            if not layer.window:
+                raise UsageError(f"layer {index} is sliding-window but has no window")
+            return [SlidingWindowSpec(**common, sliding_window=layer.window)]
+        if kind == LayerKind.CHUNKED:
+            if not layer.window:
+                raise UsageError(f"layer {index} is chunked-local but has no chunk size")
+            return [ChunkedLocalAttentionSpec(**common, attention_chunk_size=layer.window)]
+        return [FullAttentionSpec(**common)]
+    if kind == LayerKind.MLA:
+        content = mla_content_bytes(layer, kv_dtype, kv_bytes)
+        sparse_backend = "SPARSE" in backend.name
+        specs: list[KVCacheSpec] = [
+            MLAAttentionSpec(
+                block_size=block_size,
+                num_kv_heads=1,
+                head_size=layer.head_size,
+                head_size_v=0,
+                dtype_bytes=kv_bytes,
+                state_content_bytes=content if kv_dtype in PACKED_MLA_BYTES else None,
+                cache_dtype_str=kv_dtype,
+                # sparse backends read flat rows, so blocks must be whole rows apart (align_blocks_to_rows)
+                stride_alignment=content if sparse_backend else 1,
+            )
+        ]
+        if layer.indexer_head_dim:
+            indexer_bytes = layer.indexer_head_dim + layer.indexer_head_dim // 128 * 4
+            specs.append(
+                MLAAttentionSpec(
+                    block_size=block_size,
+                    num_kv_heads=1,
+                    head_size=indexer_bytes,
+                    head_size_v=0,
+                    dtype_bytes=1,  # fp8 values + one fp32 scale per 128, stored as uint8
+                    cache_role="indexer",
+                )
+            )
+        return specs
+    if kind == LayerKind.MAMBA:
+        if layer.state is None:
+            raise UsageError(f"layer {index} is a mamba/linear layer without state dimensions")
+        shapes, conv_like = mamba_state_shapes(layer.state, tp, args.num_speculative_tokens)
+        checkpoint_blocks = 0
+        if layer.state.family == "mamba2" or (layer.state.family == "gdn" and gdn_checkpoints):
+            checkpoint_blocks = 1  # MambaMixer2 / FlashInfer GDN export a prefill checkpoint in align mode
+        return [
+            MambaSpec(
+                block_size=block_size if mamba_cache_mode == "align" else 0,
+                shapes=shapes,
+                dtype_sizes=mamba_state_dtype_sizes(layer.state, model_dtype, conv_like),
+                page_size_padded=mamba_page_padded,
+                num_speculative_blocks=args.num_speculative_tokens,
+                num_prefill_checkpoint_blocks=checkpoint_blocks,
+                family=layer.state.family,
+            )
+        ]
+    raise UsageError(f"layer {index}: unknown layer kind {layer.kind!r}")
+
+
+def _check_gqa_dcp(layer: LayerFacts, args: ServeArgs) -> None:
+    """ModelConfig.verify_with_parallel_config for decode context parallel on GQA/MQA."""
+    tp, dcp, kv = args.tensor_parallel_size, args.decode_context_parallel_size, layer.num_kv_heads
+    if tp <= kv:
+        raise UsageError(
+            f"Decode context parallelism for GQA/MQA requires --tensor-parallel-size ({tp}) to be greater "
+            f"than the model's total number of KV heads ({kv})."
+        )
+    if dcp > tp // kv:
+        raise UsageError(f"--decode-context-parallel-size ({dcp}) exceeds the maximum ({tp // kv})")
