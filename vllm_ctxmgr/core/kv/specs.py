@@ -41,6 +41,12 @@ class SizingContext:
 
 @dataclass(frozen=True)
 class KVCacheSpec:
+    """vLLM's KVCacheSpec: a page per block of `block_size` tokens; subclasses say what a request costs.
+
+    `blocks_per_request` is vLLM's `cdiv(max_memory_usage_bytes, page_size_bytes)` and holds for every
+    kind, so only the page and the per-request bytes are abstract here.
+    """
+
     block_size: int
 
     kind = "?"
@@ -63,6 +69,13 @@ class KVCacheSpec:
 
 @dataclass(frozen=True)
 class AttentionSpec(KVCacheSpec):
+    """K and V of `num_kv_heads` heads per token: the page is heads x block x (K + V) bytes.
+
+    `page_size_padded` lets page-size unification pad a smaller page; `stride_alignment` is the
+    sparse-MLA backends' whole-row block stride. The request cost is left to the kinds below: it is
+    what tells full, sliding and chunked attention apart.
+    """
+
     num_kv_heads: int  # per GPU
     head_size: int
     head_size_v: int
@@ -90,7 +103,10 @@ class AttentionSpec(KVCacheSpec):
 
 @dataclass(frozen=True)
 class FullAttentionSpec(AttentionSpec):
-    """Every token of the request stays: cdiv(L, block_size) pages (cdiv(L, DCP) tokens per rank)."""
+    """Every token of the request stays: cdiv(L, block_size) pages (cdiv(L, DCP) tokens per rank).
+
+    Overrides only the request cost: the page is AttentionSpec's.
+    """
 
     kind = "full"
 
@@ -105,7 +121,9 @@ class FullAttentionSpec(AttentionSpec):
 class MLAAttentionSpec(FullAttentionSpec):
     """One latent per token, replicated on every TP rank (num_kv_heads 1, max_tp_shards 1).
 
-    The DSA indexer K cache is an MLAAttentionSpec too (cache_role "indexer", uint8).
+    The DSA indexer K cache is an MLAAttentionSpec too (cache_role "indexer", uint8). Overrides only
+    `kind`, so the planner can tell latent and indexer caches apart; page and request cost are a full
+    attention layer's (built with num_kv_heads 1, head_size_v 0, or a packed state_content_bytes).
     """
 
     cache_role: str = "sparse"
@@ -118,7 +136,10 @@ class MLAAttentionSpec(FullAttentionSpec):
 
 @dataclass(frozen=True)
 class SlidingWindowSpec(AttentionSpec):
-    """Bounded per request: the window plus the tokens in flight (+1 for a window that straddles)."""
+    """Bounded per request: the window plus the tokens in flight (+1 for a window that straddles).
+
+    Overrides only the request cost: older tokens leave the window, so blocks are freed behind it.
+    """
 
     sliding_window: int = 0
     extra_retained_tokens: int = 0
@@ -134,7 +155,11 @@ class SlidingWindowSpec(AttentionSpec):
 
 @dataclass(frozen=True)
 class ChunkedLocalAttentionSpec(AttentionSpec):
-    """Bounded per request: one chunk plus the tokens in flight."""
+    """Bounded per request: one chunk plus the tokens in flight.
+
+    Overrides only the request cost: attention never looks back past the current chunk; unlike the
+    sliding window, vLLM counts no extra straddling block here.
+    """
 
     attention_chunk_size: int = 0
 
@@ -147,7 +172,12 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 
 @dataclass(frozen=True)
 class MambaSpec(KVCacheSpec):
-    """Constant state per request; pages per request depend on the mamba cache mode."""
+    """Constant state per request; pages per request depend on the mamba cache mode.
+
+    Not an attention spec: the page is the state tensors' bytes (conv + ssm), not per-token K/V, and the
+    cost does not grow with max_model_len ("align" mode keeps two pages plus checkpoints for prefix
+    caching, speculative tokens one page each).
+    """
 
     shapes: tuple[tuple[int, ...], ...]
     dtype_sizes: tuple[int, ...]
