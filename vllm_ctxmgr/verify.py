@@ -20,7 +20,6 @@ Each verification is stored as SERVICE/last-verify.json, the baseline of the nex
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import subprocess
 import time
@@ -31,11 +30,13 @@ from typing import Any
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.plan import (
-    DEFAULT_MARGIN_FRACTION,
     DEFAULT_MARGIN_MIN_BYTES,
     cuda_graphs_in_budget,
     default_gpu_memory_utilization,
+    kv_budget_at_utilization,
+    margin_bytes,
     parse_vllm_version,
+    requested_bytes,
 )
 from vllm_ctxmgr.deploy import Deployer, rollback
 from vllm_ctxmgr.errors import CtxmgrError
@@ -43,7 +44,8 @@ from vllm_ctxmgr.planning import gather_gpus, is_cpu_deployment
 from vllm_ctxmgr.probe import cache_config_info, probe
 from vllm_ctxmgr.service import read_service
 from vllm_ctxmgr.store import BASELINE, FINAL, Revision, ServiceStore
-from vllm_ctxmgr.systemd.systemctl import Systemd, parse_journal_json
+from vllm_ctxmgr.systemd.journal import parse_journal_json
+from vllm_ctxmgr.systemd.systemctl import Systemd
 from vllm_ctxmgr.vllm_log.patterns import classify
 from vllm_ctxmgr.vllm_log.watcher import observe_start
 
@@ -231,7 +233,7 @@ def gpu_margins(
             continue
         overhead = _fig(line, "startup_overhead") or 0
         graphs = 0 if graphs_in_budget else (_fig(line, "cuda_graphs") or 0)
-        startup = math.ceil(info.total_bytes * gpu_memory_utilization)
+        startup = requested_bytes(info.total_bytes, gpu_memory_utilization)
         planned_requested = _fig(line, "requested")
         if kv_cache_memory_bytes is not None and planned_requested is not None:
             startup = max(startup, planned_requested)  # weights + non-KV + the explicit KV budget
@@ -240,9 +242,7 @@ def gpu_margins(
         others_now, own, source = service_memory(info, service_pids, service_running, startup)
         slack_planned = info.total_bytes - others_planned - overhead - startup
         slack_now = info.total_bytes - others_now - overhead - startup
-        margin = _fig(line, "margin") or max(
-            DEFAULT_MARGIN_MIN_BYTES, int(info.total_bytes * DEFAULT_MARGIN_FRACTION)
-        )
+        margin = _fig(line, "margin") or margin_bytes(info.total_bytes)
         needed = _fig(line, "kv_needed") if same_max_model_len else None
         if available_kv_bytes is not None:
             budget, budget_source = available_kv_bytes, "vllm log"
@@ -251,7 +251,9 @@ def gpu_margins(
             budget_source = "plan"
             if planned_budget is not None and kv_cache_memory_bytes is None and planned_requested is not None:
                 # the budget moves with the utilisation the unit runs at
-                planned_budget += math.ceil(info.total_bytes * gpu_memory_utilization) - planned_requested
+                planned_budget = kv_budget_at_utilization(
+                    planned_budget, planned_requested, info.total_bytes, gpu_memory_utilization
+                )
                 budget_source = "plan at the unit's utilisation"
             budget = planned_budget
         spare = budget - needed if budget is not None and needed is not None else None

@@ -11,21 +11,25 @@ Methods return plain data and raise SystemdError with one line that quotes the t
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
-import select
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from vllm_ctxmgr.errors import SystemdError
+from vllm_ctxmgr.systemd.journal import (
+    JournalEntry,
+    JournalFollower,
+    journal_args,
+    last_cursor,
+    parse_journal_json,
+)
+from vllm_ctxmgr.systemd.quoting import parse_environment_words
+from vllm_ctxmgr.systemd.tools import kill_group, one_line, tool_env
 
 SYSTEM_UNIT_DIR = Path("/etc/systemd/system")
 RUNTIME_UNIT_DIR = Path("/run/systemd/system")
@@ -56,207 +60,6 @@ STATE_PROPERTIES = (
 CLD_EXITED = 1
 CLD_KILLED = 2
 CLD_DUMPED = 3
-
-
-def _one_line(text: str) -> str:
-    return "; ".join(line.strip() for line in text.strip().splitlines() if line.strip())
-
-
-def _tool_env() -> dict[str, str]:
-    """No pager, no colours, no hyperlinks: output meant for a parser."""
-    env = dict(os.environ)
-    env.update(SYSTEMD_PAGER="", SYSTEMD_COLORS="0", SYSTEMD_URLIFY="0", PAGER="cat")
-    return env
-
-
-def _kill_group(process: subprocess.Popen[Any]) -> None:
-    """Kill the command and what it forked: `nsenter -p` leaves its child running when killed alone."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        process.kill()
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Journal entries
-
-
-def _field_bytes(value: object) -> bytes | None:
-    """journalctl -o json gives a field as a string, as an array of byte values (not UTF-8, or control
-    characters), as null (too large without --all), or as an array of those when the field repeats."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, list):
-        if all(isinstance(item, int) for item in value):
-            return bytes(value)
-        parts = [_field_bytes(item) for item in value]
-        return b"\n".join(part for part in parts if part is not None)
-    return str(value).encode()
-
-
-def field_text(value: object) -> str | None:
-    """A journal field as text; bytes that are not UTF-8 become U+FFFD."""
-    raw = _field_bytes(value)
-    return None if raw is None else raw.decode("utf-8", errors="replace")
-
-
-def _field_int(fields: Mapping[str, object], name: str) -> int | None:
-    text = field_text(fields.get(name))
-    if text is None:
-        return None
-    try:
-        return int(text.split("\n")[-1])
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True)
-class JournalEntry:
-    """One journal entry as `journalctl -o json` gives it.
-
-    `pid` is the _PID field: the process that wrote the line (journald reads the writer's credentials
-    on a service's stdout too, so a vLLM EngineCore child shows its own PID), numbered in journald's PID
-    namespace. `unit` is the unit the entry is about: the UNIT= of the manager's own messages
-    ("Started ...", "Start request repeated too quickly."), else the unit that logged it.
-    """
-
-    message: str
-    realtime_us: int
-    pid: int | None
-    cursor: str
-    unit: str | None
-    fields: Mapping[str, object] = field(repr=False)
-    monotonic_us: int | None = None
-    invocation_id: str | None = None
-
-    @property
-    def from_manager(self) -> bool:
-        """Written by systemd about the unit, not by the unit's processes."""
-        return "UNIT" in self.fields or "USER_UNIT" in self.fields
-
-    @property
-    def identifier(self) -> str | None:
-        return field_text(self.fields.get("SYSLOG_IDENTIFIER"))
-
-    @classmethod
-    def from_json(cls, line: str | bytes | Mapping[str, object]) -> JournalEntry:
-        fields: Mapping[str, object] = line if isinstance(line, Mapping) else json.loads(line)
-        unit = None
-        for name in ("UNIT", "USER_UNIT", "_SYSTEMD_USER_UNIT", "_SYSTEMD_UNIT"):
-            unit = field_text(fields.get(name))
-            if unit:
-                break
-        invocation_id = field_text(fields.get("INVOCATION_ID")) or field_text(
-            fields.get("_SYSTEMD_INVOCATION_ID")
-        )
-        return cls(
-            message=field_text(fields.get("MESSAGE")) or "",
-            realtime_us=_field_int(fields, "__REALTIME_TIMESTAMP") or 0,
-            pid=_field_int(fields, "_PID"),
-            cursor=field_text(fields.get("__CURSOR")) or "",
-            unit=unit,
-            fields=fields,
-            monotonic_us=_field_int(fields, "__MONOTONIC_TIMESTAMP"),
-            invocation_id=invocation_id,
-        )
-
-
-def parse_journal_json(text: str | bytes) -> list[JournalEntry]:
-    """Entries from `journalctl -o json` output (one JSON object a line)."""
-    lines = text.splitlines() if isinstance(text, str) else text.decode().splitlines()
-    return [JournalEntry.from_json(line) for line in lines if line.strip()]
-
-
-class JournalFollower:
-    """A running `journalctl -f -o json`, read without blocking.
-
-    `poll(timeout)` returns as soon as at least one entry has arrived, so a caller can decide on the
-    line that settles a start the moment journald has stored it.
-    """
-
-    def __init__(self, argv: Sequence[str]) -> None:
-        self.argv = tuple(argv)
-        self._stderr_fd = os.memfd_create("journalctl-stderr")
-        self._process = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr_fd,
-            env=_tool_env(),
-            start_new_session=True,
-        )
-        assert self._process.stdout is not None
-        self._fd = self._process.stdout.fileno()
-        os.set_blocking(self._fd, False)
-        self._buffer = b""
-        self._eof = False
-
-    @property
-    def running(self) -> bool:
-        return not self._eof and self._process.poll() is None
-
-    def _read_available(self) -> None:
-        while True:
-            try:
-                chunk = os.read(self._fd, 1 << 16)
-            except BlockingIOError:
-                return
-            if not chunk:
-                self._eof = True
-                return
-            self._buffer += chunk
-
-    def _take_entries(self) -> list[JournalEntry]:
-        head, newline, tail = self._buffer.rpartition(b"\n")
-        if not newline:
-            return []
-        self._buffer = tail
-        return parse_journal_json(head)
-
-    def poll(self, timeout: float) -> list[JournalEntry]:
-        """Entries that arrived, waiting at most `timeout` seconds for the first one.
-
-        Raises SystemdError once journalctl has ended and every entry it wrote was returned.
-        """
-        deadline = time.monotonic() + max(timeout, 0.0)
-        poller = select.poll()
-        poller.register(self._fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-        while True:
-            if not self._eof:
-                self._read_available()
-            entries = self._take_entries()
-            if entries:
-                return entries
-            if self._eof:
-                self._process.wait()
-                raise SystemdError(self._ended())
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return []
-            poller.poll(max(1, int(remaining * 1000)))
-
-    def _ended(self) -> str:
-        stderr = _one_line(os.pread(self._stderr_fd, 4096, 0).decode(errors="replace"))
-        status = f"journalctl -f ended (exit status {self._process.returncode})"
-        return f"{status}: {stderr}" if stderr else status
-
-    def close(self) -> None:
-        if self._process.poll() is None:
-            _kill_group(self._process)
-        self._process.wait()
-        if self._process.stdout:
-            self._process.stdout.close()
-        if self._stderr_fd >= 0:
-            os.close(self._stderr_fd)
-            self._stderr_fd = -1
-
-    def __enter__(self) -> JournalFollower:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -336,81 +139,9 @@ class UnitProcess:
 
 def parse_environment(value: str) -> dict[str, str]:
     """The `Environment=` property as `systemctl show` prints it: one word per assignment, words with
-    spaces or special characters in double quotes with C escapes (`"D=tab\\there"`)."""
-    result: dict[str, str] = {}
-    for word in split_quoted(value):
-        name, eq, val = word.partition("=")
-        if eq:
-            result[name] = val
-    return result
-
-
-_C_ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "s": 32}
-
-
-def split_quoted(text: str) -> list[str]:
-    """Split on whitespace outside quotes, undoing quotes and C escapes (\\t, \\xNN, \\NNN, \\uNNNN),
-    the way systemd quotes string lists in `systemctl show`."""
-    words: list[str] = []
-    word = bytearray()
-    in_word = False
-    quote = ""
-    i = 0
-    while i < len(text):
-        char = text[i]
-        if quote == "'":
-            if char == "'":
-                quote = ""
-            else:
-                word += char.encode()
-            i += 1
-            continue
-        if char == "\\" and i + 1 < len(text):
-            i = _unescape(text, i + 1, word)
-            in_word = True
-            continue
-        if quote == '"':
-            if char == '"':
-                quote = ""
-            else:
-                word += char.encode()
-            i += 1
-            continue
-        if char.isspace():
-            if in_word:
-                words.append(word.decode("utf-8", errors="replace"))
-                word.clear()
-                in_word = False
-        elif char in "\"'":
-            quote = char
-            in_word = True
-        else:
-            word += char.encode()
-            in_word = True
-        i += 1
-    if in_word:
-        words.append(word.decode("utf-8", errors="replace"))
-    return words
-
-
-def _unescape(text: str, i: int, out: bytearray) -> int:
-    """Append the character escaped at text[i] (just after a backslash); return the index after it."""
-    char = text[i]
-    hex_digits = {"x": 2, "u": 4, "U": 8}.get(char)
-    if hex_digits and len(text) >= i + 1 + hex_digits:
-        digits = text[i + 1 : i + 1 + hex_digits]
-        with contextlib.suppress(ValueError):
-            code = int(digits, 16)
-            out += bytes([code]) if char == "x" else chr(code).encode()
-            return i + 1 + hex_digits
-    if char in "01234567" and len(text) >= i + 3 and all(c in "01234567" for c in text[i : i + 3]):
-        out.append(int(text[i : i + 3], 8) & 0xFF)
-        return i + 3
-    if char in _C_ESCAPES:
-        out.append(_C_ESCAPES[char])
-    else:
-        out += char.encode()
-    return i + 1
+    spaces or special characters in double quotes with C escapes (`"D=tab\\there"`), split by the same
+    rules systemd reads them with."""
+    return parse_environment_words(value, shell_quoted=True)
 
 
 @dataclass
@@ -490,7 +221,7 @@ class Systemd:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=_tool_env(),
+                env=tool_env(),
                 start_new_session=True,
             )
         except FileNotFoundError as exc:
@@ -498,13 +229,13 @@ class Systemd:
         try:
             stdout, stderr = process.communicate(timeout=timeout or self.timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_group(process)
+            kill_group(process)
             process.communicate()
             raise SystemdError(f"{label}: no answer within {timeout or self.timeout_s:g} s") from None
         out = stdout.decode(errors="replace")
         err = stderr.decode(errors="replace")
         if check and process.returncode != 0:
-            detail = _one_line(err) or _one_line(out) or f"exit status {process.returncode}"
+            detail = one_line(err) or one_line(out) or f"exit status {process.returncode}"
             raise SystemdError(f"{label} failed: {detail}")
         return subprocess.CompletedProcess(argv, process.returncode, out, err)
 
@@ -707,37 +438,26 @@ class Systemd:
 
     # -- journal --------------------------------------------------------------------------------------
 
-    def _unit_match(self, unit: str | None) -> list[str]:
-        if unit is None:
-            return []
-        return ["--user-unit", unit] if self.user else ["--unit", unit]
-
     def journal_cursor(self) -> str:
         """The cursor of the journal's last entry: pass it as after_cursor to see only what follows."""
-        out = self._run("journalctl", "--no-pager", "-o", "json", "-n", "1", what="journalctl -n 1").stdout
-        entries = parse_journal_json(out)
-        if not entries or not entries[-1].cursor:
-            raise SystemdError("journalctl -n 1 gave no entry: the journal is empty or unreadable")
-        return entries[-1].cursor
+        return last_cursor(
+            self._run("journalctl", "--no-pager", "-o", "json", "-n", "1", what="journalctl -n 1").stdout
+        )
 
     def journal(
         self, unit: str | None, after_cursor: str | None = None, lines: int | None = None
     ) -> list[JournalEntry]:
         """Entries of `unit` (with systemd's messages about it), oldest first: those after the cursor,
         and/or the last `lines`."""
-        args = ["--no-pager", "-o", "json", "--all", *self._unit_match(unit)]
-        if after_cursor:
-            args += ["--after-cursor", after_cursor]
-        if lines is not None:
-            args += ["-n", str(lines)]
+        args = journal_args(unit, self.user, after_cursor, lines)
         return parse_journal_json(self._run("journalctl", *args, what=f"journalctl {unit or ''}").stdout)
 
     def follow(self, unit: str | None, after_cursor: str | None = None) -> JournalFollower:
         """Start `journalctl -f` for the unit; entries after the cursor come first, then new ones.
         Without a cursor only new entries come. Close the follower when done."""
-        args = ["--no-pager", "-o", "json", "--all", "--follow", *self._unit_match(unit)]
-        args += ["--after-cursor", after_cursor] if after_cursor else ["-n", "0"]
-        return JournalFollower(self.command("journalctl", *args))
+        return JournalFollower(
+            self.command("journalctl", *journal_args(unit, self.user, after_cursor, follow=True))
+        )
 
     def with_unit_dir(self, unit_dir: Path) -> Systemd:
         return replace(self, unit_dir=unit_dir)
@@ -753,7 +473,7 @@ def _verify_problems(output: str, name: str, inner_path: str, returncode: int) -
         if text and about_unit.search(text):
             problems.append(text)
     if returncode != 0 and not problems:
-        detail = _one_line(output) or f"exit status {returncode}"
+        detail = one_line(output) or f"exit status {returncode}"
         problems.append(f"{name}: systemd-analyze verify failed: {detail}")
     return problems
 

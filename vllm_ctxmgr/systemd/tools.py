@@ -1,0 +1,28 @@
+"""Running systemd's command-line tools: an environment meant for parsers, and killing what they fork."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from typing import Any
+
+
+def one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+def tool_env() -> dict[str, str]:
+    """No pager, no colours, no hyperlinks: output meant for a parser."""
+    env = dict(os.environ)
+    env.update(SYSTEMD_PAGER="", SYSTEMD_COLORS="0", SYSTEMD_URLIFY="0", PAGER="cat")
+    return env
+
+
+def kill_group(process: subprocess.Popen[Any]) -> None:
+    """Kill the command and what it forked: `nsenter -p` leaves its child running when killed alone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
