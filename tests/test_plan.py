@@ -16,7 +16,9 @@ from vllm_ctxmgr.core.plan import (
     Plan,
     PlanOptions,
     default_gpu_memory_utilization,
+    kv_budget_at_utilization,
     make_plan,
+    margin_bytes,
     parse_vllm_version,
 )
 from vllm_ctxmgr.core.serve_args import ServeArgs
@@ -239,6 +241,18 @@ def test_observed_start_replaces_the_estimates() -> None:
         glm5(), SERVICE, eight_gpus(), options(), [replace(OBSERVED, kv_cache_tokens=None)]
     )
     assert without_tokens.to_json() == observed.to_json()
+
+
+def test_margin_and_budget_at_utilisation_are_the_planners_rules() -> None:
+    """verify.py calls these: the margin it checks is the one the plan kept, the budget the plan's shift."""
+    assert margin_bytes(TOTAL) == int(TOTAL * 0.02)  # 1.91 GiB on 95.6 GiB
+    assert margin_bytes(16 * GIB) == 512 * 2**20  # 2% would be 0.32 GiB: the 512 MiB floor
+    observed = make_plan(glm5(), SERVICE, eight_gpus(), options(), [OBSERVED])
+    line, u = observed.gpus[0], observed.gpu_memory_utilization
+    assert u is not None and line.margin.bytes == margin_bytes(TOTAL)
+    at_u = kv_budget_at_utilization(int(24.5 * GIB), math.ceil(TOTAL * 0.9), TOTAL, u)
+    assert line.kv_budget.bytes == at_u
+    assert kv_budget_at_utilization(at_u, math.ceil(TOTAL * u), TOTAL, 0.9) == int(24.5 * GIB)
 
 
 def test_observation_of_another_version_is_ignored() -> None:

@@ -85,6 +85,36 @@ def cuda_graphs_in_budget(vllm_version: VllmVersion, args: ServeArgs) -> bool:
     return args.env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1") not in ("0", "false", "False")
 
 
+def requested_bytes(total_bytes: int, utilization: float) -> int:
+    """What vLLM asks of a GPU at `utilization`: ceil(total x u) (gpu_worker.determine_available_memory)."""
+    return math.ceil(total_bytes * utilization)
+
+
+def margin_bytes(
+    total_bytes: int,
+    fraction: float = DEFAULT_MARGIN_FRACTION,
+    min_bytes: int = DEFAULT_MARGIN_MIN_BYTES,
+) -> int:
+    """The KV budget a plan keeps spare on a GPU beyond one request: max(512 MiB, 2% of its memory).
+
+    One rule for the planner and for `ctxmgr verify`, which checks a running service against the
+    margin its plan kept; see the module docstring for why 2% and 512 MiB.
+    """
+    return max(min_bytes, int(total_bytes * fraction))
+
+
+def kv_budget_at_utilization(
+    observed_budget: int, observed_requested: int, total_bytes: int, utilization: float
+) -> int:
+    """The KV budget at another utilisation u: observed budget + ceil(total x u) - requested then.
+
+    vLLM's non-KV memory (weights, activation peak, non-torch, CUDA graphs) does not depend on the
+    utilisation, so the budget moves byte for byte with what vLLM asks for. `observed_requested` is
+    ceil(total x u_observed) of the start that logged (or planned) `observed_budget`.
+    """
+    return observed_budget + requested_bytes(total_bytes, utilization) - observed_requested
+
+
 def supports_auto_max_model_len(vllm_version: VllmVersion) -> bool:
     """`--max-model-len auto` (PR #29431) is not in 0.11; assumed from 0.12."""
     return vllm_version >= (0, 12)
@@ -389,7 +419,7 @@ class _Gpu:
         return self.observed is not None and self.observed.available_kv is not None
 
     def requested(self, utilization: float) -> int:
-        return math.ceil(self.total * utilization)
+        return requested_bytes(self.total, utilization)
 
     def non_kv(self) -> int:
         if self.has_observed_budget:
@@ -401,6 +431,12 @@ class _Gpu:
 
     def budget(self, utilization: float) -> int:
         """The KV budget vLLM would find on this GPU at `utilization`."""
+        if self.has_observed_budget:
+            assert self.observed is not None and self.observed.utilization is not None
+            observed_requested = self.observed.requested_at_start or self.requested(self.observed.utilization)
+            return kv_budget_at_utilization(
+                self.observed.available_kv or 0, observed_requested, self.total, utilization
+            )
         return self.requested(utilization) - self.non_kv()
 
     def max_utilization(self) -> float:
@@ -490,7 +526,7 @@ def _gpu_models(
     overhead = 0 if cpu else CUDA_CONTEXT_ESTIMATE + (NCCL_ESTIMATE if world > 1 else 0)
     models = []
     for rank, info in enumerate(gpus.gpus[:world]):
-        margin = max(options.margin_min_bytes, int(info.total_bytes * options.margin_fraction))
+        margin = margin_bytes(info.total_bytes, options.margin_fraction, options.margin_min_bytes)
         models.append(
             _Gpu(
                 info=info,
