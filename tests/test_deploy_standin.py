@@ -157,7 +157,8 @@ def test_dry_run_prints_a_diff_and_changes_nothing(sandbox, install_unit, workdi
         "--json",
     )
     assert code == 0, err
-    assert data["result"] == "dry-run" and data["changed"] is False
+    # Ansible's check mode: `changed` says "would change" on a dry run
+    assert data["result"] == "dry-run" and data["changed"] is True and data["dry_run"] is True
     assert "+    --max-model-len 100000" in data["diff"]
     assert path.read_bytes() == before
     # without --yes and without a terminal to ask on, nothing is applied

@@ -1,23 +1,34 @@
 """The orchestrator: walk one change through explicit states and undo it when any step fails.
 
-    planned -> recorded (in-progress) -> installed -> restarting -> serving -> probed -> final
-                                   \\-> rolling back -> rolled-back | rollback-failed
+    planned -> recorded -> installed -> restarting -> serving -> probed -> final
+          any of recorded .. probed -> rolling-back -> rolled-back | rollback-failed
 
-The revision record says "in-progress" before the unit is touched, so a run killed anywhere
-leaves enough behind for the next ctxmgr run on the service to finish the rollback (`recover`).
+(store.py says what each state means on disk; store.TRANSITIONS is the table of allowed moves.)
+`Change.enter` is the only way a revision changes state: it writes record.json, with a step line
+(state, ISO time, note), BEFORE the step it names begins. So a run killed anywhere leaves a record
+that names the step under way, and `recover` (run by itself, or first thing by the next set-context
+or rollback on the service) finishes from there; see `Deployer.recover_if_needed` for its order.
+
+SIGTERM, SIGINT and SIGHUP during a change (what Ansible's async timeout, systemd and a terminal send)
+fail the change like any other failure: the previous unit is put back and the exit is non-zero. A
+second signal while that rollback runs stops at once and leaves the record for `recover`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import socket
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from vllm_ctxmgr import store as st
 from vllm_ctxmgr.core.hardware import GIB
-from vllm_ctxmgr.core.plan import default_gpu_memory_utilization
+from vllm_ctxmgr.core.plan import default_gpu_memory_utilization, kv_budget_at_utilization, parse_vllm_version
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.errors import (
     EXIT_ERROR,
@@ -28,30 +39,27 @@ from vllm_ctxmgr.errors import (
     UnitError,
     UsageError,
 )
+from vllm_ctxmgr.masking import mask
 from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.planning import PlanRequest, effective_args, observations_from_store, plan_for
 from vllm_ctxmgr.probe import cache_config_info, probe, wait_until_serving
 from vllm_ctxmgr.service import ServiceView, read_service, unit_name, view_from_unit
-from vllm_ctxmgr.store import ServiceStore, atomic_write
+from vllm_ctxmgr.store import Revision, ServiceStore, State, Step, atomic_write, crash_point
 from vllm_ctxmgr.systemd.systemctl import Systemd
 from vllm_ctxmgr.systemd.unit import (
     ServiceUnit,
     UnitFile,
     edit_unit,
-    mask_secrets,
     unified_diff,
 )
 from vllm_ctxmgr.vllm_log.watcher import StartWatcher, last_start, observe_start
 
 Printer = Callable[[str], None]
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _quiet(_: str) -> None:
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading the service as systemd sees it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,11 +130,94 @@ class ChangeResult:
     observation: dict[str, Any] = field(default_factory=dict)
     calibration: dict[str, Any] = field(default_factory=dict)  # predicted vs observed KV capacity
     timings: dict[str, float] = field(default_factory=dict)
+    pending_recovery: int | None = None  # a revision an interrupted run left: a real run recovers it first
 
     def to_json(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
         return asdict(self)
+
+
+def _result_for(rev: Revision, action: str) -> ChangeResult:
+    return ChangeResult(
+        rev.service,
+        action,
+        "applied",
+        True,
+        revision=rev.number,
+        max_model_len=rev.max_model_len,
+        previous_max_model_len=rev.previous_max_model_len,
+        gpu_memory_utilization=rev.gpu_memory_utilization,
+        previous_gpu_memory_utilization=rev.previous_gpu_memory_utilization,
+        unit_path=rev.unit_path,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# One change and its states
+
+
+@dataclass
+class Change:
+    """A revision on its way through the states, with the bytes it installs and the bytes it replaced."""
+
+    store: ServiceStore
+    rev: Revision
+    old: bytes  # the unit as it was (the revision's `previous`)
+    new: bytes  # the unit this revision installs
+    command: str = ""  # the ctxmgr command walking it: set-context | rollback | recover
+
+    def enter(self, state: State, note: str = "") -> None:
+        """The one way into a state: check the table, write the record, then (test hook) maybe die."""
+        if state not in st.TRANSITIONS[self.rev.state]:
+            raise RuntimeError(f"revision {self.rev.number}: no transition {self.rev.state} -> {state}")
+        now = time.time()
+        self.rev.state = state
+        self.rev.steps.append(Step(state, now, note))
+        if state in st.FINISHED:
+            self.rev.finished = now
+        if state is State.RECORDED:
+            self.store.new_revision(self.rev, unit=self.new, previous=self.old)
+        else:
+            self.store.save(self.rev)
+        crash_point(str(state), self.command)
+
+
+class Interrupted(BaseException):
+    """A signal during a change: it fails the change like any failure (BaseException, so no
+    `except Exception` on the way swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.name = signal.Signals(signum).name
+
+
+class Abandoned(BaseException):
+    """A second signal while the first one's rollback runs: stop now, leave the record for `recover`."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.name = signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def signals_fail(change: Change) -> Iterator[None]:
+    """While a change is unfinished, the first signal raises Interrupted and the next Abandoned."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def handler(signum: int, _frame: Any) -> None:
+        if change.rev.state in st.FINISHED:
+            return  # the record is final already; the run is about to exit by itself
+        received.append(signum)
+        raise Interrupted(signum) if len(received) == 1 else Abandoned(signum)
+
+    before = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,17 +246,12 @@ class Deployer:
     def _install(self, path: Path, data: bytes) -> None:
         atomic_write(self.systemd.host_path(path), data)
 
-    def restart_and_check(
-        self, view: ServiceView, probe_tokens: int | None, long_probe: bool
-    ) -> tuple[Any, Any]:
-        """daemon-reload, restart, watch the journal, probe. Returns (start verdict, probe result or None)."""
-        from dataclasses import replace
-
+    def restart_and_watch(self, view: ServiceView) -> Any:
+        """daemon-reload, restart, watch the journal until vLLM serves (and /health answers) or fails."""
         self.systemd.daemon_reload()
         self.systemd.reset_failed(self.unit)
         cursor = self.systemd.journal_cursor()
         self.on_step(f"restarting {self.unit}; following its journal")
-        started = time.monotonic()
         self.systemd.restart(self.unit, no_block=True)
         secrets = view.secrets
         verdict = watch_start(
@@ -173,7 +259,11 @@ class Deployer:
             self.unit,
             cursor,
             self.start_timeout,
-            lambda line: self.on_line(mask_secrets(line, secrets)),
+            lambda line: self.on_line(mask(line, secrets)),
+        )
+        # vLLM's decisive line may quote a key: masked once here, for the result, the record and history
+        verdict = replace(
+            verdict, reason=mask(verdict.reason, secrets), decisive_line=mask(verdict.decisive_line, secrets)
         )
         if verdict.ok and not wait_until_serving(view.base_url, time.monotonic() + self.listen_timeout):
             # vLLM logs "Starting vLLM server on" up to a second before uvicorn listens; a port that
@@ -187,13 +277,13 @@ class Deployer:
         metrics = cache_config_info(view.base_url, api_key=view.api_key) if verdict.ok else {}
         self.last_metrics = metrics
         self._record_observation(verdict, view, metrics)
-        if not verdict.ok:
-            return verdict, None
-        self.on_step(f"vLLM is serving after {time.monotonic() - started:.0f} s; probing {view.base_url}")
+        return verdict
+
+    def probe_view(self, view: ServiceView, probe_tokens: int | None, long_probe: bool) -> Any:
         expected = (
             view.args.max_model_len if view.args.max_model_len and view.args.max_model_len > 0 else None
         )
-        result = probe(
+        return probe(
             view.base_url,
             api_key=view.api_key,
             expected_max_model_len=expected,
@@ -201,12 +291,19 @@ class Deployer:
             long_probe=long_probe,
             timeout=self.probe_timeout,
         )
-        return verdict, result
+
+    def restart_and_check(
+        self, view: ServiceView, probe_tokens: int | None, long_probe: bool
+    ) -> tuple[Any, Any]:
+        """daemon-reload, restart, watch the journal, probe. Returns (start verdict, probe result or None)."""
+        started = time.monotonic()
+        verdict = self.restart_and_watch(view)
+        if not verdict.ok:
+            return verdict, None
+        self.on_step(f"vLLM is serving after {time.monotonic() - started:.0f} s; probing {view.base_url}")
+        return verdict, self.probe_view(view, probe_tokens, long_probe)
 
     def _record_observation(self, verdict: Any, view: ServiceView, metrics: dict[str, str]) -> None:
-        import socket
-        from dataclasses import asdict
-
         obs = asdict(verdict.observation)
         blocks = metrics.get("num_gpu_blocks", "")
         if blocks.isdigit():
@@ -229,61 +326,57 @@ class Deployer:
 
     # ---- applying a new unit, with automatic rollback --------------------------------------
 
-    def apply(
-        self,
-        rev: st.Revision,
-        old: bytes,
-        new: bytes,
-        probe_tokens: int | None,
-        long_probe: bool,
-    ) -> ChangeResult:
-        path = Path(rev.unit_path)
-        result = ChangeResult(
-            self.service,
-            rev.action,
-            "applied",
-            True,
-            revision=rev.number,
-            max_model_len=rev.max_model_len,
-            previous_max_model_len=rev.previous_max_model_len,
-            gpu_memory_utilization=rev.gpu_memory_utilization,
-            previous_gpu_memory_utilization=rev.previous_gpu_memory_utilization,
-            unit_path=str(path),
-        )
+    def apply(self, change: Change, probe_tokens: int | None, long_probe: bool) -> ChangeResult:
+        """Record, install, restart, watch, probe: each step entered as its state; any failure (a
+        signal included) puts the previous unit back."""
+        rev = change.rev
+        result = _result_for(rev, rev.action)
         t0 = time.monotonic()
-        self.on_step(f"installing {path} (revision {rev.number})")
-        self._install(path, new)
-        view = view_from_unit(self._loaded_unit_with(path, new.decode()), self.systemd.root)
         try:
-            verdict, probe_result = self.restart_and_check(view, probe_tokens, long_probe)
+            with signals_fail(change):
+                interrupted = False
+                try:
+                    failure = self._forward(change, result, probe_tokens, long_probe)
+                except Interrupted as exc:
+                    interrupted = True
+                    if rev.state is State.PLANNED:
+                        raise CtxmgrError(f"interrupted by {exc.name} before anything was changed") from None
+                    failure = (f"ctxmgr was interrupted by {exc.name} while {rev.state}", "")
+                result.timings["start_s"] = round(time.monotonic() - t0, 3)
+                if failure is None:
+                    return result
+                result.reason, result.decisive_line = failure
+                self.on_step(f"the change failed: {result.reason}")
+                self._roll_back(change, result, note=result.reason, wait_exit=not interrupted)
+        except Abandoned as exc:
+            raise CtxmgrError(
+                f"interrupted again by {exc.name} while rolling back: revision {rev.number} is left "
+                f"{rev.state}; run `ctxmgr recover --service {self.service}`",
+                exit_code=EXIT_ROLLBACK_FAILED,
+            ) from None
+        result.timings["total_s"] = round(time.monotonic() - t0, 3)
+        return result
+
+    def _forward(
+        self, change: Change, result: ChangeResult, probe_tokens: int | None, long_probe: bool
+    ) -> tuple[str, str] | None:
+        """The steps towards final; None when it got there, else (reason, decisive line)."""
+        rev = change.rev
+        path = Path(rev.unit_path)
+        if rev.state is State.PLANNED:
+            change.enter(State.RECORDED, _describe(rev))
+        self.on_step(f"installing {path} (revision {rev.number})")
+        change.enter(State.INSTALLED, f"installing {path}")
+        self._install(path, change.new)
+        view = view_from_unit(self._loaded_unit_with(path, change.new.decode()), self.systemd.root)
+        change.enter(State.RESTARTING, f"daemon-reload; restart {self.unit}; following its journal")
+        started = time.monotonic()
+        try:
+            verdict = self.restart_and_watch(view)
         except CtxmgrError as exc:
-            verdict, probe_result = None, None
-            failure = f"ctxmgr could not watch the start: {exc.message}"
-        else:
-            failure = None
-        result.timings["start_s"] = round(time.monotonic() - t0, 3)
-        if verdict is not None:
-            result.observation = _plain(verdict.observation)
-        if verdict is not None and verdict.ok and probe_result is not None and probe_result.ok:
-            rev.state = st.FINAL
-            rev.verified = True
-            rev.reason = "served and passed the context-sized probe"
-            rev.finished = time.time()
-            rev.vllm_version = verdict.observation.vllm_version or rev.vllm_version
-            rev.capacity = _capacity(verdict.observation)
-            self.store.save(rev)
-            result.probe = _plain(probe_result)
-            result.reason = "vLLM started, reports the new max_model_len and served the context-sized probe"
-            result.calibration = calibration(rev.plan, verdict.observation, self.last_metrics)
-            if result.calibration:
-                rev.capacity.update(result.calibration)
-                self.store.save(rev)
-            return result
-        # something failed: say why, then put the previous unit back
-        if verdict is None:
-            reason, decisive = failure or "unknown failure", ""
-        elif not verdict.ok:
-            reason, decisive = verdict.reason, verdict.decisive_line
+            return f"ctxmgr could not watch the start: {exc.message}", ""
+        result.observation = _plain(verdict.observation)
+        if not verdict.ok:
             estimate = verdict.estimated_max_model_len
             if estimate:
                 result.suggestion = (
@@ -291,28 +384,44 @@ class Deployer:
                     f"try `ctxmgr set-context {estimate} --service {self.service}`, or free GPU memory / "
                     "raise --gpu-memory-utilization"
                 )
-        else:
-            result.probe = _plain(probe_result) if probe_result is not None else {}
-            reason = f"the probe failed: {probe_result.error if probe_result is not None else 'no probe'}"
-            decisive = probe_result.error if probe_result is not None else ""
-        result.reason, result.decisive_line = reason, decisive
-        self.on_step(f"the change failed: {reason}")
-        self._let_failed_start_exit()
+            return verdict.reason, verdict.decisive_line
+        took = time.monotonic() - started
+        self.on_step(f"vLLM is serving after {took:.0f} s; probing {view.base_url}")
+        change.enter(State.SERVING, f"vLLM serves after {took:.1f} s; probing {view.base_url}")
+        probe_result = self.probe_view(view, probe_tokens, long_probe)
+        result.probe = _plain(probe_result)
+        if not probe_result.ok:
+            return f"the probe failed: {probe_result.error}", probe_result.error or ""
+        rev.verified = True
+        rev.vllm_version = verdict.observation.vllm_version or rev.vllm_version
+        rev.capacity = _capacity(verdict.observation)
+        result.calibration = calibration(
+            rev.plan, verdict.observation, self.last_metrics, applied_utilization=_applied_utilization(rev)
+        )
+        rev.capacity.update(result.calibration)
+        change.enter(State.PROBED, "served the context-sized probe")
+        rev.reason = "served and passed the context-sized probe"
+        result.reason = "vLLM started, reports the new max_model_len and served the context-sized probe"
+        change.enter(State.FINAL, rev.reason)
+        return None
+
+    def _roll_back(self, change: Change, result: ChangeResult, note: str, wait_exit: bool = True) -> None:
+        """rolling-back -> rolled-back | rollback-failed; the result says which."""
+        rev = change.rev
+        if wait_exit:
+            self._let_failed_start_exit()
         self.on_step(f"rolling back to the previous unit of {self.service}")
-        rev.reason, rev.decisive_line = reason, decisive
-        back_ok, back_reason = self._restore(path, old, rev)
-        result.timings["total_s"] = round(time.monotonic() - t0, 3)
+        rev.reason, rev.decisive_line = result.reason or note, result.decisive_line or rev.decisive_line
+        change.enter(State.ROLLING_BACK, f"putting the previous unit back: {note}")
+        back_ok, back_reason = self._restore(Path(rev.unit_path), change.old)
         if back_ok:
-            rev.state = st.ROLLED_BACK
+            change.enter(State.ROLLED_BACK, "the previous unit serves again and passed its probe")
             result.result, result.exit_code = "rolled-back", EXIT_ERROR
         else:
-            rev.state = st.ROLLBACK_FAILED
             rev.reason += f"; and the rollback failed too: {back_reason}"
+            change.enter(State.ROLLBACK_FAILED, back_reason)
             result.result, result.exit_code = "rollback-failed", EXIT_ROLLBACK_FAILED
             result.reason = rev.reason
-        rev.finished = time.time()
-        self.store.save(rev)
-        return result
 
     def _let_failed_start_exit(self) -> None:
         """A vLLM that has logged its fatal error exits by itself within seconds, while a stop sent
@@ -329,7 +438,7 @@ class Deployer:
                 return
             time.sleep(0.3)
 
-    def _restore(self, path: Path, old: bytes, rev: st.Revision) -> tuple[bool, str]:
+    def _restore(self, path: Path, old: bytes) -> tuple[bool, str]:
         """Put `old` back byte for byte, restart, and prove it serves again at its own context."""
         self._install(path, old)
         try:
@@ -352,29 +461,106 @@ class Deployer:
     # ---- recovery of a run that was killed -------------------------------------------------
 
     def recover_if_needed(self) -> ChangeResult | None:
+        """The one recovery routine (call it holding the lock). In this order:
+
+        1. remove what killed runs leave and nothing else removes: half-written revision directories
+           (they must never wedge the numbering), atomic_write's temporaries beside the unit,
+           `systemd-analyze verify` staging in /run, the candidate directory;
+        2. finish the newest unfinished revision, doing only what is left:
+           a. probed, its unit installed and the service active: only the record was left -> final;
+           b. the service still runs the process it ran when the change was recorded (same
+              InvocationID, active): nothing restarted it, so the previous bytes go back (if they
+              are not there already) with a daemon-reload, and no restart -> rolled-back;
+           c. otherwise the previous unit goes back through the verified restart path;
+        3. prune revisions no rollback or recovery can need.
+        Returns None when nothing was left in progress."""
+        self._remove_leftovers()
         rev = self.store.in_progress()
-        if rev is None:
-            return None
-        self.on_step(f"revision {rev.number} of {self.service} was left in progress by an interrupted run")
-        old = self.store.unit_bytes(rev.number, "previous")
-        path = Path(rev.unit_path)
-        rev.reason = "an earlier ctxmgr run was interrupted before it finished; its change was undone"
-        ok, why = self._restore(path, old, rev)
-        rev.state = st.ROLLED_BACK if ok else st.ROLLBACK_FAILED
-        if not ok:
-            rev.reason += f"; the restore failed: {why}"
-        rev.finished = time.time()
-        self.store.save(rev)
-        return ChangeResult(
-            self.service,
-            "recover",
-            "rolled-back" if ok else "rollback-failed",
-            True,
-            exit_code=EXIT_OK if ok else EXIT_ROLLBACK_FAILED,
-            revision=rev.number,
-            reason=rev.reason,
-            unit_path=str(path),
+        result = self._recover(rev) if rev is not None else None
+        self.store.prune()
+        return result
+
+    def _remove_leftovers(self) -> None:
+        unit_paths = {Path(rev.unit_path) for rev in self.store.revisions()}
+        with contextlib.suppress(CtxmgrError):
+            view = read_service(self.systemd, self.service)
+            unit_paths |= {f.path for f in view.unit.files}
+        dirs = sorted({self.systemd.host_path(p.parent) for p in unit_paths})
+        names = sorted({p.name for p in unit_paths})
+        removed = self.store.remove_leftovers(dirs, self.systemd.host_path(Path("/run")), names)
+        for path in removed:
+            self.on_step(f"removed {path}, left by an interrupted run")
+
+    def _recover(self, rev: Revision) -> ChangeResult:
+        self.on_step(f"revision {rev.number} of {self.service} was left {rev.state} by an interrupted run")
+        change = Change(
+            self.store,
+            rev,
+            old=self.store.unit_bytes(rev.number, "previous"),
+            new=self.store.unit_bytes(rev.number, "unit"),
+            command="recover",
         )
+        result = _result_for(rev, "recover")
+        path = Path(rev.unit_path)
+        host_path = self.systemd.host_path(path)
+        installed = host_path.read_bytes() if host_path.exists() else b""
+        state = self.systemd.state(self.unit)
+        active = state.active_state == "active" and state.sub_state == "running"
+        with signals_fail(change):
+            try:
+                return self._finish(change, result, installed, active, state.invocation_id)
+            except (Interrupted, Abandoned) as exc:
+                raise CtxmgrError(
+                    f"recover was interrupted by {exc.name}: revision {rev.number} is left {rev.state}; "
+                    f"run `ctxmgr recover --service {self.service}` again",
+                    exit_code=EXIT_ROLLBACK_FAILED,
+                ) from None
+
+    def _finish(
+        self, change: Change, result: ChangeResult, installed: bytes, active: bool, invocation: str
+    ) -> ChangeResult:
+        rev = change.rev
+        if rev.state is State.PROBED and installed == change.new and active:
+            rev.reason = "served and passed the context-sized probe (the record was finished by recover)"
+            change.enter(State.FINAL, "the interrupted run had probed it; only the record was left")
+            result.reason = rev.reason
+            return result
+        interrupted = f"an interrupted ctxmgr run left this change {rev.state}"
+        untouched = active and bool(rev.invocation_id) and invocation == rev.invocation_id
+        if untouched:
+            note = "the service never restarted: the previous unit goes back without a restart"
+            change.enter(State.ROLLING_BACK, note)
+            if installed != change.old:
+                self._install(Path(rev.unit_path), change.old)
+                self.systemd.daemon_reload()
+            rev.reason = f"{interrupted}; it was undone (nothing had restarted the service)"
+            change.enter(State.ROLLED_BACK, "the previous unit is installed and its process still serves")
+            result.result, result.reason = "rolled-back", rev.reason
+            return result
+        result.reason = f"{interrupted}; the previous unit was put back"
+        self._roll_back(change, result, note=interrupted, wait_exit=False)
+        if result.result == "rolled-back":
+            result.exit_code = EXIT_OK  # recovering is what was asked, and it worked
+            rev.reason = result.reason
+            self.store.save(rev)
+        return result
+
+
+def _describe(rev: Revision) -> str:
+    if rev.action == "rollback":
+        return (
+            f"rollback to revision {rev.rollback_of}: max_model_len {rev.previous_max_model_len} -> "
+            f"{rev.max_model_len}"
+        )
+    return f"{rev.action}: max_model_len {rev.previous_max_model_len} -> {rev.max_model_len}"
+
+
+def _applied_utilization(rev: Revision) -> float | None:
+    """The utilisation the installed unit really runs with (vLLM's default where it sets none)."""
+    if rev.gpu_memory_utilization:
+        return rev.gpu_memory_utilization
+    version = parse_vllm_version(rev.vllm_version or (rev.plan or {}).get("vllm_version"))
+    return default_gpu_memory_utilization(version) if version else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,12 +580,46 @@ class SetContextRequest:
     planning: PlanRequest | None = None
 
 
+def _pending_dry_run(deployer: Deployer, action: str) -> ChangeResult | None:
+    """A dry run while an interrupted change waits for recovery: say so, never "unchanged"."""
+    rev = deployer.store.in_progress()
+    if rev is None:
+        return None
+    path = Path(rev.unit_path)
+    installed = deployer.systemd.host_path(path).read_bytes()
+    previous = deployer.store.unit_bytes(rev.number, "previous")
+    result = ChangeResult(
+        deployer.service,
+        action,
+        "dry-run",
+        False,
+        revision=rev.number,
+        pending_recovery=rev.number,
+        max_model_len=rev.previous_max_model_len,
+        previous_max_model_len=rev.max_model_len if installed != previous else rev.previous_max_model_len,
+        gpu_memory_utilization=rev.previous_gpu_memory_utilization,
+        previous_gpu_memory_utilization=rev.gpu_memory_utilization,
+        unit_path=str(path),
+        diff=unified_diff(installed.decode(), previous.decode(), str(path)),
+    )
+    result.reason = (
+        f"dry run: revision {rev.number} ({_describe(rev)}) was left {rev.state} by an interrupted run; "
+        f"a real run (or `ctxmgr recover --service {deployer.service}`) first puts its previous unit back, "
+        "then plans again. Nothing was written or restarted"
+    )
+    return result
+
+
 def set_context(deployer: Deployer, request: SetContextRequest) -> ChangeResult:
     """Plan, render, record, install, restart, watch, probe; roll back on any failure."""
 
     store, systemd = deployer.store, deployer.systemd
     with store.lock(request.lock_wait):
-        if not request.dry_run:
+        if request.dry_run:
+            pending = _pending_dry_run(deployer, "set-context")
+            if pending is not None:
+                return pending
+        else:
             deployer.recover_if_needed()
         view = read_service(systemd, deployer.service)
         observations = observations_from_store(store.observations())
@@ -486,26 +706,36 @@ def set_context(deployer: Deployer, request: SetContextRequest) -> ChangeResult:
             return result
         old, new = edit.old_text.encode(), edit.new_text.encode()
         _ensure_baseline(store, view, old)
-        rev = store.new_revision(
-            st.Revision(
-                number=0,
-                service=deployer.service,
-                state=st.IN_PROGRESS,
-                unit_path=str(edit.path),
-                created=time.time(),
-                max_model_len=request.context,
-                gpu_memory_utilization=result.gpu_memory_utilization,
-                previous_max_model_len=view.args.max_model_len,
-                previous_gpu_memory_utilization=view.args.gpu_memory_utilization,
-                vllm_version=view.args.vllm_version,
-                plan=result.plan,
-            ),
-            unit=new,
-            previous=old,
+        rev = _planned(
+            deployer,
+            unit_path=str(edit.path),
+            max_model_len=request.context,
+            gpu_memory_utilization=result.gpu_memory_utilization,
+            previous_max_model_len=view.args.max_model_len,
+            previous_gpu_memory_utilization=view.args.gpu_memory_utilization,
+            vllm_version=view.args.vllm_version,
+            plan=result.plan,
         )
-        applied = deployer.apply(rev, old, new, request.probe_tokens, request.long_probe)
+        applied = deployer.apply(
+            Change(store, rev, old, new, "set-context"), request.probe_tokens, request.long_probe
+        )
         applied.plan, applied.diff = result.plan, result.diff
+        store.prune()
         return applied
+
+
+def _planned(deployer: Deployer, **fields: Any) -> Revision:
+    """A revision in memory (planned) with who, where and which versions make it."""
+    state = deployer.systemd.state(deployer.unit)
+    return Revision(
+        number=0,
+        service=deployer.service,
+        state=State.PLANNED,
+        created=time.time(),
+        invocation_id=state.invocation_id or None,
+        **st.made_by(),
+        **fields,
+    )
 
 
 def _current_utilization_suffices(args: ServeArgs, plan: Any) -> bool:
@@ -539,17 +769,23 @@ def _ensure_baseline(store: ServiceStore, view: ServiceView, current: bytes) -> 
     """The first change to a service records the unit as found, so `rollback --to 0` can return to it."""
     if store.revisions():
         return
+    now = time.time()
+    reason = "the unit as ctxmgr first found it"
     store.new_revision(
-        st.Revision(
+        Revision(
             number=0,
             service=store.service,
-            state=st.BASELINE,
+            state=State.BASELINE,
             unit_path=str(view.unit_path),
-            created=time.time(),
+            created=now,
+            finished=now,
             max_model_len=view.args.max_model_len,
             gpu_memory_utilization=view.args.gpu_memory_utilization,
+            vllm_version=view.args.vllm_version,
             action="baseline",
-            reason="the unit as ctxmgr first found it",
+            reason=reason,
+            steps=[Step(State.BASELINE, now, reason)],
+            **st.made_by(),
         ),
         unit=current,
         previous=current,
@@ -562,7 +798,11 @@ def rollback(
     """Install an earlier revision's unit through the same restart / watch / probe path."""
     store, systemd = deployer.store, deployer.systemd
     with store.lock(lock_wait):
-        if not dry_run:
+        if dry_run:
+            pending = _pending_dry_run(deployer, "rollback")
+            if pending is not None:
+                return pending
+        else:
             deployer.recover_if_needed()
         revisions = store.revisions()
         if not revisions:
@@ -570,7 +810,7 @@ def rollback(
                 f"{deployer.service}: ctxmgr has no revisions of it yet; nothing to roll back to"
             )
         if to is None:
-            current = next((r for r in reversed(revisions) if r.state == st.FINAL), None)
+            current = next((r for r in reversed(revisions) if r.state == State.FINAL), None)
             target = store.last_good(before=current.number) if current else None
             if target is None:
                 raise UsageError(
@@ -602,25 +842,20 @@ def rollback(
         if dry_run:
             result.result, result.reason = "dry-run", "dry run: nothing was written or restarted"
             return result
-        rev = store.new_revision(
-            st.Revision(
-                number=0,
-                service=deployer.service,
-                state=st.IN_PROGRESS,
-                unit_path=str(path),
-                created=time.time(),
-                max_model_len=target.max_model_len,
-                gpu_memory_utilization=target.gpu_memory_utilization,
-                previous_max_model_len=view.args.max_model_len,
-                previous_gpu_memory_utilization=view.args.gpu_memory_utilization,
-                action="rollback",
-                rollback_of=target.number,
-            ),
-            unit=new,
-            previous=old,
+        rev = _planned(
+            deployer,
+            unit_path=str(path),
+            max_model_len=target.max_model_len,
+            gpu_memory_utilization=target.gpu_memory_utilization,
+            previous_max_model_len=view.args.max_model_len,
+            previous_gpu_memory_utilization=view.args.gpu_memory_utilization,
+            vllm_version=view.args.vllm_version,
+            action="rollback",
+            rollback_of=target.number,
         )
-        applied = deployer.apply(rev, old, new, None, False)
+        applied = deployer.apply(Change(store, rev, old, new, "rollback"), None, False)
         applied.diff = result.diff
+        store.prune()
         return applied
 
 
@@ -631,38 +866,72 @@ def history(store: ServiceStore) -> list[dict[str, Any]]:
             {
                 "revision": rev.number,
                 "time": rev.created,
+                "finished": rev.finished,
                 "action": rev.action,
-                "state": rev.state,
+                "state": str(rev.state),
                 "max_model_len": rev.max_model_len,
                 "gpu_memory_utilization": rev.gpu_memory_utilization,
                 "previous_max_model_len": rev.previous_max_model_len,
                 "rollback_of": rev.rollback_of,
                 "vllm_version": rev.vllm_version,
+                "user": rev.user,
+                "host": rev.host,
+                "ctxmgr_version": rev.ctxmgr_version,
                 "reason": rev.reason,
                 "decisive_line": rev.decisive_line,
                 "capacity": rev.capacity,
+                "steps": [step.record() for step in rev.steps],
             }
         )
     return rows
 
 
-def calibration(plan: dict[str, Any], observation: Any, metrics: dict[str, str]) -> dict[str, Any]:
+def calibration(
+    plan: dict[str, Any],
+    observation: Any,
+    metrics: dict[str, str],
+    applied_utilization: float | None = None,
+) -> dict[str, Any]:
     """Predicted against observed KV capacity of a start: the planner's calibration error.
 
+    The prediction is re-derived at the utilisation the unit really runs with: a change that keeps
+    the unit's utilisation (higher than the plan's minimum) must not be compared with a budget
+    planned at a utilisation that was never applied (that read +92% .. +373% on correct changes).
     Observed capacity is vLLM's block count (/metrics num_gpu_blocks, exact) or, without metrics,
     the logged KV budget; never the "KV cache size: N tokens" line (concurrency x length, derived).
     """
     lines = plan.get("gpus") or []
-    budgets = [g["kv_budget"]["bytes"] for g in lines if g.get("kv_budget", {}).get("bytes") is not None]
+    planned_u = plan.get("gpu_memory_utilization")
+    explicit = plan.get("kv_cache_memory_bytes")
+    budgets = []
+    for line in lines:
+        budget = (line.get("kv_budget") or {}).get("bytes")
+        if budget is None:
+            continue
+        total = (line.get("total") or {}).get("bytes")
+        requested = (line.get("requested") or {}).get("bytes")
+        if (
+            not explicit
+            and applied_utilization is not None
+            and planned_u is not None
+            and abs(applied_utilization - planned_u) > 1e-9
+            and total
+            and requested
+        ):
+            budget = kv_budget_at_utilization(budget, requested, total, applied_utilization)
+        budgets.append(budget)
     bytes_per_block = (plan.get("layout") or {}).get("bytes_per_block")
     block_size = (plan.get("layout") or {}).get("block_size")
-    predicted_budget = min(budgets) if budgets else plan.get("kv_cache_memory_bytes")
+    predicted_budget = min(budgets) if budgets else explicit
     if not predicted_budget or not bytes_per_block:
         return {}
     predicted_blocks = predicted_budget // bytes_per_block
     out: dict[str, Any] = {
         "predicted_kv_budget_bytes": predicted_budget,
         "predicted_num_gpu_blocks": predicted_blocks,
+        "predicted_at_gpu_memory_utilization": (
+            applied_utilization if applied_utilization is not None else planned_u
+        ),
     }
     blocks = metrics.get("num_gpu_blocks", "")
     if blocks.isdigit():
@@ -685,8 +954,6 @@ def calibration(plan: dict[str, Any], observation: Any, metrics: dict[str, str])
 
 def observe_last_start(deployer: Deployer) -> dict[str, Any]:
     """Read the last start of a unit from its journal (made by ctxmgr or not) and keep vLLM's facts."""
-    from dataclasses import asdict
-
     systemd = deployer.systemd
     view = read_service(systemd, deployer.service)
     entries = systemd.journal(deployer.unit, lines=20000)
@@ -722,8 +989,6 @@ def _gpu_name(env: dict[str, str]) -> str | None:
 
 
 def _plain(obj: Any) -> dict[str, Any]:
-    from dataclasses import asdict, is_dataclass
-
     if obj is None:
         return {}
     if hasattr(obj, "to_json"):

@@ -3,15 +3,35 @@
 Layout under the state directory (default /var/lib/ctxmgr, root-only: 0700 dirs, 0600 files,
 since unit copies may hold API keys):
 
-    SERVICE/lock                      flock; holds the PID and command of the holder
-    SERVICE/revisions/NNNN/record.json  what, when, why, and the change's state
-    SERVICE/revisions/NNNN/unit         the unit file content this revision installs
-    SERVICE/revisions/NNNN/previous     the content it replaced (byte for byte)
-    SERVICE/observations.jsonl        what each watched start of the service logged
-    SERVICE/last-verify.json          the last verification (unit invocation, restarts, result)
+    SERVICE/lock                          flock; holds the PID and command of the holder
+    SERVICE/revisions/NNNN/record.json    what, who, where, when (ISO 8601), the state and its steps
+    SERVICE/revisions/NNNN/plan.json      the plan the change was made from (long: kept apart)
+    SERVICE/revisions/NNNN/unit           the unit file content this revision installs
+    SERVICE/revisions/NNNN/previous       the content it replaced (byte for byte)
+    SERVICE/revisions/.new-XXXX/          a revision being written; renamed to NNNN once whole
+    SERVICE/observations.jsonl            what each watched start of the service logged (the last KEEP)
+    SERVICE/last-verify.json              the last verification (unit invocation, restarts, result)
 
-A record is written "in-progress" before the unit is touched and finalised after, so a run that
-is killed anywhere leaves enough behind for the next run to finish the rollback.
+The states a change can be in, in the order it walks through them. Each is written to record.json
+BEFORE the step it names begins, so a run killed anywhere leaves a record that says which step was
+under way, and the next run (`recover`) finishes from there:
+
+    planned        in memory only: a plan and a rendered unit; nothing is written yet
+    recorded       the revision directory (record, unit, previous, plan) is in place; the unit is untouched
+    installed      the new unit replaces the old one (one atomic rename: the file is one or the other)
+    restarting     daemon-reload and restart; the journal is followed until vLLM serves or says why not
+    serving        vLLM logged it serves and /health answers; the context-sized probe runs
+    probed         the probe passed; only the record is left to finish
+    final          done: the new unit serves and passed its probe
+    rolling-back   something failed (or the run was interrupted): the previous unit is being put back
+    rolled-back    the previous unit is back, restarted and probed at its own context
+    rollback-failed  the previous unit did not come back either: the service needs a human
+    baseline       the unit as ctxmgr first found it (so `rollback --to 0` can return to it)
+    in-progress    written by ctxmgr before the states above existed: recorded or later, not finished
+
+A revision directory appears whole or not at all (written under .new-*, then renamed), so a kill
+while it is written leaves only a directory that the next run removes, never one that wedges the
+numbering.
 """
 
 from __future__ import annotations
@@ -21,25 +41,106 @@ import errno
 import fcntl
 import json
 import os
+import pwd
 import re
+import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime
+from enum import StrEnum
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from vllm_ctxmgr.errors import LockedError, UsageError
+from vllm_ctxmgr.errors import CtxmgrError, LockedError, UsageError
 
 DEFAULT_STATE_DIR = Path("/var/lib/ctxmgr")
+KEEP = 50  # revisions and observations kept per service (plus every revision a rollback may need)
+RECORD_FORMAT = 2  # 1: epoch floats, the plan inline, no steps (read still)
+STALE_S = 600.0  # a leftover /run/ctxmgr-verify-* older than this belongs to no live run
 
-# Revision states, in the order a change walks through them (certbot-reverter style).
-IN_PROGRESS = "in-progress"  # recorded; the unit may or may not be installed yet
-FINAL = "final"  # installed, restarted, serving, probed
-ROLLED_BACK = "rolled-back"  # failed, and the previous unit is back and serving
-ROLLBACK_FAILED = "rollback-failed"  # failed, and the previous unit did not come back either
-BASELINE = "baseline"  # the unit as ctxmgr first found it
+
+class State(StrEnum):
+    """The states of a revision; see the module docstring for what each means on disk."""
+
+    PLANNED = "planned"
+    RECORDED = "recorded"
+    INSTALLED = "installed"
+    RESTARTING = "restarting"
+    SERVING = "serving"
+    PROBED = "probed"
+    FINAL = "final"
+    ROLLING_BACK = "rolling-back"
+    ROLLED_BACK = "rolled-back"
+    ROLLBACK_FAILED = "rollback-failed"
+    BASELINE = "baseline"
+    IN_PROGRESS = "in-progress"  # format 1 only; never entered now
+
+
+# The only moves a revision makes. Any state between recorded and probed may fail into rolling-back;
+# a probed one that was interrupted is finished forward by recovery; rolling-back may be entered again
+# when a recovery resumes a rollback an interrupted run left.
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.PLANNED: frozenset({State.RECORDED}),
+    State.RECORDED: frozenset({State.INSTALLED, State.ROLLING_BACK}),
+    State.INSTALLED: frozenset({State.RESTARTING, State.ROLLING_BACK}),
+    State.RESTARTING: frozenset({State.SERVING, State.ROLLING_BACK}),
+    State.SERVING: frozenset({State.PROBED, State.ROLLING_BACK}),
+    State.PROBED: frozenset({State.FINAL, State.ROLLING_BACK}),
+    State.ROLLING_BACK: frozenset({State.ROLLING_BACK, State.ROLLED_BACK, State.ROLLBACK_FAILED}),
+    State.IN_PROGRESS: frozenset({State.ROLLING_BACK}),
+    State.FINAL: frozenset(),
+    State.ROLLED_BACK: frozenset(),
+    State.ROLLBACK_FAILED: frozenset(),
+    State.BASELINE: frozenset(),
+}
+FINISHED = frozenset({State.FINAL, State.ROLLED_BACK, State.ROLLBACK_FAILED, State.BASELINE})
+PENDING = frozenset(TRANSITIONS) - FINISHED - {State.PLANNED}  # what `recover` must finish
+
+# the names other modules compare with (StrEnum members equal their strings)
+IN_PROGRESS = State.IN_PROGRESS
+FINAL = State.FINAL
+ROLLED_BACK = State.ROLLED_BACK
+ROLLBACK_FAILED = State.ROLLBACK_FAILED
+BASELINE = State.BASELINE
+
+
+class StoreError(CtxmgrError):
+    """A record in the state directory that ctxmgr cannot read: the message names the file."""
+
+
+def crash_point(name: str, command: str = "") -> None:
+    """TEST HOOK, not an interface: CTXMGR_TEST_CRASH_AT=<name> or <command>:<name> (set-context,
+    rollback, recover) ends the process at once with os._exit(137), as kill -9 would, right after the
+    step `name` was recorded (a state, or "revision-staged": a revision written but not yet renamed
+    into place). Only the crash-campaign tests set it."""
+    wanted = os.environ.get("CTXMGR_TEST_CRASH_AT")
+    if wanted and wanted in (name, f"{command}:{name}"):
+        os._exit(137)
+
+
+def iso(epoch: float | None) -> str | None:
+    """Local time with its UTC offset, to the millisecond: what a person reading record.json wants."""
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="milliseconds")
+
+
+def _epoch(value: Any, path: Path, key: str) -> float | None:
+    """An ISO-8601 time (format 2) or epoch seconds (format 1)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise StoreError(f"{path}: {key} is not a time: {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    try:
+        return datetime.fromisoformat(str(value)).timestamp()
+    except ValueError:
+        raise StoreError(f"{path}: {key} is not an ISO-8601 time: {value!r}") from None
 
 
 def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
@@ -69,20 +170,55 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    dir_fd = os.open(path.parent, os.O_DIRECTORY)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    dir_fd = os.open(directory, os.O_DIRECTORY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
 
 
+def _write_new(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def atomic_leftovers(directory: Path, name: str) -> list[Path]:
+    """The temporary files atomic_write leaves beside `name` when the process is killed mid-write."""
+    with contextlib.suppress(OSError):
+        return sorted(directory.glob(f".{glob_escape(name)}.*.ctxmgr-tmp"))
+    return []
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+@dataclass
+class Step:
+    """One line of a revision's story: the state it entered, when, and a note for a person."""
+
+    state: State
+    time: float
+    note: str = ""
+
+    def record(self) -> dict[str, Any]:
+        return {"state": str(self.state), "time": iso(self.time), "note": self.note}
+
+
 @dataclass
 class Revision:
     number: int
     service: str
-    state: str
+    state: State
     unit_path: str  # the file this revision changes (where ExecStart lives)
-    created: float
+    created: float  # epoch seconds here; ISO 8601 in record.json
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
     previous_max_model_len: int | None = None
@@ -94,22 +230,121 @@ class Revision:
     decisive_line: str = ""
     finished: float | None = None
     verified: bool = False
-    plan: dict[str, Any] = field(default_factory=dict)
+    plan: dict[str, Any] = field(default_factory=dict)  # in plan.json beside the record
     capacity: dict[str, Any] = field(default_factory=dict)
+    user: str | None = None  # who made the change
+    host: str | None = None  # where
+    ctxmgr_version: str | None = None  # with which ctxmgr
+    invocation_id: str | None = None  # the unit's InvocationID when the change was recorded
+    steps: list[Step] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.state = State(self.state)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The revision as Python sees it (epoch seconds, the plan inline): for --json and verify."""
+        data = asdict(self)
+        data["state"] = str(self.state)
+        data["steps"] = [step.record() for step in self.steps]
+        return data
+
+    def record(self) -> dict[str, Any]:
+        """record.json: ISO times, the steps a person reads, no plan (plan.json holds it)."""
+        data: dict[str, Any] = {"format": RECORD_FORMAT}
+        for f in fields(self):
+            if f.name == "plan":
+                continue
+            value = getattr(self, f.name)
+            if f.name in ("created", "finished"):
+                value = iso(value)
+            elif f.name == "state":
+                value = str(value)
+            elif f.name == "steps":
+                value = [step.record() for step in self.steps]
+            data[f.name] = value
+        return data
+
+    @classmethod
+    def load(cls, directory: Path) -> Revision:
+        """Read record.json (format 1 or 2) and plan.json; anything else is a StoreError naming the file."""
+        path = directory / "record.json"
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise StoreError(f"{path}: not a readable revision record ({exc})") from None
+        if not isinstance(data, dict):
+            raise StoreError(f"{path}: not a revision record (a JSON object was expected)")
+        data = dict(data)
+        version = data.pop("format", 1)
+        if version not in (1, RECORD_FORMAT):
+            raise StoreError(f"{path}: record format {version!r} is newer than this ctxmgr reads")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise StoreError(f"{path}: unknown key {unknown[0]!r} (written by another ctxmgr version?)")
+        required = ("number", "service", "state", "unit_path", "created")
+        missing = [key for key in required if key not in data]
+        if missing:
+            raise StoreError(f"{path}: missing key {missing[0]!r}")
+        try:
+            data["state"] = State(data["state"])
+        except ValueError:
+            raise StoreError(f"{path}: unknown state {data['state']!r}") from None
+        data["created"] = _epoch(data["created"], path, "created")
+        data["finished"] = _epoch(data.get("finished"), path, "finished")
+        steps = []
+        for raw in data.get("steps") or []:
+            try:
+                steps.append(Step(State(raw["state"]), _epoch(raw["time"], path, "steps.time") or 0.0,
+                                  str(raw.get("note", ""))))  # fmt: skip
+            except (KeyError, TypeError, ValueError):
+                raise StoreError(f"{path}: a step is not {{state, time, note}}: {raw!r}") from None
+        data["steps"] = steps
+        plan_path = directory / "plan.json"
+        if "plan" not in data and plan_path.is_file():
+            try:
+                data["plan"] = json.loads(plan_path.read_text())
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
+                raise StoreError(f"{plan_path}: not readable JSON ({exc})") from None
+        try:
+            return cls(**data)
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"{path}: {exc}") from None
+
+
+def _name_of_host() -> str:
+    return os.uname().nodename
+
+
+def _user() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def ctxmgr_version() -> str | None:
+    try:
+        return metadata.version("vllm-ctxmgr")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def made_by() -> dict[str, str | None]:
+    """Who, where and with which ctxmgr a change is made, for the record."""
+    return {"user": _user(), "host": _name_of_host(), "ctxmgr_version": ctxmgr_version()}
 
 
 class ServiceStore:
     """One service's revisions, observations and lock."""
 
-    def __init__(self, state_dir: Path | str, service: str) -> None:
+    def __init__(self, state_dir: Path | str, service: str, keep: int = KEEP) -> None:
         if not re.fullmatch(r"[A-Za-z0-9:_.@\\-]+", service):
             raise UsageError(f"{service!r} is not a valid unit name")
         self.service = service.removesuffix(".service")
         self.root = Path(state_dir) / self.service
         self.revisions_dir = self.root / "revisions"
+        self.keep = keep
 
     def ensure(self) -> None:
         for directory in (self.root.parent, self.root, self.revisions_dir):
@@ -120,15 +355,14 @@ class ServiceStore:
     # ---- revisions -------------------------------------------------------------------------
 
     def revisions(self) -> list[Revision]:
+        """Every whole revision, oldest first; a directory without a record is not one."""
         if not self.revisions_dir.is_dir():
             return []
         found = []
         for entry in sorted(self.revisions_dir.iterdir()):
-            record = entry / "record.json"
-            if entry.name.isdigit() and record.is_file():
-                data = json.loads(record.read_text())
-                found.append(Revision(**data))
-        return found
+            if entry.name.isdigit() and (entry / "record.json").is_file():
+                found.append(Revision.load(entry))
+        return sorted(found, key=lambda rev: rev.number)
 
     def get(self, number: int) -> Revision:
         for rev in self.revisions():
@@ -140,24 +374,35 @@ class ServiceStore:
         return (self.revisions_dir / f"{number:04d}" / which).read_bytes()
 
     def new_revision(self, rev: Revision, unit: bytes, previous: bytes) -> Revision:
-        """Record a change before anything is touched; the number is the next free one."""
+        """Write the whole revision under .new-*, then rename it to the next free number."""
         self.ensure()
-        existing = self.revisions()
-        rev.number = (existing[-1].number + 1) if existing else 0
-        directory = self.revisions_dir / f"{rev.number:04d}"
-        directory.mkdir(mode=0o700)
-        atomic_write(directory / "previous", previous, mode=0o600)
-        atomic_write(directory / "unit", unit, mode=0o600)
-        self.save(rev)
+        self.remove_partial()
+        numbers = [int(e.name) for e in self.revisions_dir.iterdir() if e.name.isdigit()]
+        rev.number = max(numbers) + 1 if numbers else 0
+        staging = Path(tempfile.mkdtemp(prefix=".new-", dir=self.revisions_dir))
+        try:
+            _write_new(staging / "previous", previous)
+            _write_new(staging / "unit", unit)
+            if rev.plan:
+                _write_new(staging / "plan.json", json.dumps(rev.plan, indent=2).encode())
+            _write_new(staging / "record.json", json.dumps(rev.record(), indent=2).encode())
+            _fsync_dir(staging)
+            crash_point("revision-staged")
+            os.rename(staging, self.revisions_dir / f"{rev.number:04d}")
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        _fsync_dir(self.revisions_dir)
         return rev
 
     def save(self, rev: Revision) -> None:
         directory = self.revisions_dir / f"{rev.number:04d}"
-        atomic_write(directory / "record.json", json.dumps(rev.to_json(), indent=2).encode(), mode=0o600)
+        atomic_write(directory / "record.json", json.dumps(rev.record(), indent=2).encode(), mode=0o600)
 
     def in_progress(self) -> Revision | None:
+        """The newest revision an interrupted run left unfinished."""
         for rev in reversed(self.revisions()):
-            if rev.state == IN_PROGRESS:
+            if rev.state in PENDING:
                 return rev
         return None
 
@@ -170,6 +415,54 @@ class ServiceStore:
                 return rev
         return None
 
+    def remove_partial(self) -> list[str]:
+        """Revision directories a killed run left half written: .new-* and numbered ones without a
+        record (written by a ctxmgr before finalise-by-rename). Nothing refers to them."""
+        removed: list[str] = []
+        if not self.revisions_dir.is_dir():
+            return removed
+        for entry in sorted(self.revisions_dir.iterdir()):
+            partial = entry.name.startswith(".new-") or (
+                entry.name.isdigit() and not (entry / "record.json").exists()
+            )
+            if partial and entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(str(entry))
+        for path in self.revisions_dir.glob("*/.record.json.*.ctxmgr-tmp"):
+            path.unlink(missing_ok=True)
+            removed.append(str(path))
+        return removed
+
+    def needed(self, revisions: list[Revision]) -> set[int]:
+        """What a rollback or a recovery may still need: the baseline, the newest final, the good one
+        before it (the default target of `rollback`), and anything unfinished."""
+        keep = {rev.number for rev in revisions if rev.state == BASELINE or rev.state in PENDING}
+        newest_final = next((rev for rev in reversed(revisions) if rev.state == FINAL), None)
+        if newest_final is not None:
+            keep.add(newest_final.number)
+            before = next(
+                (
+                    r
+                    for r in reversed(revisions)
+                    if r.number < newest_final.number and r.state in (FINAL, BASELINE)
+                ),
+                None,
+            )
+            if before is not None:
+                keep.add(before.number)
+        return keep
+
+    def prune(self) -> list[int]:
+        """Keep the last `keep` revisions and every one `needed`; remove the rest."""
+        revisions = self.revisions()
+        keep = self.needed(revisions) | {rev.number for rev in revisions[-self.keep :]}
+        removed = []
+        for rev in revisions:
+            if rev.number not in keep:
+                shutil.rmtree(self.revisions_dir / f"{rev.number:04d}", ignore_errors=True)
+                removed.append(rev.number)
+        return removed
+
     # ---- observations ----------------------------------------------------------------------
 
     def add_observation(self, data: dict[str, Any]) -> None:
@@ -178,6 +471,9 @@ class ServiceStore:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "a") as handle:
             handle.write(json.dumps(data, sort_keys=True) + "\n")
+        lines = path.read_bytes().splitlines(keepends=True)
+        if len(lines) > self.keep:
+            atomic_write(path, b"".join(lines[-self.keep :]), mode=0o600)
 
     def observations(self) -> list[dict[str, Any]]:
         path = self.root / "observations.jsonl"
@@ -202,19 +498,55 @@ class ServiceStore:
         except ValueError:
             return None
 
+    # ---- leftovers -------------------------------------------------------------------------
+
+    def remove_leftovers(
+        self, unit_dirs: list[Path], run_dir: Path | None, unit_names: list[str]
+    ) -> list[str]:
+        """What killed runs leave and nothing else removes: atomic_write's temporaries beside the
+        service's unit files, stale `systemd-analyze verify` staging directories in /run, the
+        candidate directory, half-written revisions. Call it holding the lock."""
+        removed = self.remove_partial()
+        for directory in unit_dirs:
+            for name in unit_names:
+                for path in atomic_leftovers(directory, name):
+                    path.unlink(missing_ok=True)
+                    removed.append(str(path))
+        for path in self.root.glob(".*.ctxmgr-tmp"):
+            path.unlink(missing_ok=True)
+            removed.append(str(path))
+        candidate = self.root / "candidate"
+        if candidate.is_dir():
+            shutil.rmtree(candidate, ignore_errors=True)
+            removed.append(str(candidate))
+        if run_dir is not None:
+            now = time.time()
+            with contextlib.suppress(OSError):
+                for entry in run_dir.glob("ctxmgr-verify-*"):
+                    # another service's run may be verifying right now: only old ones are leftovers
+                    with contextlib.suppress(OSError):
+                        if entry.is_dir() and now - entry.stat().st_mtime > STALE_S:
+                            shutil.rmtree(entry, ignore_errors=True)
+                            removed.append(str(entry))
+        return removed
+
     # ---- lock ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def lock(self, wait: float = 0.0) -> Iterator[None]:
-        """One ctxmgr run per service: wait up to `wait` seconds, then refuse naming the holder."""
+        """One ctxmgr run per service: wait up to `wait` seconds, then refuse naming the holder.
+        Only the holder writes (and at the end clears) the lock file: a run that is refused leaves
+        the holder's line for the next one to read."""
         self.ensure()
         path = self.root / "lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         deadline = time.monotonic() + wait
+        held = False
         try:
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = True
                     break
                 except OSError as exc:
                     if exc.errno not in (errno.EAGAIN, errno.EACCES):
@@ -229,6 +561,7 @@ class ServiceStore:
             os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv)[:300]}\n".encode(), 0)
             yield
         finally:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
+            if held:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
             os.close(fd)
