@@ -6,8 +6,25 @@ vLLM's KV-cache specs. Field names follow vLLM / HF words (num_kv_heads, head_si
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
+
+from vllm_ctxmgr.errors import ModelFactsError
+
+# Bounds a real model stays far inside; anything outside is a broken or hostile file, refused
+# before it can reach the KV arithmetic (a layer count of 1e30 would never finish, a head count
+# of -1 would plan negative KV bytes).
+MAX_LAYERS = 10_000
+MAX_HEADS = 65_536
+MAX_HEAD_SIZE = 65_536
+MAX_HIDDEN_SIZE = 1 << 24
+MAX_POSITIONS = 1 << 40
+MAX_STATE_DIM = 1 << 24
+MAX_WEIGHT_BYTES = 1 << 52  # 4 PiB
+MAX_ROPE_FACTOR = 1e6
 
 
 class LayerKind(StrEnum):
@@ -90,6 +107,9 @@ class ModelFacts:
     provenance: dict[str, str] = field(default_factory=dict)  # fact -> where it came from
     notes: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        validate(self)
+
     @property
     def num_hidden_layers(self) -> int:
         return len(self.layers)
@@ -104,6 +124,87 @@ class ModelFacts:
     @property
     def has_indexer(self) -> bool:
         return any(layer.indexer_head_dim for layer in self.layers)
+
+
+def _check_int(
+    facts: ModelFacts, name: str, value: Any, low: int, high: int, *, optional: bool = False
+) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ModelFactsError(f"{facts.source}: {name} is {value!r}, expected an integer in {low}..{high}")
+
+
+def validate(facts: ModelFacts) -> None:
+    """The invariants every ModelFacts holds, whichever reader built it: types, ranges, finite numbers.
+
+    Raises ModelFactsError naming the source and the fact, so no path can hand garbage to the planner.
+    """
+    check = functools.partial(_check_int, facts)
+    if not isinstance(facts.source, str) or not isinstance(facts.model_type, str):
+        raise ModelFactsError(f"{facts.source!r}: source and model_type must be strings")
+    if not isinstance(facts.architectures, tuple) or not all(isinstance(a, str) for a in facts.architectures):
+        raise ModelFactsError(f"{facts.source}: architectures is {facts.architectures!r}, expected names")
+    if facts.dtype not in DTYPE_BYTES:
+        raise ModelFactsError(f"{facts.source}: dtype {facts.dtype!r} is not one vLLM serves")
+    check("num_attention_heads", facts.num_attention_heads, 1, MAX_HEADS)
+    if not isinstance(facts.layers, tuple) or not 1 <= len(facts.layers) <= MAX_LAYERS:
+        count = len(facts.layers) if isinstance(facts.layers, tuple) else facts.layers
+        raise ModelFactsError(f"{facts.source}: num_hidden_layers is {count!r}, expected 1..{MAX_LAYERS}")
+    for index, layer in enumerate(facts.layers):
+        _check_layer(facts, index, layer)
+    if all(layer.kind == LayerKind.NONE for layer in facts.layers):
+        raise ModelFactsError(f"{facts.source}: no layer holds a KV cache or state (all share another's)")
+    for key, value in facts.position_limits:
+        check(key, value, 1, MAX_POSITIONS)
+    for rope in facts.rope:
+        if rope.factor is not None and (
+            not isinstance(rope.factor, float)
+            or not math.isfinite(rope.factor)
+            or not 0 < rope.factor <= MAX_ROPE_FACTOR
+        ):
+            raise ModelFactsError(
+                f"{facts.source}: rope factor is {rope.factor!r}, expected a positive number"
+            )
+        check(
+            "original_max_position_embeddings",
+            rope.original_max_position_embeddings,
+            1,
+            MAX_POSITIONS,
+            optional=True,
+        )
+    check("sliding_window", facts.sliding_window, 1, MAX_POSITIONS, optional=True)
+    check("hidden_size", facts.hidden_size, 1, MAX_HIDDEN_SIZE, optional=True)
+    check("mtp_layers", facts.mtp_layers, 0, MAX_LAYERS)
+    check("kv_lora_rank", facts.kv_lora_rank, 1, MAX_HEAD_SIZE, optional=True)
+    check("qk_rope_head_dim", facts.qk_rope_head_dim, 1, MAX_HEAD_SIZE, optional=True)
+    check("qk_nope_head_dim", facts.qk_nope_head_dim, 0, MAX_HEAD_SIZE, optional=True)
+    check("weight_bytes", facts.weight_bytes, 0, MAX_WEIGHT_BYTES, optional=True)
+
+
+def _check_layer(facts: ModelFacts, index: int, layer: LayerFacts) -> None:
+    def check(name: str, value: Any, low: int, high: int, *, optional: bool = False) -> None:
+        _check_int(facts, f"layer {index} {name}", value, low, high, optional=optional)
+
+    if not isinstance(layer, LayerFacts) or not isinstance(layer.kind, LayerKind):
+        raise ModelFactsError(f"{facts.source}: layer {index} is {layer!r}, not a decoder layer")
+    if layer.kind in (LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED):
+        check("num_kv_heads", layer.num_kv_heads, 1, MAX_HEADS)
+        check("head_size", layer.head_size, 1, MAX_HEAD_SIZE)
+        check("head_size_v", layer.head_size_v, 0, MAX_HEAD_SIZE)
+    elif layer.kind == LayerKind.MLA:
+        check("num_kv_heads", layer.num_kv_heads, 1, 1)
+        check("head_size", layer.head_size, 1, MAX_HEAD_SIZE)
+        check("indexer_head_dim", layer.indexer_head_dim, 0, MAX_HEAD_SIZE)
+    elif layer.kind == LayerKind.MAMBA:
+        if not isinstance(layer.state, StateFacts):
+            raise ModelFactsError(f"{facts.source}: layer {index} is a state layer without state dims")
+        for name in (
+            "conv_kernel", "intermediate_size", "n_groups", "state_size", "num_heads", "head_dim",
+            "num_k_heads", "num_v_heads", "k_head_dim", "v_head_dim",
+        ):  # fmt: skip
+            check(f"state {name}", getattr(layer.state, name), 0, MAX_STATE_DIM)
+    check("window", layer.window, 1, MAX_POSITIONS, optional=True)
 
 
 DTYPE_BYTES: dict[str, int] = {

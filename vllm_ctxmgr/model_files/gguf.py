@@ -23,10 +23,104 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts, RopeFacts, StateFacts
+from vllm_ctxmgr.core.facts import (
+    MAX_HEAD_SIZE,
+    MAX_HEADS,
+    MAX_HIDDEN_SIZE,
+    MAX_LAYERS,
+    MAX_POSITIONS,
+    MAX_ROPE_FACTOR,
+    MAX_STATE_DIM,
+    LayerFacts,
+    LayerKind,
+    ModelFacts,
+    RopeFacts,
+    StateFacts,
+)
 from vllm_ctxmgr.errors import ModelFactsError
+from vllm_ctxmgr.model_files.files import open_regular
 
 SPLIT_GGUF = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+# The GGUF metadata keys read here, as named data: (attribute of gguf-py's constants.Keys, the
+# authority llama.cpp writes with; our own spelling for a gguf-py release that lacks the key).
+GGUF_KEYS: dict[str, tuple[str, str]] = {
+    "general.architecture": ("General.ARCHITECTURE", "general.architecture"),
+    "general.alignment": ("General.ALIGNMENT", "general.alignment"),
+    "general.file_type": ("General.FILE_TYPE", "general.file_type"),
+    "split.count": ("Split.LLM_KV_SPLIT_COUNT", "split.count"),
+    "block_count": ("LLM.BLOCK_COUNT", "{arch}.block_count"),
+    "context_length": ("LLM.CONTEXT_LENGTH", "{arch}.context_length"),
+    "embedding_length": ("LLM.EMBEDDING_LENGTH", "{arch}.embedding_length"),
+    "nextn_predict_layers": ("LLM.NEXTN_PREDICT_LAYERS", "{arch}.nextn_predict_layers"),
+    "full_attention_interval": ("LLM.FULL_ATTENTION_INTERVAL", "{arch}.full_attention_interval"),
+    "attention.head_count": ("Attention.HEAD_COUNT", "{arch}.attention.head_count"),
+    "attention.head_count_kv": ("Attention.HEAD_COUNT_KV", "{arch}.attention.head_count_kv"),
+    "attention.key_length": ("Attention.KEY_LENGTH", "{arch}.attention.key_length"),
+    "attention.value_length": ("Attention.VALUE_LENGTH", "{arch}.attention.value_length"),
+    "attention.kv_lora_rank": ("Attention.KV_LORA_RANK", "{arch}.attention.kv_lora_rank"),
+    "attention.key_length_mla": ("Attention.KEY_LENGTH_MLA", "{arch}.attention.key_length_mla"),
+    "attention.sliding_window": ("Attention.SLIDING_WINDOW", "{arch}.attention.sliding_window"),
+    "attention.sliding_window_pattern": (
+        "Attention.SLIDING_WINDOW_PATTERN",
+        "{arch}.attention.sliding_window_pattern",
+    ),
+    "attention.shared_kv_layers": ("Attention.SHARED_KV_LAYERS", "{arch}.attention.shared_kv_layers"),
+    "attention.indexer.key_length": ("Attention.Indexer.KEY_LENGTH", "{arch}.attention.indexer.key_length"),
+    "rope.dimension_count": ("Rope.DIMENSION_COUNT", "{arch}.rope.dimension_count"),
+    "rope.scaling.type": ("Rope.SCALING_TYPE", "{arch}.rope.scaling.type"),
+    "rope.scaling.factor": ("Rope.SCALING_FACTOR", "{arch}.rope.scaling.factor"),
+    "rope.scaling.original_context_length": (
+        "Rope.SCALING_ORIG_CTX_LEN",
+        "{arch}.rope.scaling.original_context_length",
+    ),
+    "ssm.conv_kernel": ("SSM.CONV_KERNEL", "{arch}.ssm.conv_kernel"),
+    "ssm.inner_size": ("SSM.INNER_SIZE", "{arch}.ssm.inner_size"),
+    "ssm.state_size": ("SSM.STATE_SIZE", "{arch}.ssm.state_size"),
+    "ssm.time_step_rank": ("SSM.TIME_STEP_RANK", "{arch}.ssm.time_step_rank"),
+    "ssm.group_count": ("SSM.GROUP_COUNT", "{arch}.ssm.group_count"),
+}
+# Integer values and the ranges a real file holds (a list: one value per layer); 0 is llama.cpp's
+# "absent" where the readers below treat it so.
+GGUF_INTEGER_RANGES: dict[str, tuple[int, int]] = {
+    "block_count": (1, MAX_LAYERS),
+    "context_length": (1, MAX_POSITIONS),
+    "embedding_length": (1, MAX_HIDDEN_SIZE),
+    "nextn_predict_layers": (0, MAX_LAYERS),
+    "full_attention_interval": (0, MAX_LAYERS),
+    "attention.head_count": (1, MAX_HEADS),
+    "attention.head_count_kv": (0, MAX_HEADS),
+    "attention.key_length": (1, MAX_HEAD_SIZE),
+    "attention.value_length": (0, MAX_HEAD_SIZE),
+    "attention.kv_lora_rank": (0, MAX_HEAD_SIZE),
+    "attention.key_length_mla": (0, MAX_HEAD_SIZE),
+    "attention.sliding_window": (0, MAX_POSITIONS),
+    "attention.sliding_window_pattern": (0, MAX_LAYERS),
+    "attention.shared_kv_layers": (0, MAX_LAYERS - 1),
+    "attention.indexer.key_length": (0, MAX_HEAD_SIZE),
+    "rope.dimension_count": (0, MAX_HEAD_SIZE),
+    "rope.scaling.original_context_length": (0, MAX_POSITIONS),
+    **dict.fromkeys(
+        ("ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank", "ssm.group_count"),
+        (0, MAX_STATE_DIM),
+    ),
+}
+MAX_GGUF_KV_COUNT = 1 << 16
+MAX_GGUF_TENSOR_COUNT = 1 << 20
+MAX_GGUF_ARRAY_COUNT = 1 << 24  # a 256k-token vocabulary is 1 << 18
+MAX_GGUF_STRING = 1 << 24
+MAX_GGUF_NESTING = 4
+MAX_GGUF_DIMS = 8  # ggml has 4
+
+
+@functools.cache
+def gguf_key(name: str) -> str:
+    """The key template for NAME ({arch} unfilled): gguf-py's constants.Keys, else our table."""
+    path, fallback = GGUF_KEYS[name]
+    value: Any = gguf_constants().Keys
+    for part in path.split("."):
+        value = getattr(value, part, None)
+    return value if isinstance(value, str) else fallback
 
 
 @functools.cache
@@ -97,6 +191,8 @@ class _Cursor:
 
     def string(self) -> str:
         (length,) = self.unpack("Q")
+        if length > MAX_GGUF_STRING:
+            raise ModelFactsError(f"{self.path}: GGUF string of {length} bytes at byte {self.offset}")
         end = self.offset + length
         if end > self.size:
             raise ModelFactsError(f"{self.path}: truncated GGUF header (ends at byte {self.size})")
@@ -106,6 +202,7 @@ class _Cursor:
 
     def skip_strings(self, count: int) -> None:
         """Step over COUNT strings (a 150k-token vocabulary) without decoding them."""
+        self.check_count(count, 8)
         unpack = struct.Struct(self.endian + "Q").unpack_from
         buffer, offset = self.buffer, self.offset
         try:
@@ -117,27 +214,36 @@ class _Cursor:
             raise ModelFactsError(f"{self.path}: truncated GGUF header (ends at byte {self.size})")
         self.offset = offset
 
+    def check_count(self, count: int, item_size: int) -> None:
+        """An array count the rest of the file can hold, and no more than a real file has."""
+        if count > MAX_GGUF_ARRAY_COUNT or self.offset + count * item_size > self.size:
+            raise ModelFactsError(f"{self.path}: GGUF array of {count} items at byte {self.offset}")
+
 
 _SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
 _KEEP_STRING_ARRAYS_UP_TO = 4096
 
 
-def _read_value(cursor: _Cursor, value_type: int) -> Any:
+def _read_value(cursor: _Cursor, value_type: int, depth: int = 0) -> Any:
     if value_type in _SCALAR_FORMATS:
         return cursor.unpack(_SCALAR_FORMATS[value_type])[0]
     if value_type == _STRING:
         return cursor.string()
     if value_type == _ARRAY:
+        if depth >= MAX_GGUF_NESTING:
+            raise ModelFactsError(f"{cursor.path}: GGUF arrays nested deeper than {MAX_GGUF_NESTING} levels")
         item_type, count = cursor.unpack("IQ")
         if item_type in _SCALAR_FORMATS:
+            cursor.check_count(count, struct.calcsize(_SCALAR_FORMATS[item_type]))
             return list(cursor.unpack(f"{count}{_SCALAR_FORMATS[item_type]}"))
         if item_type == _STRING:
             if count > _KEEP_STRING_ARRAYS_UP_TO:
                 cursor.skip_strings(count)
                 return SkippedArray(count)
             return [cursor.string() for _ in range(count)]
-        return [_read_value(cursor, item_type) for _ in range(count)]
+        cursor.check_count(count, 12)
+        return [_read_value(cursor, item_type, depth + 1) for _ in range(count)]
     raise ModelFactsError(f"{cursor.path}: unknown GGUF value type {value_type} at byte {cursor.offset}")
 
 
@@ -145,7 +251,11 @@ def read_gguf_header(path: Path) -> GgufHeader:
     """Metadata and tensor infos of one GGUF file; the tensor data region is only size-checked."""
     constants = gguf_constants()
     try:
-        with path.open("rb") as handle:
+        fd = open_regular(path)
+    except FileNotFoundError as error:
+        raise ModelFactsError(f"cannot read {path}: {error.strerror}") from None
+    try:
+        with os.fdopen(fd, "rb") as handle:
             file_size = os.fstat(handle.fileno()).st_size
             if file_size < 24:
                 magic = handle.read(4)
@@ -171,6 +281,8 @@ def _parse_gguf(buffer: mmap.mmap, path: Path, file_size: int, constants: Module
     cursor = _Cursor(buffer, path, endian)
     cursor.offset = 8
     tensor_count, kv_count = cursor.unpack("QQ")
+    if kv_count > MAX_GGUF_KV_COUNT or tensor_count > MAX_GGUF_TENSOR_COUNT:
+        raise ModelFactsError(f"{path}: GGUF header claims {kv_count} keys and {tensor_count} tensors")
     metadata: dict[str, Any] = {}
     for _ in range(kv_count):
         key = cursor.string()
@@ -182,6 +294,8 @@ def _parse_gguf(buffer: mmap.mmap, path: Path, file_size: int, constants: Module
     for _ in range(tensor_count):
         name = cursor.string()
         (n_dims,) = cursor.unpack("I")
+        if n_dims > MAX_GGUF_DIMS:
+            raise ModelFactsError(f"{path}: tensor {name[:60]!r} has {n_dims} dimensions")
         shape = cursor.unpack(f"{n_dims}Q")
         ggml_type, offset = cursor.unpack("IQ")
         if ggml_type not in sizes:
@@ -190,7 +304,16 @@ def _parse_gguf(buffer: mmap.mmap, path: Path, file_size: int, constants: Module
         tensors.append(
             GgufTensor(name, tuple(shape), ggml_type, offset, math.prod(shape) // block_size * type_size)
         )
-    alignment = int(metadata.get("general.alignment") or 32)
+    alignment = metadata.get(gguf_key("general.alignment"))
+    if alignment is None:
+        alignment = 32
+    if (
+        isinstance(alignment, bool)
+        or not isinstance(alignment, int)
+        or not 0 < alignment <= 1 << 20
+        or alignment & (alignment - 1)
+    ):
+        raise ModelFactsError(f"{path}: general.alignment is {alignment!r}, expected a power of two")
     data_start = -(-cursor.offset // alignment) * alignment
     data_end = data_start + max((t.offset + t.nbytes for t in tensors), default=0)
     if data_end > file_size:
@@ -206,6 +329,8 @@ def gguf_parts(path: Path) -> list[Path]:
     if match is None:
         return [path]
     count = int(match["count"])
+    if not 1 <= int(match["no"]) <= count:
+        raise ModelFactsError(f"{path}: split GGUF part {match['no']} of {match['count']} does not exist")
     parts = [path.with_name(f"{match['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
     for part in parts:
         if not part.is_file():
@@ -219,14 +344,72 @@ def load_gguf_facts(path: Path, *, source: str | None = None) -> ModelFacts:
     headers = [read_gguf_header(part) for part in parts]
     first = headers[0]
     meta = first.metadata
-    split_count = meta.get("split.count")
-    if split_count and int(split_count) != len(parts):
-        raise ModelFactsError(f"{parts[0]}: split.count is {split_count} but {len(parts)} parts are named")
-    arch = meta.get("general.architecture")
-    if not isinstance(arch, str):
+    split_count = meta.get(gguf_key("split.count"))
+    if split_count and split_count != len(parts):
+        raise ModelFactsError(f"{parts[0]}: split.count is {split_count!r} but {len(parts)} parts are named")
+    arch = meta.get(gguf_key("general.architecture"))
+    if not isinstance(arch, str) or not re.fullmatch(r"[\w.-]{1,64}", arch):
         raise ModelFactsError(f"{parts[0]}: no general.architecture in the GGUF metadata")
+    check_gguf_values(meta, arch, str(parts[0]))
     tensors = [t for header in headers for t in header.tensors]
-    return gguf_facts(meta, tensors, first.type_names, source=source or str(path), parts=len(parts))
+    try:
+        return gguf_facts(meta, tensors, first.type_names, source=source or str(path), parts=len(parts))
+    except (
+        TypeError,
+        ValueError,
+        OverflowError,
+        ZeroDivisionError,
+        AttributeError,
+        KeyError,
+        IndexError,
+    ) as error:
+        raise ModelFactsError(
+            f"{parts[0]}: unusable GGUF metadata ({type(error).__name__}: {error})"
+        ) from None
+
+
+def check_gguf_values(meta: dict[str, Any], arch: str, label: str) -> None:
+    """Types and ranges of the metadata the facts come from, naming the key that is wrong."""
+    for name, (low, high) in GGUF_INTEGER_RANGES.items():
+        key = gguf_key(name).format(arch=arch)
+        value = meta.get(key)
+        if value is None:
+            continue
+        items = value if isinstance(value, list) else [value]
+        if isinstance(value, list) and name not in PER_LAYER_KEYS:
+            items = [None]
+        for item in items:
+            if name == "attention.sliding_window_pattern" and isinstance(item, bool):
+                continue
+            if isinstance(item, bool) or not isinstance(item, int) or not low <= item <= high:
+                raise ModelFactsError(
+                    f"{label}: {key} is {_shown(value)}, expected an integer in {low}..{high}"
+                )
+    key = gguf_key("rope.scaling.factor").format(arch=arch)
+    factor = meta.get(key)
+    if factor is not None and (
+        isinstance(factor, bool)
+        or not isinstance(factor, int | float)
+        or not math.isfinite(factor)
+        or not 0 <= factor <= MAX_ROPE_FACTOR
+    ):
+        raise ModelFactsError(f"{label}: {key} is {_shown(factor)}, expected a positive number")
+    key = gguf_key("rope.scaling.type").format(arch=arch)
+    if meta.get(key) is not None and not isinstance(meta[key], str):
+        raise ModelFactsError(f"{label}: {key} is {_shown(meta[key])}, expected a name")
+    file_type = meta.get(gguf_key("general.file_type"))
+    if file_type is not None and (isinstance(file_type, bool) or not isinstance(file_type, int)):
+        raise ModelFactsError(f"{label}: general.file_type is {_shown(file_type)}, expected an integer")
+
+
+PER_LAYER_KEYS = frozenset(
+    {"attention.head_count", "attention.head_count_kv", "attention.sliding_window_pattern"}
+)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def gguf_facts(
@@ -238,16 +421,17 @@ def gguf_facts(
     parts: int = 1,
 ) -> ModelFacts:
     """Facts from GGUF metadata and tensor infos, following llama.cpp's converter conventions."""
-    arch = str(meta["general.architecture"])
+    arch = str(meta[gguf_key("general.architecture")])
     provenance: dict[str, str] = {}
     notes = [
         "vLLM 0.33.0 has no GGUF loader; these facts follow the GGUF path of earlier vLLM releases",
     ]
 
-    def get(key: str, fact: str | None = None) -> Any:
-        value = meta.get(f"{arch}.{key}")
+    def get(name: str, fact: str | None = None) -> Any:
+        key = gguf_key(name).format(arch=arch)
+        value = meta.get(key)
         if value is not None and fact:
-            provenance.setdefault(fact, f"gguf {arch}.{key}")
+            provenance.setdefault(fact, f"gguf {key}")
         return value
 
     block_count = get("block_count", "num_hidden_layers")
@@ -359,7 +543,7 @@ def gguf_facts(
             RopeFacts(str(rope_type), float(factor) if factor else None, int(original) if original else None),
         )
         provenance["rope"] = f"gguf {arch}.rope.scaling.*"
-    file_type = meta.get("general.file_type")
+    file_type = meta.get(gguf_key("general.file_type"))
     quantization = _gguf_quantization(file_type, tensors, type_names)
     provenance["quantization"] = "gguf general.file_type" if file_type is not None else "gguf tensor types"
     provenance["weight_bytes"] = "gguf tensor infos" + (f" ({parts} parts)" if parts > 1 else "")
@@ -391,7 +575,7 @@ def _gguf_sliding_pattern(arch: str, meta: dict[str, Any], num_layers: int, wind
     """Per layer: sliding? From sliding_window_pattern (int period or bool per layer) or arch."""
     if not window:
         return [False] * num_layers
-    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
+    pattern = meta.get(gguf_key("attention.sliding_window_pattern").format(arch=arch))
     if isinstance(pattern, list):
         return [bool(p) for p in pattern[:num_layers]] + [False] * (num_layers - len(pattern))
     period = {"gemma3": 6, "gemma2": 2, "cohere2": 4, "gemma3n": 5}.get(arch)
@@ -408,7 +592,7 @@ def _gguf_state(arch: str, meta: dict[str, Any]) -> StateFacts | None:
     """Recurrent state dims from {arch}.ssm.* (llama.cpp's qwen3next / mamba2 conventions)."""
 
     def ssm(key: str) -> int:
-        return int(meta.get(f"{arch}.ssm.{key}") or 0)
+        return int(meta.get(gguf_key(f"ssm.{key}").format(arch=arch)) or 0)
 
     if not ssm("conv_kernel"):
         return None

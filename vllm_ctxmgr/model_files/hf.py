@@ -10,12 +10,28 @@ vllm/config/model.py `_resolve_auto_dtype` does. KV `auto` uses the same dtype.
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 from typing import Any
 
-from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts, RopeFacts, StateFacts, auto_dtype
+from vllm_ctxmgr.core.facts import (
+    DTYPE_BYTES,
+    MAX_HEAD_SIZE,
+    MAX_HEADS,
+    MAX_HIDDEN_SIZE,
+    MAX_LAYERS,
+    MAX_POSITIONS,
+    MAX_ROPE_FACTOR,
+    MAX_STATE_DIM,
+    LayerFacts,
+    LayerKind,
+    ModelFacts,
+    RopeFacts,
+    StateFacts,
+    auto_dtype,
+)
 from vllm_ctxmgr.errors import ModelFactsError
+from vllm_ctxmgr.model_files.files import MAX_CONFIG_BYTES, read_json_object
 from vllm_ctxmgr.model_files.hf_defaults import transformers_defaults
 from vllm_ctxmgr.model_files.safetensors import SAFETENSORS_DTYPES, SafetensorsWeights, safetensors_weights
 
@@ -133,20 +149,128 @@ class HfConfig:
 
 def read_json(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        return read_json_object(path, MAX_CONFIG_BYTES)
     except FileNotFoundError:
         raise ModelFactsError(f"no config.json in {path.parent}") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ModelFactsError(f"cannot read {path}: {error}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ModelFactsError(
-            f"{path}: malformed JSON ({error.msg} at line {error.lineno} column {error.colno})"
-        ) from None
-    if not isinstance(data, dict):
-        raise ModelFactsError(f"{path}: expected a JSON object, found {type(data).__name__}")
-    return data
+
+
+# Integer keys vLLM's model modules read, with the values a real config can hold; anything else
+# (a string, a list, NaN, 1e30, -1) is refused at the door, naming the key.
+_COUNT = (1, MAX_LAYERS)
+_HEADS = (1, MAX_HEADS)
+_DIM = (1, MAX_STATE_DIM)
+_POSITIONS = (0, MAX_POSITIONS)  # 0 may mean "unset"; ModelFacts refuses a 0 that is used
+INTEGER_KEYS: dict[str, tuple[int, int]] = {
+    "num_hidden_layers": _COUNT,
+    "num_attention_heads": _HEADS,
+    **dict.fromkeys(KV_HEAD_KEYS, _HEADS),
+    "head_dim": (-1, MAX_HEAD_SIZE),  # <= 0: vLLM falls back to hidden_size // heads
+    "hidden_size_per_head": (0, MAX_HEAD_SIZE),
+    "hidden_size": (1, MAX_HIDDEN_SIZE),
+    **dict.fromkeys(POSITION_KEYS, _POSITIONS),
+    "original_max_position_embeddings": _POSITIONS,
+    "kv_lora_rank": (1, MAX_HEAD_SIZE),
+    "qk_rope_head_dim": (1, MAX_HEAD_SIZE),
+    "qk_nope_head_dim": (0, MAX_HEAD_SIZE),
+    "index_head_dim": (1, MAX_HEAD_SIZE),
+    "index_topk_freq": _COUNT,
+    "index_skip_topk_offset": (0, MAX_LAYERS),
+    "num_nextn_predict_layers": (0, MAX_LAYERS),
+    "mtp_num_hidden_layers": (0, MAX_LAYERS),
+    "num_kv_shared_layers": (0, MAX_LAYERS),
+    "sliding_window_pattern": _COUNT,
+    "max_window_layers": (0, MAX_LAYERS),
+    "full_attention_interval": _COUNT,
+    "attn_layer_period": _COUNT,
+    "attn_layer_offset": (0, MAX_LAYERS),
+    "no_rope_layer_interval": _COUNT,
+    "attention_chunk_size": _POSITIONS,
+    **dict.fromkeys(
+        (
+            "linear_conv_kernel_dim",
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "mamba_num_heads",
+            "mamba_head_dim",
+            "ssm_state_size",
+            "mamba_n_heads",
+            "mamba_expand",
+            "mamba_d_conv",
+            "mamba_n_groups",
+            "mamba_d_state",
+            "conv_kernel",
+            "n_groups",
+        ),
+        _DIM,
+    ),
+}
+
+
+def _integer(value: Any) -> int | None:
+    """VALUE as an int if it is one (or an integral finite float, as JSON writers emit 32.0)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    return None
+
+
+def check_config_values(config: dict[str, Any], label: str) -> None:
+    """Types and ranges of the keys the readers use, before any of them is turned into facts."""
+    for key, (low, high) in INTEGER_KEYS.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        number = _integer(value)
+        if number is None or not low <= number <= high:
+            raise ModelFactsError(f"{label}: {key} is {_shown(value)}, expected an integer in {low}..{high}")
+    window = config.get("sliding_window")
+    for item in window if isinstance(window, list) else [window]:
+        number = _integer(item)
+        if item is not None and item is not False and (number is None or not 0 <= number <= MAX_POSITIONS):
+            raise ModelFactsError(
+                f"{label}: sliding_window is {_shown(item)}, expected an integer in 0..{MAX_POSITIONS}"
+            )
+    for key in ("model_type",):
+        if config.get(key) is not None and not isinstance(config[key], str):
+            raise ModelFactsError(f"{label}: {key} is {_shown(config[key])}, expected a string")
+    architectures = config.get("architectures")
+    if architectures is not None and (
+        not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures)
+    ):
+        raise ModelFactsError(f"{label}: architectures is {_shown(architectures)}, expected a list of names")
+    for key in ("rope_scaling", "rope_parameters"):
+        params = config.get(key)
+        if not isinstance(params, dict):
+            continue
+        for entry in [v for v in params.values() if isinstance(v, dict)] or [params]:
+            factor = entry.get("factor")
+            if factor is not None and (
+                isinstance(factor, bool)
+                or not isinstance(factor, int | float)
+                or not math.isfinite(factor)
+                or not 0 < factor <= MAX_ROPE_FACTOR
+            ):
+                raise ModelFactsError(
+                    f"{label}: {key} factor is {_shown(factor)}, expected a positive number"
+                )
+            original = entry.get("original_max_position_embeddings")
+            if original is not None and (
+                (number := _integer(original)) is None or not 0 <= number <= MAX_POSITIONS
+            ):
+                raise ModelFactsError(
+                    f"{label}: {key} original_max_position_embeddings is {_shown(original)}, "
+                    "expected a length in tokens"
+                )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def text_config(raw: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -177,6 +301,28 @@ def load_hf_facts(directory: Path, *, source: str | None = None) -> ModelFacts:
         raise ModelFactsError(f"no config.json in {directory}; for a GGUF model pass the .gguf file itself")
     raw = read_json(config_path)
     text, label = text_config(raw)
+    check_config_values(raw, str(config_path))
+    if text is not raw:
+        check_config_values(text, f"{config_path}{label.removeprefix('config.json')}")
+    try:
+        return _hf_facts(directory, raw, text, label, source)
+    except (
+        TypeError,
+        ValueError,
+        OverflowError,
+        ZeroDivisionError,
+        AttributeError,
+        KeyError,
+        IndexError,
+    ) as error:
+        # a value of the wrong shape in a key not checked above (a dict where a list belongs, ...)
+        raise ModelFactsError(f"{config_path}: unusable config ({type(error).__name__}: {error})") from None
+
+
+def _hf_facts(
+    directory: Path, raw: dict[str, Any], text: dict[str, Any], label: str, source: str | None
+) -> ModelFacts:
+    config_path = directory / "config.json"
     model_type = _text_model_type(raw, text)
     cfg = HfConfig(text, model_type, label)
     notes: list[str] = []
@@ -196,7 +342,7 @@ def load_hf_facts(directory: Path, *, source: str | None = None) -> ModelFacts:
     num_layers, num_heads = int(num_layers), int(num_heads)
 
     weights = safetensors_weights(directory)
-    dtype, dtype_note = _hf_dtype(raw, text, weights, cfg.provenance)
+    dtype, dtype_note = _hf_dtype(raw, text, weights, cfg.provenance, directory)
     if dtype_note:
         notes.append(dtype_note)
     quantization, kv_cache_scheme = quantization_facts(raw, text)
@@ -243,7 +389,11 @@ def load_hf_facts(directory: Path, *, source: str | None = None) -> ModelFacts:
 
 
 def _hf_dtype(
-    raw: dict[str, Any], text: dict[str, Any], weights: SafetensorsWeights, provenance: dict[str, str]
+    raw: dict[str, Any],
+    text: dict[str, Any],
+    weights: SafetensorsWeights,
+    provenance: dict[str, str],
+    directory: Path,
 ) -> tuple[str, str | None]:
     """vLLM: config dtype (top level, then text config), else safetensors dtypes, else float32."""
     declared = None
@@ -251,6 +401,10 @@ def _hf_dtype(
         for key in ("dtype", "torch_dtype"):
             if isinstance(config.get(key), str):
                 declared, origin = config[key].removeprefix("torch."), f"{where} {key}"
+                if declared not in DTYPE_BYTES:
+                    raise ModelFactsError(
+                        f"{directory / where} {key} is {_shown(declared)}, not a dtype vLLM serves"
+                    )
                 break
         if declared:
             break
