@@ -108,8 +108,9 @@ def test_a_config_only_model_keeps_exact_kv_figures() -> None:
     data = json.loads(out)
     assert data["kv_bytes_per_token_per_gpu"] == 100_152
     assert data["kv_bytes_per_gpu"] == 1563 * 6_409_728  # cdiv(100000, 64) blocks
-    # no NVML here and no --gpu-memory: the KV figures stand, the memory verdict says it is unknown
-    assert code == 0 and "no memory information" in data["verdict"]
+    # no NVML here and no --gpu-memory: the KV figures stand, the memory verdict is unknown (exit 6)
+    assert code == 6 and "no memory information" in data["verdict"]
+    assert data["result"] == "unknown" and data["feasible"] is None
 
 
 @pytest.mark.parametrize(
@@ -121,7 +122,7 @@ def test_a_config_only_model_keeps_exact_kv_figures() -> None:
         (["plan", "1000", "--model", "/nonexistent/model"], 2, "/nonexistent/model"),
         (["plan", "1000"], 2, "exactly one of --model, --unit or --service"),
         (["facts", str(REPO / "README.md")], 2, ""),
-        (["history", "--service", "bad name!"], 2, "not a valid unit name"),
+        (["history", "--service", "bad name!"], 2, "is not a unit name"),
     ],
 )
 def test_bad_input_is_one_line_and_the_right_code(args: list[str], code: int, message: str) -> None:

@@ -1,28 +1,50 @@
-"""Expected failures carry a one-line message and the exit code the CLI returns.
+"""Exit codes and the expected failures that carry them; imports nothing of the project.
 
-Exit codes (documented in README.md):
-  0 success / feasible / nothing to do
-  1 other errors (I/O, systemd, a failed start that was rolled back)
-  2 usage errors (bad input: arguments, files, units)
-  3 infeasible plan (the target context does not fit)
-  4 the service is locked by another ctxmgr run
-  5 a change failed and the rollback failed too: the service needs a human
+Expected failures are exceptions with a one-line message and the exit code the CLI returns (the
+README's table is this file in prose). Anything else is a bug and keeps its traceback behind
+--debug.
 """
 
 from __future__ import annotations
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_INFEASIBLE = 3
-EXIT_LOCKED = 4
-EXIT_ROLLBACK_FAILED = 5
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What every ctxmgr command but `verify` returns."""
+
+    OK = 0  # success; plan feasible; nothing to do
+    ERROR = 1  # a change that failed and was rolled back; systemd or I/O errors
+    USAGE = 2  # bad arguments, unreadable model or unit, an unknown service
+    INFEASIBLE = 3  # the target context does not fit (the plan names the largest that does)
+    LOCKED = 4  # another ctxmgr run holds the service
+    ROLLBACK_FAILED = 5  # a change failed and its rollback failed too: the service needs a human
+    UNKNOWN = 6  # the plan cannot decide: no memory information (no NVML, no --gpu-memory)
+
+
+class VerifyExit(IntEnum):
+    """`ctxmgr verify` speaks the monitoring-plugin convention, so a check runner reads it as is."""
+
+    OK = 0
+    DEGRADED = 1  # it serves, but something drifted (WARNING)
+    FAILED = 2  # not active, or the probe fails (CRITICAL)
+    UNKNOWN = 3  # the check could not run: bad arguments, unreadable unit (UNKNOWN)
+    LOCKED = 4  # another ctxmgr run holds the service
+
+
+# The names the code used before ExitCode; kept so a plain integer comparison reads the same.
+EXIT_OK = ExitCode.OK
+EXIT_ERROR = ExitCode.ERROR
+EXIT_USAGE = ExitCode.USAGE
+EXIT_INFEASIBLE = ExitCode.INFEASIBLE
+EXIT_LOCKED = ExitCode.LOCKED
+EXIT_ROLLBACK_FAILED = ExitCode.ROLLBACK_FAILED
 
 
 class CtxmgrError(Exception):
-    """An expected failure: the CLI prints `message` on one line, no traceback."""
+    """An expected failure: the CLI prints `message` on one line (or one JSON object), no traceback."""
 
-    exit_code = EXIT_ERROR
+    exit_code: int = ExitCode.ERROR
 
     def __init__(self, message: str, *, exit_code: int | None = None) -> None:
         super().__init__(message)
@@ -35,9 +57,9 @@ class CtxmgrError(Exception):
 
 
 class UsageError(CtxmgrError):
-    """Bad input from the user: arguments, a model path, a unit file."""
+    """Bad input from the user: arguments, a model path, a unit file, a service that does not exist."""
 
-    exit_code = EXIT_USAGE
+    exit_code = ExitCode.USAGE
 
 
 class ModelFactsError(UsageError):
@@ -49,8 +71,12 @@ class UnitError(UsageError):
 
 
 class LockedError(CtxmgrError):
-    exit_code = EXIT_LOCKED
+    """Another ctxmgr run holds the service's lock: waiting longer or later is the answer."""
+
+    exit_code = ExitCode.LOCKED
 
 
 class SystemdError(CtxmgrError):
-    exit_code = EXIT_ERROR
+    """systemctl, journalctl or systemd-analyze failed or did not answer."""
+
+    exit_code = ExitCode.ERROR

@@ -15,7 +15,7 @@ from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan, parse_vllm_version
 from vllm_ctxmgr.core.serve_args import ServeArgs
-from vllm_ctxmgr.errors import CtxmgrError, UsageError
+from vllm_ctxmgr.errors import EXIT_INFEASIBLE, CtxmgrError, UsageError
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.nvml import gpus_from_file, read_nvml
 from vllm_ctxmgr.store import ServiceStore
@@ -133,6 +133,7 @@ class PlanRequest:
     allow_long: bool = False
     max_gpu_memory_utilization: float = 0.95
     fixed_gpu_memory_utilization: float | None = None  # the operator's choice, not the planner's
+    concurrency: int = 1  # requests of the full context the KV cache must hold at once
 
 
 def stored_observations(state_dir: Path | str, unit: str) -> list[Observation]:
@@ -174,3 +175,21 @@ def plan_for(
         cpu=cpu,
     )
     return make_plan(model_facts, args, gpu_state, options, tuple(observations))
+
+
+def plan_verdict(plan: Plan) -> str:
+    """feasible | infeasible | unknown: a plan without any memory figure decides nothing, and a script
+    that gates on it must not read that as "fits"."""
+    if not plan.gpus and plan.kv_cache_memory_bytes is None:
+        return "unknown"
+    return "feasible" if plan.feasible else "infeasible"
+
+
+def largest_context(args: ServeArgs, request: PlanRequest, **kwargs: object) -> int:
+    """`--max-model-len auto` resolved before the restart: the largest context the plan says fits."""
+    probe = plan_for(args, replace(request, context=1), **kwargs)  # type: ignore[arg-type]
+    if plan_verdict(probe) == "unknown":
+        raise UsageError("auto needs memory information: NVML, or --gpu-memory SIZE --gpu-count N")
+    if probe.max_context <= 0:
+        raise CtxmgrError("auto: not even one block of KV cache fits", exit_code=EXIT_INFEASIBLE)
+    return probe.max_context

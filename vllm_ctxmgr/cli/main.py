@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import fields, replace
 from typing import Any
 
 import click
@@ -11,8 +12,19 @@ import click
 from vllm_ctxmgr import report
 from vllm_ctxmgr.cli import ops
 from vllm_ctxmgr.cli.common import (
+    AUTO_CONTEXT,
+    BLOCK_SIZE,
     CONTEXT,
-    SIZE,
+    COUNT,
+    PARALLEL,
+    SERVICE,
+    TIMEOUT,
+    UTILIZATION,
+    VLLM_BYTES,
+    VLLM_VERSION,
+    WAIT_LOCK,
+    CtxmgrGroup,
+    check_state_dir,
     confirm,
     deployer_for,
     emit_json,
@@ -22,7 +34,7 @@ from vllm_ctxmgr.cli.common import (
     systemd_for,
 )
 from vllm_ctxmgr.core.plan import parse_vllm_version
-from vllm_ctxmgr.core.serve_args import ServeArgs
+from vllm_ctxmgr.core.serve_args import READ_FLAGS, ServeArgs, parse_serve_argv, split_flags
 from vllm_ctxmgr.deploy import (
     ChangeResult,
     SetContextRequest,
@@ -31,16 +43,19 @@ from vllm_ctxmgr.deploy import (
     rollback,
     set_context,
 )
-from vllm_ctxmgr.errors import EXIT_INFEASIBLE, UsageError
+from vllm_ctxmgr.errors import ExitCode, UsageError
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.nvml import read_nvml
-from vllm_ctxmgr.planning import PlanRequest, plan_for, stored_observations
+from vllm_ctxmgr.planning import PlanRequest, largest_context, plan_for, plan_verdict, stored_observations
 from vllm_ctxmgr.service import read_service, view_from_unit
 from vllm_ctxmgr.store import ServiceStore
+from vllm_ctxmgr.systemd.names import canonical_unit
 from vllm_ctxmgr.systemd.unit import ServiceUnit
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(
+    cls=CtxmgrGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110}
+)
 @click.option("--debug", is_flag=True, help="Show tracebacks of unexpected errors.")
 @click.option(
     "--state-dir",
@@ -71,9 +86,11 @@ def main(
 
     \b
     Exit codes: 0 ok / feasible / nothing to do, 1 error (a failed change that was rolled back
-    included), 2 usage error, 3 infeasible plan, 4 service locked, 5 rollback failed.
+    included), 2 usage error, 3 infeasible plan, 4 service locked, 5 rollback failed, 6 the plan
+    cannot decide (no memory information). `verify`: 0 ok, 1 degraded, 2 failed, 3 unknown, 4 locked.
+    With --json every command prints exactly one JSON object on stdout, errors included.
     """
-    ctx.obj = {"state_dir": state_dir, "systemd_pid": systemd_pid, "unit_dir": unit_dir}
+    ctx.obj = {"state_dir": check_state_dir(state_dir), "systemd_pid": systemd_pid, "unit_dir": unit_dir}
 
 
 # ---- facts / gpus ----------------------------------------------------------------------------
@@ -82,7 +99,9 @@ def main(
 @main.command()
 @click.argument("model")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--vllm-version", default=None, help="Derive the maximum length by this vLLM's rules.")
+@click.option(
+    "--vllm-version", type=VLLM_VERSION, default=None, help="Derive the maximum length by this vLLM's rules."
+)
 @handle_errors
 def facts(model: str, as_json: bool, vllm_version: str | None) -> None:
     """What vLLM will see in MODEL: a HF model dir, a cached repo id, or a GGUF file."""
@@ -90,10 +109,10 @@ def facts(model: str, as_json: bool, vllm_version: str | None) -> None:
     model_facts = load_model_facts(model)
 
     version = parse_vllm_version(vllm_version) or report.NEWEST_VLLM
-    if vllm_version and parse_vllm_version(vllm_version) is None:
-        raise UsageError(f"{vllm_version!r} is not a vLLM version (e.g. 0.33.0)")
     if as_json:
-        emit_json(report.facts_json(model_facts, version))
+        emit_json(
+            {"command": "facts", "result": "ok", "changed": False, **report.facts_json(model_facts, version)}
+        )
     else:
         click.echo(report.facts_text(model_facts, version))
 
@@ -106,7 +125,7 @@ def gpus(as_json: bool) -> None:
 
     state = read_nvml()
     if as_json:
-        emit_json(state.to_json())
+        emit_json({"command": "gpus", "result": "ok", "changed": False, **state.to_json()})
     else:
         click.echo(report.gpus_text(state))
 
@@ -114,46 +133,81 @@ def gpus(as_json: bool) -> None:
 # ---- plan ------------------------------------------------------------------------------------
 
 
-@main.command()
-@click.argument("context", type=CONTEXT)
+def context_from(context: int | None, max_model_len: int | None) -> int:
+    """The positional CONTEXT or vLLM's own --max-model-len spelling; one of them, or both the same."""
+    if context is not None and max_model_len is not None and context != max_model_len:
+        raise UsageError(f"CONTEXT {context} and --max-model-len {max_model_len} disagree; give one")
+    chosen = context if context is not None else max_model_len
+    if chosen is None:
+        raise UsageError("give the context: CONTEXT or --max-model-len N (200000, 200k, 195K, auto)")
+    return chosen
+
+
+def vllm_overrides(explicit: dict[str, Any], extra: list[str]) -> dict[str, Any]:
+    """ServeArgs fields from ctxmgr's vLLM options and from any other vLLM flag given after them.
+
+    The extra words are parsed by the same parser that reads a unit's ExecStart, so `plan` understands
+    exactly the flags a unit can hold; an unknown flag is refused, since a typo would be a silent no-op.
+    """
+    overrides = {k: v for k, v in explicit.items() if v is not None}
+    if not extra:
+        return overrides
+    _positionals, flags = split_flags(extra)
+    unknown = [f for f in flags if f not in READ_FLAGS] + [w for w in _positionals if not w.startswith("-")]
+    if unknown:
+        raise UsageError(f"{unknown[0]}: not a vLLM flag that changes the plan (see `ctxmgr plan --help`)")
+    base = parse_serve_argv(["MODEL"])
+    given = parse_serve_argv(["MODEL", *extra])
+    for field in fields(ServeArgs):
+        if field.name != "model" and getattr(given, field.name) != getattr(base, field.name):
+            overrides.setdefault(field.name, getattr(given, field.name))
+    return overrides
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("context", type=CONTEXT, required=False)
+@click.option("--max-model-len", "max_model_len", type=CONTEXT, default=None, help="The same as CONTEXT.")
 @click.option("--model", "model", default=None, help="HF model dir, cached repo id, or GGUF file.")
-@click.option("--unit", "unit_file", type=click.Path(dir_okay=False), default=None, help="Read a unit file.")
-@click.option("--service", default=None, help="Read a service's unit as systemd loaded it.")
-@click.option("--tensor-parallel-size", "-tp", type=int, default=None)
-@click.option("--pipeline-parallel-size", "-pp", type=int, default=None)
-@click.option("--decode-context-parallel-size", "-dcp", type=int, default=None)
-@click.option("--kv-cache-dtype", default=None)
-@click.option("--block-size", type=int, default=None)
-@click.option("--max-num-batched-tokens", type=int, default=None)
-@click.option("--max-num-seqs", type=int, default=None)
-@click.option("--gpu-memory-utilization", type=click.FloatRange(0.0, 1.0, min_open=True), default=None)
-@click.option("--kv-cache-memory-bytes", type=SIZE, default=None)
+@click.option("--unit", "unit_file", type=click.Path(dir_okay=False), default=None,
+              help="Read a unit file (and its FILE.d/*.conf drop-ins).")  # fmt: skip
+@click.option("--service", type=SERVICE, default=None, help="Read a service's unit as systemd loaded it.")
+@click.option("--tensor-parallel-size", "-tp", type=PARALLEL, default=None, help="vLLM's -tp.")
+@click.option("--pipeline-parallel-size", "-pp", type=PARALLEL, default=None, help="vLLM's -pp.")
+@click.option("--decode-context-parallel-size", "-dcp", type=PARALLEL, default=None, help="vLLM's -dcp.")
+@click.option("--data-parallel-size", "-dp", type=PARALLEL, default=None, help="vLLM's -dp.")
+@click.option("--kv-cache-dtype", default=None, help="vLLM's --kv-cache-dtype (auto, fp8, fp8_ds_mla, ...).")
+@click.option("--block-size", type=BLOCK_SIZE, default=None, help="vLLM's --block-size (tokens per block).")
+@click.option("--max-num-batched-tokens", type=COUNT, default=None, help="vLLM's --max-num-batched-tokens.")
+@click.option("--max-num-seqs", type=COUNT, default=None, help="vLLM's --max-num-seqs.")
+@click.option("--gpu-memory-utilization", type=UTILIZATION, default=None, help="vLLM's utilisation (0-1].")
+@click.option(
+    "--kv-cache-memory-bytes",
+    type=VLLM_BYTES,
+    default=None,
+    help="vLLM's --kv-cache-memory-bytes, parsed as vLLM does: 20g = 20e9 bytes, 20G = 20 GiB.",
+)
 @gpu_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 @handle_errors
-def plan(ctx: click.Context, context: int, model: str | None, unit_file: str | None, service: str | None,
-         as_json: bool, **options: Any) -> None:  # fmt: skip
-    """Plan CONTEXT tokens: flags, memory per GPU, or the largest context that fits and what would help."""
-    from dataclasses import replace
+def plan(ctx: click.Context, context: int | None, max_model_len: int | None, model: str | None,
+         unit_file: str | None, service: str | None, as_json: bool, **options: Any) -> None:  # fmt: skip
+    """Plan CONTEXT tokens: flags, memory per GPU, or the largest context that fits and what would help.
 
+    \b
+    CONTEXT is vLLM's --max-model-len: 200000, 200k (= 200,000), 195K (= 199,680: K is 1,024 as
+    vLLM reads it), or auto / -1 for the largest context that fits. Any other vLLM flag that a unit
+    can hold (--enforce-eager, --dtype, --speculative-config ...) may follow.
+    Exit: 0 feasible, 3 infeasible, 6 unknown (no memory information), 2 usage.
+    """
+    target = context_from(context, max_model_len)
     chosen = [
         name for name, value in (("--model", model), ("--unit", unit_file), ("--service", service)) if value
     ]
     if len(chosen) != 1:
         raise UsageError("give exactly one of --model, --unit or --service")
-    vllm_flags = {
-        "tensor_parallel_size": options.pop("tensor_parallel_size"),
-        "pipeline_parallel_size": options.pop("pipeline_parallel_size"),
-        "decode_context_parallel_size": options.pop("decode_context_parallel_size"),
-        "kv_cache_dtype": options.pop("kv_cache_dtype"),
-        "block_size": options.pop("block_size"),
-        "max_num_batched_tokens": options.pop("max_num_batched_tokens"),
-        "max_num_seqs": options.pop("max_num_seqs"),
-        "gpu_memory_utilization": options.pop("gpu_memory_utilization"),
-        "kv_cache_memory_bytes": options.pop("kv_cache_memory_bytes"),
-    }
-    overrides = {k: v for k, v in vllm_flags.items() if v is not None}
+    explicit = {name: options.pop(name) for name in VLLM_OPTION_FIELDS}
+    overrides = vllm_overrides(explicit, list(ctx.args))
     service_pids: tuple[int, ...] = ()
     observations: list[Any] = []
     if model:
@@ -163,141 +217,190 @@ def plan(ctx: click.Context, context: int, model: str | None, unit_file: str | N
             view = view_from_unit(ServiceUnit.load(unit_file.rsplit("/", 1)[-1], unit_file))
         else:
             systemd = systemd_for(ctx)
-            view = read_service(systemd, service)  # type: ignore[arg-type]
+            view = read_service(systemd, canonical_unit(systemd, service))  # type: ignore[arg-type]
             service_pids = tuple(systemd.unit_processes(view.name))
             observations = stored_observations(ctx.find_root().obj["state_dir"], view.name)
         args = replace(view.args, **overrides)
-    result = plan_for(args, PlanRequest(context, **options), service_pids, observations)
+    request = PlanRequest(target, **options)
+    if target == AUTO_CONTEXT:
+        target = largest_context(args, request, service_pids=service_pids, observations=observations)
+        request = replace(request, context=target)
+    result = plan_for(args, request, service_pids, observations)
+    verdict = plan_verdict(result)
     if as_json:
-        emit_json(result.to_json())
+        emit_json(
+            {
+                "command": "plan",
+                "result": verdict,
+                "changed": False,
+                **result.to_json(),
+                "feasible": None if verdict == "unknown" else result.feasible,
+            }
+        )
     else:
         click.echo(report.plan_text(result))
-    if not result.feasible:
-        sys.exit(EXIT_INFEASIBLE)
+    if verdict == "infeasible":
+        sys.exit(ExitCode.INFEASIBLE)
+    if verdict == "unknown":
+        sys.exit(ExitCode.UNKNOWN)
+
+
+VLLM_OPTION_FIELDS = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "decode_context_parallel_size",
+    "data_parallel_size",
+    "kv_cache_dtype",
+    "block_size",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+)
 
 
 # ---- changing a service ----------------------------------------------------------------------
 
 
 @main.command("set-context")
-@click.argument("context", type=CONTEXT)
-@click.option("--service", required=True, help="The systemd service that runs vLLM.")
-@click.option(
-    "--gpu-memory-utilization",
-    type=click.FloatRange(0.0, 1.0, min_open=True),
-    default=None,
-    help="Use this utilisation instead of the planner's choice.",
-)
-@click.option(
-    "--probe-tokens", type=int, default=None, help="max_tokens of the probe (default: context - prompt)."
-)
+@click.argument("context", type=CONTEXT, required=False)
+@click.option("--max-model-len", "max_model_len", type=CONTEXT, default=None, help="The same as CONTEXT.")
+@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
+@click.option("--gpu-memory-utilization", type=UTILIZATION, default=None,
+              help="Use this utilisation instead of the planner's choice.")  # fmt: skip
+@click.option("--probe-tokens", type=COUNT, default=None,
+              help="max_tokens of the probe (default: what fills the context).")  # fmt: skip
 @click.option("--long-probe", is_flag=True, help="Also send a prompt of about 90% of the context.")
-@click.option("--timeout", type=float, default=1800.0, show_default=True, help="Seconds a start may take.")
+@click.option("--timeout", type=TIMEOUT, default=1800.0, show_default=True, help="Seconds a start may take.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the unit diff; change nothing.")
 @click.option("--force", is_flag=True, help="Apply even when the plan says it will not fit.")
-@click.option("--wait-lock", type=float, default=0.0, help="Seconds to wait for another run on the service.")
+@click.option(
+    "--wait-lock", type=WAIT_LOCK, default=0.0, help="Seconds to wait for another run on the service."
+)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the service.")
 @gpu_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
 @click.pass_context
 @handle_errors
-def set_context_cmd(ctx: click.Context, context: int, service: str, gpu_memory_utilization: float | None,
-                    probe_tokens: int | None, long_probe: bool, timeout: float, dry_run: bool, force: bool,
-                    wait_lock: float, yes: bool, as_json: bool, **options: Any) -> None:  # fmt: skip
-    """Set a service's context to CONTEXT: plan, render, restart, watch, probe, roll back on failure."""
+def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int | None, service: str,
+                    gpu_memory_utilization: float | None, probe_tokens: int | None, long_probe: bool,
+                    timeout: float, dry_run: bool, force: bool, wait_lock: float, yes: bool, as_json: bool,
+                    **options: Any) -> None:  # fmt: skip
+    """Set a service's context to CONTEXT: plan, render, restart, watch, probe, roll back on failure.
 
+    \b
+    CONTEXT as vLLM reads --max-model-len: 200000, 200k (= 200,000), 195K (= 199,680), or auto / -1:
+    the largest context that fits, resolved before the restart (the unit gets the number).
+    """
+    target = context_from(context, max_model_len)
     deployer = deployer_for(ctx, service, as_json, timeout)
+    planning = PlanRequest(target, **options)
+    if target == AUTO_CONTEXT:
+        target = largest_context(read_service(deployer.systemd, deployer.unit).args, planning)
+        deployer.on_step(f"auto: the largest context that fits is {target}")
+        planning = replace(planning, context=target)
     request = SetContextRequest(
-        context=context,
+        context=target,
         gpu_memory_utilization=gpu_memory_utilization,
         probe_tokens=probe_tokens,
         long_probe=long_probe,
         dry_run=dry_run or not yes,  # without --yes: show what would change, ask, then apply
         force=force,
         lock_wait=wait_lock,
-        planning=PlanRequest(context, **options),
+        planning=planning,
     )
     result = set_context(deployer, request)
     if not dry_run and not yes and result.result == "dry-run":
         if not as_json:
             click.echo(report.change_text(result), err=True)
-        confirm(yes, f"restart {deployer.unit} with max_model_len {context}")
+        confirm(yes, f"restart {deployer.unit} with max_model_len {target}")
         request.dry_run = False
         result = set_context(deployer, request)
-    finish(result, as_json)
+    finish(result, as_json, dry_run=request.dry_run, systemd=deployer.systemd)
 
 
 @main.command("rollback")
-@click.option("--service", required=True)
+@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
 @click.option(
-    "--to", "to", type=int, default=None, help="Revision to return to (default: the previous good one)."
+    "--to",
+    "to",
+    type=click.IntRange(0, None),
+    default=None,
+    help="Revision to return to (default: the previous good one; see `ctxmgr history`).",
 )
-@click.option("--timeout", type=float, default=1800.0, show_default=True)
-@click.option("--dry-run", is_flag=True)
-@click.option("--wait-lock", type=float, default=0.0)
-@click.option("--yes", "-y", is_flag=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--timeout", type=TIMEOUT, default=1800.0, show_default=True, help="Seconds a start may take.")
+@click.option("--dry-run", is_flag=True, help="Print the unit diff; change nothing.")
+@click.option(
+    "--wait-lock", type=WAIT_LOCK, default=0.0, help="Seconds to wait for another run on the service."
+)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the service.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
 @click.pass_context
 @handle_errors
 def rollback_cmd(ctx: click.Context, service: str, to: int | None, timeout: float, dry_run: bool,
                  wait_lock: float, yes: bool, as_json: bool) -> None:  # fmt: skip
     """Return a service to an earlier revision through the same restart / watch / probe path."""
-
     deployer = deployer_for(ctx, service, as_json, timeout)
-    result = rollback(deployer, to, wait_lock, dry_run=dry_run or not yes)
+    preview = dry_run or not yes
+    result = rollback(deployer, to, wait_lock, dry_run=preview)
     if not dry_run and not yes and result.result == "dry-run":
         confirm(
             yes, f"restart {deployer.unit} with the unit of revision {to if to is not None else 'before'}"
         )
+        preview = False
         result = rollback(deployer, to, wait_lock, dry_run=False)
-    finish(result, as_json)
+    finish(result, as_json, dry_run=preview, systemd=deployer.systemd)
 
 
 @main.command("recover")
-@click.option("--service", required=True)
-@click.option("--timeout", type=float, default=1800.0, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
+@click.option("--timeout", type=TIMEOUT, default=1800.0, show_default=True, help="Seconds a start may take.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
 @click.pass_context
 @handle_errors
 def recover_cmd(ctx: click.Context, service: str, timeout: float, as_json: bool) -> None:
     """Finish the rollback of a change that an interrupted ctxmgr run left in progress."""
-
     deployer = deployer_for(ctx, service, as_json, timeout)
     with deployer.store.lock(0.0):
         result = deployer.recover_if_needed()
     if result is None:
-        result = ChangeResult(service, "recover", "unchanged", False, reason="no change was left in progress")
-    finish(result, as_json)
+        result = ChangeResult(
+            deployer.unit, "recover", "unchanged", False, reason="no change was left in progress"
+        )
+    finish(result, as_json, systemd=deployer.systemd)
 
 
 @main.command("history")
-@click.option("--service", required=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 @handle_errors
 def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
     """Every revision ctxmgr made of a service: time, context, utilisation, result, reason."""
-
-    rows = history(ServiceStore(ctx.find_root().obj["state_dir"], service.removesuffix(".service")))
+    store = ServiceStore(ctx.find_root().obj["state_dir"], service)
+    if not store.root.is_dir():
+        canonical_unit(systemd_for(ctx), service)  # an unknown service is a usage error (exit 2)
+    rows = history(store)
     if as_json:
-        emit_json({"service": service, "revisions": rows})
+        emit_json(
+            {"command": "history", "result": "ok", "changed": False, "service": service, "revisions": rows}
+        )
     else:
         click.echo(report.history_text(service, rows))
 
 
 @main.command("observe")
-@click.option("--service", required=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 @handle_errors
 def observe_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
     """Read vLLM's facts from the service's last start (made by ctxmgr or not) to calibrate plans."""
-
     deployer = deployer_for(ctx, service, True, 60.0)
     with deployer.store.lock(0.0):
         data = observe_last_start(deployer)
     if as_json:
-        emit_json(data)
+        emit_json({"command": "observe", "result": "ok", "changed": False, **data})
         return
     obs = data["observation"]
     click.echo(f"{service}: last start ({data['lines']} journal lines): " + ", ".join(

@@ -200,6 +200,35 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
     )
 
 
+# The flags parse_serve_argv reads (canonical names): what `ctxmgr plan` also takes after the model, so
+# a plan from the command line can say everything a unit can.
+READ_FLAGS = frozenset(
+    {
+        "--model",
+        "--tensor-parallel-size",
+        "--pipeline-parallel-size",
+        "--decode-context-parallel-size",
+        "--data-parallel-size",
+        "--kv-cache-dtype",
+        "--dtype",
+        "--block-size",
+        "--max-num-batched-tokens",
+        "--max-num-seqs",
+        "--max-model-len",
+        "--gpu-memory-utilization",
+        "--kv-cache-memory-bytes",
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+        "--enforce-eager",
+        "--disable-sliding-window",
+        "--disable-hybrid-kv-cache-manager",
+        "--speculative-config",
+        "--served-model-name",
+        "--quantization",
+    }
+)
+
+
 # vLLM's flags and their aliases (vllm/engine/arg_utils.py); underscores are accepted too.
 FLAG_ALIASES: dict[str, tuple[str, ...]] = {
     "--max-model-len": ("--max-model-len",),
