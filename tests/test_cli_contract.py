@@ -221,7 +221,7 @@ def test_a_state_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
         ("vllm-glm5.service", "vllm-glm5.service"),
         ("vllm@gpu0", "vllm@gpu0.service"),
         ("a:b_c.d\\x2d", "a:b_c.d\\x2d.service"),
-    ],  # fmt: skip
+    ],
 )
 def test_service_names_are_completed_and_kept(given: str, expected: str) -> None:
     assert unit_name(given) == expected
@@ -243,7 +243,7 @@ def test_service_names_are_completed_and_kept(given: str, expected: str) -> None
         "vllm@.service",
         "vllm.timer",
         "a\x00b",
-    ],  # fmt: skip
+    ],
 )
 def test_names_systemd_would_refuse_or_that_would_be_a_path_are_refused(name: str) -> None:
     with pytest.raises(UsageError):
