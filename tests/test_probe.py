@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.standin import StandinProcess, free_port, launch
-from vllm_ctxmgr.probe import mask_secret, probe, wait_until_serving
+from vllm_ctxmgr.masking import mask
+from vllm_ctxmgr.probe import probe, wait_until_serving
 
 FAST = {
     "CTXMGR_STANDIN_TIME_SCALE": "0",
@@ -96,8 +97,8 @@ def test_wrong_key_is_a_401_and_no_key_is_ever_shown(server: StandinProcess) -> 
 
 
 def test_mask_secret() -> None:
-    assert mask_secret(f"Bearer {KEY} rejected", KEY) == "Bearer *** rejected"
-    assert mask_secret("nothing to hide", None) == "nothing to hide"
+    assert mask(f"Bearer {KEY} rejected", [KEY]) == "Bearer *** rejected"
+    assert mask("nothing to hide", []) == "nothing to hide"
 
 
 def test_server_down() -> None:

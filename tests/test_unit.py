@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 
 from vllm_ctxmgr.core.serve_args import human_readable_int, parse_serve_argv
 from vllm_ctxmgr.errors import UnitError
+from vllm_ctxmgr.masking import mask as mask_secrets
 from vllm_ctxmgr.systemd.quoting import quote_env_assignment, quote_exec_word, resolve_escapes, split_words
 from vllm_ctxmgr.systemd.unit import (
     ServiceUnit,
     UnitFile,
     edit_unit,
     find_vllm_command,
-    mask_secrets,
     unified_diff,
 )
 

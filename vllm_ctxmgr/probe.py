@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vllm_ctxmgr.masking import mask
+
 if TYPE_CHECKING:
     import requests
 
@@ -52,11 +54,6 @@ class ProbeResult:
 
     def step(self, name: str) -> ProbeStep | None:
         return next((step for step in self.steps if step.name == name), None)
-
-
-def mask_secret(text: str, secret: str | None) -> str:
-    """The text with the secret replaced by *** (a key must not reach a log or a report)."""
-    return text.replace(secret, "***") if secret else text
 
 
 def vllm_error_message(response: requests.Response) -> str:
@@ -93,7 +90,7 @@ class _Prober:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def masked(self, text: str) -> str:
-        return mask_secret(text, self.api_key)
+        return mask(text, [self.api_key] if self.api_key else [])
 
     def call(
         self,

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from vllm_ctxmgr.core.serve_args import ServeArgs, parse_serve_argv
 from vllm_ctxmgr.errors import UsageError
+from vllm_ctxmgr.masking import api_keys_in_args, secrets_of
+from vllm_ctxmgr.systemd.quoting import split_words
 from vllm_ctxmgr.systemd.systemctl import Systemd
 from vllm_ctxmgr.systemd.unit import (
     ServiceUnit,
@@ -33,7 +35,15 @@ class ServiceView:
 
     @property
     def secrets(self) -> list[str]:
-        return [s for s in (self.api_key,) if s]
+        """Every API key the unit holds (all --api-key values, each VLLM_API_KEY it assigns), to mask."""
+        assignments = [
+            word.value
+            for unit_file in self.unit.files
+            for a in unit_file.get_all("Service", "Environment")
+            for word in split_words(a.value)
+        ]
+        args = [expand_env(a, self.env) for a in self.command.args]
+        return secrets_of(args, self.env, assignments)
 
     @property
     def unit_path(self) -> Path:
@@ -86,7 +96,9 @@ def view_from_unit(unit: ServiceUnit, root: Path = Path("/")) -> ServiceView:
     elif ":" in host and not host.startswith("["):
         host = f"[{host}]"
     port = _published_port(command, args.port) if command.form in ("docker", "podman") else args.port
-    api_key = args.api_key or env.get("VLLM_API_KEY") or None
+    # vLLM takes every --api-key value (nargs="+"); VLLM_API_KEY only without the flag
+    keys = api_keys_in_args([expand_env(a, env) for a in command.args])
+    api_key = (keys[0] if keys else None) or env.get("VLLM_API_KEY") or None
     return ServiceView(unit.name, unit, exec_file, command, args, env, f"http://{host}:{port}", api_key)
 
 

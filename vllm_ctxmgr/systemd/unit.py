@@ -15,6 +15,7 @@ from pathlib import Path
 
 from vllm_ctxmgr.core.serve_args import canonical_flag
 from vllm_ctxmgr.errors import UnitError
+from vllm_ctxmgr.masking import mask
 from vllm_ctxmgr.systemd.quoting import (
     Word,
     resolve_escapes,
@@ -475,11 +476,4 @@ def unified_diff(old: str, new: str, path: str, secrets: Iterable[str] = ()) -> 
     import difflib
 
     diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a{path}", f"b{path}"))
-    return mask_secrets(diff, secrets)
-
-
-def mask_secrets(text: str, secrets: Iterable[str]) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "********")
-    return text
+    return mask(diff, secrets)
