@@ -9,7 +9,7 @@ from pathlib import Path
 from vllm_ctxmgr.core.serve_args import ServeArgs, parse_serve_argv
 from vllm_ctxmgr.errors import UsageError
 from vllm_ctxmgr.masking import api_keys_in_args, secrets_of
-from vllm_ctxmgr.systemd.quoting import split_words
+from vllm_ctxmgr.systemd.quoting import expand_argv, resolve_specifiers, split_words
 from vllm_ctxmgr.systemd.systemctl import Systemd
 from vllm_ctxmgr.systemd.unit import (
     ServiceUnit,
@@ -54,13 +54,10 @@ def unit_name(service: str) -> str:
     return service if "." in service else f"{service}.service"
 
 
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
-
-
 def expand_env(word: str, env: dict[str, str]) -> str:
-    """systemd's `${VAR}` / `$VAR` expansion of an ExecStart word (`$$` is a literal `$`)."""
-    parts = word.split("$$")
-    return "$".join(_VAR.sub(lambda m: env.get(m.group(1) or m.group(2), ""), p) for p in parts)
+    """One ExecStart word as systemd executes it when it is not a bare `$VAR` (`${VAR}` and `$$`
+    substituted); VllmCommand.argv expands the whole command, bare `$VAR` words split into several."""
+    return " ".join(expand_argv([resolve_specifiers(word)], env))
 
 
 def read_service(systemd: Systemd, service: str) -> ServiceView:
@@ -82,7 +79,8 @@ def view_from_unit(unit: ServiceUnit, root: Path = Path("/")) -> ServiceView:
     command = find_vllm_command(assignment.value)
     env = unit.environment(root)
     env.update(container_environment(command))
-    args = parse_serve_argv([expand_env(a, env) for a in command.args], env)
+    # as systemd executes it: a bare $VAR splits into words, ${VAR} stays one (systemd.service(5))
+    args = parse_serve_argv(command.argv(env), env)
     if command.form in ("docker", "podman"):
         version = container_vllm_version(command.words[command.args_start - 1].value)
     else:
@@ -97,7 +95,7 @@ def view_from_unit(unit: ServiceUnit, root: Path = Path("/")) -> ServiceView:
         host = f"[{host}]"
     port = _published_port(command, args.port) if command.form in ("docker", "podman") else args.port
     # vLLM takes every --api-key value (nargs="+"); VLLM_API_KEY only without the flag
-    keys = api_keys_in_args([expand_env(a, env) for a in command.args])
+    keys = api_keys_in_args(command.argv(env))
     api_key = (keys[0] if keys else None) or env.get("VLLM_API_KEY") or None
     return ServiceView(unit.name, unit, exec_file, command, args, env, f"http://{host}:{port}", api_key)
 

@@ -334,6 +334,7 @@ def quote_exec_word(value: str) -> str:
     `%` becomes `%%` (specifiers) and `$` becomes `$$` (environment expansion); control
     characters are C-escaped, so a value can never end the line or start a new directive.
     """
+    _refuse_nul(value)
     escaped = _c_escape(value.replace("%", "%%").replace("$", "$$"))
     if escaped and re.fullmatch(r"[A-Za-z0-9_@%+=:,./$-]+", escaped) and escaped != ";":
         return escaped
@@ -349,9 +350,15 @@ def quote_env_assignment(name: str, value: str) -> str:
     """One Environment= item: `"NAME=value"` (specifiers are expanded there too, `$` is not)."""
     if not ENV_NAME.fullmatch(name):
         raise UnitError(f"invalid environment variable name {name!r}")
+    _refuse_nul(value)
     escaped = _c_escape(value.replace("%", "%%"))
     item = f"{name}={escaped}"
     return item if re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]*", item) else f'"{item}"'
+
+
+def _refuse_nul(value: str) -> None:
+    if "\0" in value:
+        raise UnitError("a NUL character cannot be passed in an argument or environment variable")
 
 
 _C_QUOTES = {v: k for k, v in _C_ESCAPES.items() if k not in ("s", "a", "b", "f", "v")}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +18,13 @@ from vllm_ctxmgr.core.serve_args import canonical_flag
 from vllm_ctxmgr.errors import UnitError
 from vllm_ctxmgr.masking import mask
 from vllm_ctxmgr.systemd.quoting import (
+    ENV_NAME,
+    WHITESPACE,
     Word,
-    resolve_escapes,
+    exec_argv,
+    exec_word_value,
+    parse_env_file,
+    resolve_specifiers,
     split_words,
 )
 from vllm_ctxmgr.systemd.render import render
@@ -26,15 +32,30 @@ from vllm_ctxmgr.systemd.render import render
 # ---------------------------------------------------------------------------------------------
 # Unit files: assignments with their line spans, as systemd's config parser sees them.
 
+# EnvironmentFile= is read here, not by systemd: a FIFO or /dev/zero must not hang ctxmgr
+ENV_FILE_MAX_BYTES = 1 << 20
+
 
 @dataclass(frozen=True)
 class Assignment:
     section: str
     key: str
-    value: str  # logical value: continuation lines joined, raw (still quoted)
+    value: str  # the logical value systemd parses: continuations joined, comment lines inside them skipped
     start: int  # offset of the key in the file text
     value_start: int  # offset of the value's first character
-    end: int  # offset just past the value (before the final newline)
+    end: int  # offset just past the value's last character
+    offsets: tuple[int, ...] = ()  # file offset of each character of `value`
+    lines: tuple[tuple[int, int], ...] = ()  # (start, end) of each physical line that holds the value
+
+    def raw_span(self, start: int, end: int) -> tuple[int, int]:
+        """The file span of value[start:end]; UnitError where it crosses a line it does not own."""
+        if end <= start:
+            at = self.offsets[start] if start < len(self.offsets) else self.end
+            return at, at
+        first, last = self.offsets[start], self.offsets[end - 1] + 1
+        if last - first != end - start:
+            raise UnitError(f"{self.key}=: a word that spans a line continuation cannot be edited in place")
+        return first, last
 
 
 @dataclass
@@ -42,55 +63,95 @@ class UnitFile:
     path: Path
     text: str
     assignments: list[Assignment] = field(default_factory=list)
+    comments: list[tuple[int, int]] = field(default_factory=list)  # spans of comment lines
 
     @classmethod
     def parse(cls, path: Path | str, text: str) -> UnitFile:
+        """config_parse() of systemd 252: a line whose first non-blank character is `#` or `;` is a
+        comment (never continued, even when it ends in a backslash); a line ending in an odd number of
+        backslashes continues: that backslash becomes a space, comment lines after it are skipped and
+        the next other line is joined (an empty line ends the value)."""
         unit = cls(Path(path), text)
         section = ""
+        lines: list[tuple[int, int]] = []  # (start, end without the newline), split on "\n" as systemd
         pos = 0
-        # systemd splits on "\n" only (Python's splitlines would also split on \x85, \u2028, ...)
-        lines = [line + "\n" for line in text.split("\n")]
-        lines[-1] = lines[-1][:-1]
+        for line in text.split("\n"):
+            lines.append((pos, pos + len(line)))
+            pos += len(line) + 1
         idx = 0
         while idx < len(lines):
-            line = lines[idx]
-            line_start = pos
-            pos += len(line)
+            begin, stop = lines[idx]
             idx += 1
-            stripped = line.strip()
-            if not stripped or stripped[0] in "#;":
+            if _is_comment(text[begin:stop]):
+                unit.comments.append((begin, stop))
                 continue
-            if stripped.startswith("[") and stripped.endswith("]"):
+            chars = list(text[begin:stop])
+            offsets = list(range(begin, stop))
+            held = [(begin, stop)]
+            while _ends_escaped(chars) and idx < len(lines):
+                chars[-1] = " "
+                while idx < len(lines) and _is_comment(text[slice(*lines[idx])]):
+                    unit.comments.append(lines[idx])
+                    idx += 1
+                if idx >= len(lines):
+                    break
+                begin, stop = lines[idx]
+                idx += 1
+                chars += text[begin:stop]
+                offsets += range(begin, stop)
+                held.append((begin, stop))
+            logical = "".join(chars)
+            stripped = logical.strip(WHITESPACE)
+            if not stripped:
+                continue
+            if stripped.startswith("["):
+                if not stripped.endswith("]"):
+                    raise UnitError(f"{path}: invalid section header {stripped!r}")
                 section = stripped[1:-1]
                 continue
             if "=" not in stripped:
-                raise UnitError(f"{path}: line {text.count(chr(10), 0, line_start) + 1} is not KEY=VALUE")
-            # continuation lines: a line ending in a backslash joins the next one
-            end = line_start + len(line.rstrip("\n"))
-            while text[line_start:end].endswith("\\") and idx < len(lines):
-                nxt = lines[idx]
-                pos += len(nxt)
-                idx += 1
-                end = pos - (len(nxt) - len(nxt.rstrip("\n")))
-            key_part, _, _ = text[line_start:end].partition("=")
-            key = key_part.strip()
-            value_start = line_start + len(key_part) + 1
-            while value_start < end and text[value_start] in " \t":
-                value_start += 1
+                line_no = text.count("\n", 0, held[0][0]) + 1
+                raise UnitError(f"{path}: line {line_no} is not KEY=VALUE")
+            key_at = len(logical) - len(logical.lstrip(WHITESPACE))
+            eq = logical.index("=")
+            value_from = eq + 1
+            while value_from < len(logical) and logical[value_from] in WHITESPACE:
+                value_from += 1
+            value_to = len(logical.rstrip(WHITESPACE))
+            value_to = max(value_to, value_from)
+            value_offsets = tuple(offsets[value_from:value_to])
+            value_start = value_offsets[0] if value_offsets else offsets[eq] + 1
             unit.assignments.append(
                 Assignment(
                     section,
-                    key,
-                    text[value_start:end],
-                    line_start + len(key_part) - len(key_part.lstrip()),
+                    logical[key_at:eq].strip(WHITESPACE),
+                    logical[value_from:value_to],
+                    offsets[key_at],
                     value_start,
-                    end,
+                    value_offsets[-1] + 1 if value_offsets else value_start,
+                    value_offsets,
+                    tuple(held),
                 )
             )
         return unit
 
     def get_all(self, section: str, key: str) -> list[Assignment]:
         return [a for a in self.assignments if a.section == section and a.key == key]
+
+    def raw(self, assignment: Assignment) -> str:
+        return self.text[assignment.start : assignment.end]
+
+
+def _is_comment(line: str) -> bool:
+    head = line.lstrip(WHITESPACE)
+    return bool(head) and head[0] in "#;"
+
+
+def _ends_escaped(chars: Sequence[str]) -> bool:
+    escaped = False
+    for ch in chars:
+        escaped = not escaped if ch == "\\" else False
+    return escaped
 
 
 @dataclass(frozen=True)
@@ -106,15 +167,33 @@ class ServiceUnit:
     ) -> ServiceUnit:
         files = []
         for path in [Path(fragment), *map(Path, dropins)]:
-            host = root / str(path).lstrip("/") if str(root) != "/" else path
+            host = _host(path, root)
             try:
                 text = host.read_text()
             except FileNotFoundError:
                 raise UnitError(f"{path}: no such unit file") from None
             except UnicodeDecodeError:
                 raise UnitError(f"{path}: not a text file") from None
+            except OSError as exc:
+                raise UnitError(f"{path}: cannot be read: {exc.strerror}") from None
             files.append(UnitFile.parse(path, text))
         return cls(name, tuple(files))
+
+    @classmethod
+    def load_with_dropins(cls, path: Path | str, root: Path = Path("/")) -> ServiceUnit:
+        """A unit file given by path, with its `NAME.d/*.conf` drop-ins beside it in name order (what
+        `plan --unit FILE` reads; a unit systemd has loaded is read through read_service instead)."""
+        fragment = Path(path)
+        dropin_dir = _host(fragment.parent / f"{fragment.name}.d", root)
+        dropins = sorted(
+            (
+                fragment.parent / f"{fragment.name}.d" / p.name
+                for p in dropin_dir.glob("*.conf")
+                if p.is_file()
+            ),
+            key=lambda p: p.name,
+        )
+        return cls.load(fragment.name, fragment, dropins, root)
 
     def exec_start(self) -> tuple[UnitFile, Assignment]:
         """The effective ExecStart= and the file that holds it (an empty ExecStart= resets the list)."""
@@ -126,47 +205,94 @@ class ServiceUnit:
             raise UnitError(f"{self.name}: no ExecStart= in [Service]")
         return found
 
-    def environment(self, root: Path = Path("/")) -> dict[str, str]:
-        """Environment= and EnvironmentFile= merged in systemd's order (later wins)."""
-        env: dict[str, str] = {}
+    def service_values(self, key: str) -> list[str]:
+        """A list setting across the fragment and drop-ins; an empty assignment resets it."""
+        values: list[str] = []
         for unit_file in self.files:
-            for a in unit_file.assignments:
-                if a.section != "Service":
-                    continue
-                if a.key == "Environment":
-                    if not a.value.strip():
-                        env.clear()
-                        continue
-                    for word in split_words(a.value):
-                        name, sep, val = word.value.partition("=")
-                        if sep:
-                            env[name] = resolve_escapes(val.replace("$$", "$$$$"))
-                elif a.key == "EnvironmentFile":
-                    env.update(_read_environment_file(a.value, root))
+            for a in unit_file.get_all("Service", key):
+                if a.value == "":
+                    values.clear()
+                else:
+                    values.append(a.value)
+        return values
+
+    def environment(self, root: Path = Path("/")) -> dict[str, str]:
+        """The environment systemd gives the service from the unit (exec_context_load_environment and
+        build_environment): Environment= assignments in order, then every EnvironmentFile= in order, which
+        override them whatever the order of the lines, then UnsetEnvironment=. The manager's own
+        variables (PATH, INVOCATION_ID, ...) are not included."""
+        env: dict[str, str] = {}
+        for value in self.service_values("Environment"):
+            for word in split_words(value):
+                name, eq, val = word.value.partition("=")
+                if eq and ENV_NAME.fullmatch(name):
+                    env[name] = resolve_specifiers(val)
+        for value in self.service_values("EnvironmentFile"):
+            env.update(read_environment_file(value, root))
+        for value in self.service_values("UnsetEnvironment"):
+            for word in split_words(value):
+                name, eq, val = word.value.partition("=")
+                if not eq:
+                    env.pop(name, None)
+                elif env.get(name) == val:
+                    del env[name]
         return env
 
 
-def _read_environment_file(value: str, root: Path) -> dict[str, str]:
+def _host(path: Path, root: Path) -> Path:
+    return root / str(path).lstrip("/") if str(root) != "/" else path
+
+
+def read_environment_file(value: str, root: Path = Path("/")) -> dict[str, str]:
+    """One EnvironmentFile= value: `-` ignores a file that cannot be read, a wildcard reads every match
+    in order. Only regular files of at most ENV_FILE_MAX_BYTES are read: systemd would block on a FIFO."""
     optional = value.startswith("-")
-    path = Path(value.lstrip("-").strip())
-    host = root / str(path).lstrip("/") if str(root) != "/" else path
-    try:
-        text = host.read_text()
-    except OSError:
+    spec = resolve_specifiers(value[1:] if optional else value)
+    if not spec.startswith("/"):
         if optional:
             return {}
-        raise UnitError(f"EnvironmentFile {path} cannot be read") from None
-    env = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line[0] in "#;" or "=" not in line:
-            continue
-        name, _, val = line.partition("=")
-        val = val.strip()
-        if len(val) >= 2 and val[0] == val[-1] and val[0] in "\"'":
-            val = val[1:-1]
-        env[name.strip().removeprefix("export ").strip()] = val
+        raise UnitError(f"EnvironmentFile={value}: not an absolute path")
+    if any(ch in spec for ch in "*?["):
+        base = _host(Path("/"), root)
+        paths = sorted(Path("/") / p.relative_to(base) for p in base.glob(spec.lstrip("/")))
+        if not paths and not optional:
+            raise UnitError(f"EnvironmentFile={value}: no file matches")
+    else:
+        paths = [Path(spec)]
+    env: dict[str, str] = {}
+    for path in paths:
+        try:
+            text = _read_bounded(_host(path, root), path)
+        except UnitError:
+            if optional and not _host(path, root).exists():
+                continue
+            raise
+        env.update(parse_env_file(text))
     return env
+
+
+def _read_bounded(host: Path, path: Path) -> str:
+    try:
+        fd = os.open(host, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise UnitError(f"EnvironmentFile {path}: no such file") from None
+    except OSError as exc:
+        raise UnitError(f"EnvironmentFile {path} cannot be read: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnitError(f"EnvironmentFile {path} is not a regular file")
+        if info.st_size > ENV_FILE_MAX_BYTES:
+            raise UnitError(f"EnvironmentFile {path} is larger than {ENV_FILE_MAX_BYTES} bytes")
+        data = os.read(fd, ENV_FILE_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > ENV_FILE_MAX_BYTES:
+        raise UnitError(f"EnvironmentFile {path} is larger than {ENV_FILE_MAX_BYTES} bytes")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise UnitError(f"EnvironmentFile {path} is not UTF-8 text") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,35 +311,62 @@ class VllmCommand:
     words: tuple[Word, ...]  # every word of the ExecStart value
     args_start: int  # index of the first vLLM argument word (the model for `vllm serve MODEL`)
     args_end: int  # one past the last vLLM argument word
+    expand_env: bool = True  # False under the `:` prefix: systemd substitutes no variables
 
     @property
     def args(self) -> list[str]:
+        """The argument words as written (quotes undone; `%%`, `$$`, `$VAR` not yet resolved)."""
         return [w.value for w in self.words[self.args_start : self.args_end]]
+
+    def argv(self, env: Mapping[str, str]) -> list[str]:
+        """vLLM's arguments as systemd executes them: specifiers resolved, `$VAR` split into words,
+        `${VAR}` substituted (service.environment() gives `env`)."""
+        return exec_argv(self.words[self.args_start : self.args_end], env, self.expand_env)
 
 
 def find_vllm_command(value: str) -> VllmCommand:
     words = split_words(value)
+    expand = True
     if words and words[0].value[:1] in "-@:+!":
         # ExecStart prefixes (-, @, :, +, !, !!) belong to the first word
         stripped = words[0].value.lstrip("-@:+!")
+        expand = ":" not in words[0].value[: len(words[0].value) - len(stripped)]
         words[0] = Word(stripped, words[0].start + len(words[0].value) - len(stripped), words[0].end)
-    vals = [w.value for w in words]
+    separator = next((i for i, w in enumerate(words) if w.separator), len(words))
+    words = words[:separator]  # a second command after `;` is not vLLM's
+    found = _vllm_bounds([w.value for w in words])
+    if found is None:
+        raise UnitError(
+            "ExecStart= does not run vLLM "
+            "(no `vllm serve`, `python -m vllm.entrypoints...` or vllm container)"
+        )
+    form, start = found
+    return VllmCommand(form, tuple(words), start, len(words), expand)
+
+
+def _vllm_bounds(vals: Sequence[str]) -> tuple[str, int] | None:
+    """The launch form and the index of vLLM's first argument in an argv."""
     for i, v in enumerate(vals):
         base = os.path.basename(v)
         if base in ("docker", "podman") and i + 1 < len(vals) and vals[i + 1] == "run":
-            image = _container_image_index(vals, i + 2)
+            image = _container_image_index(list(vals), i + 2)
             if image is not None:
-                return VllmCommand(base, tuple(words), image + 1, len(words))
+                return base, image + 1
         if base == "vllm" and i + 1 < len(vals) and vals[i + 1] == "serve":
-            return VllmCommand("vllm serve", tuple(words), i + 2, len(words))
+            return "vllm serve", i + 2
         if v == "-m" and i + 1 < len(vals):
             if vals[i + 1] in _PYTHON_MODULES:
-                return VllmCommand("python -m", tuple(words), i + 2, len(words))
+                return "python -m", i + 2
             if vals[i + 1] in _CLI_MODULES and i + 2 < len(vals) and vals[i + 2] == "serve":
-                return VllmCommand("python -m", tuple(words), i + 3, len(words))
-    raise UnitError(
-        "ExecStart= does not run vLLM (no `vllm serve`, `python -m vllm.entrypoints...` or vllm container)"
-    )
+                return "python -m", i + 3
+    return None
+
+
+def vllm_args_from_cmdline(cmdline: Sequence[str]) -> list[str] | None:
+    """vLLM's arguments in a process's real argv (/proc/PID/cmdline: the interpreter of a `vllm` console
+    script comes first), to compare with VllmCommand.argv; None when it does not run vLLM."""
+    found = _vllm_bounds(cmdline)
+    return None if found is None else list(cmdline[found[1] :])
 
 
 # docker/podman run options that take a value (so the image is the first word that is not one)
@@ -297,24 +450,31 @@ def container_environment(command: VllmCommand) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Editing: splice new flag values into the raw text.
+# Editing: word-level changes, spliced into the raw text, then read back as systemd reads it.
 
 
 @dataclass(frozen=True)
 class FlagEdit:
     """One piece of new text in the unit, rendered by templates/unit.j2."""
 
-    kind: str  # "value" (replace a value word) | "flag" (append a flag) | "environment" (new line)
+    kind: str  # "value" (replace a word) | "flag" (append words) | "environment" (new line) | ...
     value: str
     flag: str = ""
     separator: str = " "
 
 
-def plan_exec_edits(
-    command: VllmCommand, value: str, changes: Mapping[str, str | None]
-) -> list[tuple[int, int, FlagEdit | None]]:
-    """(start, end, edit) spans in the ExecStart value: replace a value, delete, or append a flag."""
-    edits: list[tuple[int, int, FlagEdit | None]] = []
+@dataclass(frozen=True)
+class WordOp:
+    """A change to the ExecStart words: replace word `index`, delete it, or add words after/before it."""
+
+    index: int
+    action: str  # "replace" | "delete" | "after" | "before"
+    values: tuple[str, ...] = ()  # program-level values (quoted when written)
+
+
+def plan_exec_ops(command: VllmCommand, changes: Mapping[str, str | None]) -> list[WordOp]:
+    """Replace a flag's value, delete a flag (and its value), or append a missing flag."""
+    ops: list[WordOp] = []
     words = command.words
     done: set[str] = set()
     i = command.args_start
@@ -324,39 +484,159 @@ def plan_exec_edits(
         if flag in changes:
             new = changes[flag]
             inline = "=" in w.value
-            value_word = w if inline else (words[i + 1] if i + 1 < command.args_end else None)
-            span_end = value_word.end if value_word else w.end
+            has_value = not inline and i + 1 < command.args_end
             if new is None or flag in done:
-                # delete the flag (and its value), including the whitespace before it
-                prev_end = words[i - 1].end if i > 0 else w.start
-                edits.append((prev_end, span_end, None))
+                ops.append(WordOp(i, "delete"))
+                if has_value:
+                    ops.append(WordOp(i + 1, "delete"))
             elif inline:
-                name = w.value.split("=", 1)[0]
-                edits.append((w.start, w.end, FlagEdit("value", f"{name}={new}", flag=flag)))
-            elif value_word is None:
-                edits.append((w.end, w.end, FlagEdit("flag", new, flag="", separator=" ")))
+                ops.append(WordOp(i, "replace", (f"{w.value.split('=', 1)[0]}={new}",)))
+            elif not has_value:
+                ops.append(WordOp(i, "after", (new,)))
             else:
-                edits.append((value_word.start, value_word.end, FlagEdit("value", new, flag=flag)))
+                ops.append(WordOp(i + 1, "replace", (new,)))
             done.add(flag)
             i += 1 if inline else 2
             continue
         i += 1
     missing = [(f, v) for f, v in changes.items() if v is not None and f not in done]
     if missing:
-        last = words[command.args_end - 1] if command.args_end > 0 else words[-1]
-        separator = _continuation_separator(command, value)
-        for flag, new in missing:
-            edits.append((last.end, last.end, FlagEdit("flag", new, flag=flag, separator=separator)))
-    return edits
+        deleted = {op.index for op in ops if op.action == "delete"}
+        last = max((j for j in range(command.args_end) if j not in deleted), default=0)
+        ops.append(WordOp(last, "after", tuple(word for flag, new in missing for word in (flag, new))))
+    return ops
 
 
-def _continuation_separator(command: VllmCommand, value: str) -> str:
-    """Follow the unit's style: one flag per continuation line if it already uses them."""
-    last = command.words[command.args_end - 1]
-    cut = value.rfind("\\\n", 0, last.start)
-    if cut < 0:
+def _container_env_ops(command: VllmCommand, env_changes: Mapping[str, str | None]) -> list[WordOp]:
+    """A containerised vLLM gets its environment from `-e NAME=VALUE`, not from the unit."""
+    ops: list[WordOp] = []
+    pending = dict(env_changes)
+    words = command.words
+    for i in range(command.args_start - 1):
+        w = words[i]
+        item, prefix = None, ""
+        if w.value in ("-e", "--env"):
+            item = i + 1
+        elif w.value.startswith("--env="):
+            item, prefix = i, "--env="
+        if item is None or "=" not in words[item].value:
+            continue
+        name = words[item].value.removeprefix("--env=").split("=", 1)[0]
+        if name not in pending:
+            continue
+        new = pending.pop(name)
+        if new is None:
+            ops += [WordOp(j, "delete") for j in sorted({i, item})]
+        else:
+            ops.append(WordOp(item, "replace", (f"{prefix}{name}={new}",)))
+    added = [word for name, new in pending.items() if new is not None for word in ("-e", f"{name}={new}")]
+    if added:
+        ops.append(WordOp(command.args_start - 1, "before", tuple(added)))
+    return ops
+
+
+def expected_words(command: VllmCommand, ops: Sequence[WordOp]) -> list[str]:
+    """The ExecStart words (as split_words gives them) that `ops` should leave."""
+    before: dict[int, list[str]] = {}
+    after: dict[int, list[str]] = {}
+    replaced: dict[int, list[str]] = {}
+    for op in ops:
+        values = [exec_word_value(v) for v in op.values]
+        if op.action == "before":
+            before.setdefault(op.index, []).extend(values)
+        elif op.action == "after":
+            after.setdefault(op.index, []).extend(values)
+        else:
+            replaced[op.index] = values
+    result: list[str] = []
+    for i, w in enumerate(command.words):
+        result += before.get(i, []) + replaced.get(i, [w.value]) + after.get(i, [])
+    return result
+
+
+Span = tuple[int, int, "FlagEdit | None"]
+
+
+def _render_ops(
+    unit_file: UnitFile, exec_start: Assignment, command: VllmCommand, ops: Sequence[WordOp]
+) -> list[Span]:
+    """File spans for the word changes. A deleted word takes the blanks before it on its line; a line
+    left with nothing goes, and when it was the value's last line, the continuation backslash of the line
+    before goes too, so the next directive is never joined to ExecStart=."""
+    text = unit_file.text
+    spans: list[Span] = []
+    words = command.words
+
+    def raw(i: int) -> tuple[int, int]:
+        return exec_start.raw_span(words[i].start, words[i].end)
+
+    deleted = sorted(op.index for op in ops if op.action == "delete")
+    groups: list[list[int]] = []
+    for i in deleted:
+        if groups and groups[-1][-1] == i - 1 and _same_line(text, raw(i - 1)[1], raw(i)[0]):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    for group in groups:
+        start, end = raw(group[0])[0], raw(group[-1])[1]
+        line_start = text.rfind("\n", 0, start) + 1
+        line_end = text.find("\n", end)
+        line_end = len(text) if line_end < 0 else line_end
+        before, after = text[line_start:start], text[end:line_end]
+        if before.strip(" \t") == "" and after.strip(" \t") == "\\":
+            spans.append((line_start, line_end + 1, None))  # a middle line of the value: it goes
+        elif before.strip(" \t") == "" and after.strip(" \t") == "":
+            # the value's last line: it goes, and the line before stops continuing
+            held = [line for line in exec_start.lines if line[1] <= line_start]
+            if not held:
+                raise UnitError("ExecStart=: refusing to delete the line that holds the key")
+            prev_start, prev_end = held[-1]
+            prev = text[prev_start:prev_end]
+            keep = len(prev.rstrip(" \t")[:-1].rstrip(" \t"))
+            spans.append((prev_start + keep, prev_end, None))
+            spans.append(
+                (
+                    line_start - 1 if line_end >= len(text) else line_start,
+                    line_end + (line_end < len(text)),
+                    None,
+                )
+            )
+        elif before.strip(" \t"):
+            spans.append((start - (len(before) - len(before.rstrip(" \t"))), end, None))
+        else:
+            spans.append((start, end + len(after) - len(after.lstrip(" \t")), None))
+    for op in ops:
+        if op.action == "replace":
+            (value,) = op.values
+            start, end = raw(op.index)
+            spans.append((start, end, FlagEdit("value", value)))
+        elif op.action == "before":
+            at = raw(op.index)[0]
+            for flag, value in zip(op.values[::2], op.values[1::2], strict=True):
+                spans.append((at, at, FlagEdit("prefix_flag", value, flag=flag)))
+        elif op.action == "after":
+            at = raw(op.index)[1]
+            separator = _continuation_separator(text, exec_start, at)
+            if len(op.values) == 1:  # a value after a flag that had none: `{separator}{flag} {value}`
+                spans.append((at, at, FlagEdit("flag", op.values[0], flag="", separator="")))
+            else:
+                for flag, value in zip(op.values[::2], op.values[1::2], strict=True):
+                    spans.append((at, at, FlagEdit("flag", value, flag=flag, separator=separator)))
+    return spans
+
+
+def _same_line(text: str, start: int, end: int) -> bool:
+    return "\n" not in text[start:end]
+
+
+def _continuation_separator(text: str, exec_start: Assignment, at: int) -> str:
+    """Follow the unit's style: one flag per continuation line if the value already uses them and the
+    word is the last on its line."""
+    line_end = text.find("\n", at)
+    rest = text[at : len(text) if line_end < 0 else line_end]
+    if len(exec_start.lines) < 2 or rest.strip(" \t") not in ("", "\\"):
         return " "
-    indent = re.match(r"[ \t]*", value[cut + 2 :])
+    indent = re.match(r"[ \t]*", text[exec_start.lines[-1][0] :])
     return " \\\n" + (indent.group(0) if indent else "")
 
 
@@ -376,26 +656,26 @@ def edit_unit(
     flag_changes: Mapping[str, str | None],
     env_changes: Mapping[str, str | None] | None = None,
 ) -> UnitEdit:
-    """Set vLLM flags (value None removes a flag) and Environment= items in the file that holds ExecStart."""
+    """Set vLLM flags (value None removes a flag) and Environment= items in the file that holds ExecStart.
+
+    Before returning, the candidate is read back as systemd reads it: its ExecStart words must be the
+    intended ones and every other directive and comment line byte-identical (UnitError if not)."""
 
     unit_file, assignment = unit.exec_start()
     command = find_vllm_command(assignment.value)
-    text = unit_file.text
-    spans = [
-        (assignment.value_start + s, assignment.value_start + e, edit)
-        for s, e, edit in plan_exec_edits(command, assignment.value, flag_changes)
-    ]
+    ops = plan_exec_ops(command, flag_changes)
     if env_changes and command.form in ("docker", "podman"):
-        spans.extend(
-            (assignment.value_start + s, assignment.value_start + e, edit)
-            for s, e, edit in _container_env_edits(command, env_changes)
-        )
-    elif env_changes:
+        ops += _container_env_ops(command, env_changes)
+    spans = _render_ops(unit_file, assignment, command, ops)
+    if env_changes and command.form not in ("docker", "podman"):
         spans.extend(_environment_edits(unit_file, assignment, env_changes))
     spans.sort(key=lambda t: (t[0], t[1]))
+    text = unit_file.text
     segments: list[dict[str, str]] = []
     pos = 0
     for start, end, edit in spans:
+        if start < pos:
+            raise UnitError(f"{unit_file.path}: edits of ExecStart= overlap; refusing to guess")
         segments.append({"kind": "raw", "text": text[pos:start]})
         if edit is not None:
             segments.append(
@@ -404,72 +684,102 @@ def edit_unit(
         pos = end
     segments.append({"kind": "raw", "text": text[pos:]})
     new_text = render("unit.j2", segments=segments)
-    added = sum(1 for seg in segments if seg["kind"] == "environment")
-    _check_no_new_directive(unit_file.path, text, new_text, added)
+    env_edit = None if command.form in ("docker", "podman") else env_changes
+    _verify_edit(unit_file, assignment, new_text, expected_words(command, ops), env_edit)
     return UnitEdit(unit_file.path, text, new_text)
 
 
-def _container_env_edits(
-    command: VllmCommand, env_changes: Mapping[str, str | None]
-) -> list[tuple[int, int, FlagEdit | None]]:
-    """A containerised vLLM gets its environment from `-e NAME=VALUE`, not from the unit."""
-    edits: list[tuple[int, int, FlagEdit | None]] = []
-    pending = dict(env_changes)
-    words = command.words
-    for i in range(command.args_start - 1):
-        w = words[i]
-        item_word, opt = None, ""
-        if w.value in ("-e", "--env"):
-            item_word, opt = words[i + 1], w.value
-        elif w.value.startswith("--env="):
-            item_word, opt = w, "--env="
-        if item_word is None or "=" not in item_word.value:
-            continue
-        name = item_word.value.removeprefix("--env=").split("=", 1)[0]
-        if name not in pending:
-            continue
-        new = pending.pop(name)
-        if new is None:
-            edits.append((words[i - 1].end if opt != "--env=" else w.start - 1, item_word.end, None))
+def _verify_edit(
+    old: UnitFile,
+    exec_start: Assignment,
+    new_text: str,
+    words: list[str],
+    env_changes: Mapping[str, str | None] | None,
+) -> None:
+    """Belt and braces, for every edit: read the candidate back as systemd does."""
+    new = UnitFile.parse(old.path, new_text)
+
+    def others(unit_file: UnitFile, skip: Assignment | None) -> list[tuple[str, str, str]]:
+        return [
+            (a.section, a.key, unit_file.raw(a))
+            for a in unit_file.assignments
+            if a is not skip and not (a.section == "Service" and a.key == "Environment")
+        ]
+
+    ordinal = old.get_all("Service", "ExecStart").index(exec_start)
+    new_exec_all = new.get_all("Service", "ExecStart")
+    new_exec = new_exec_all[ordinal] if ordinal < len(new_exec_all) else None
+    problem = ""
+    if new_exec is None or others(new, new_exec) != others(old, exec_start):
+        problem = "would change other directives"
+    elif [old.text[s:e] for s, e in old.comments] != [new.text[s:e] for s, e in new.comments]:
+        problem = "would move, delete or activate a comment line"
+    elif _prefix(new_exec.value) != _prefix(exec_start.value):
+        problem = "would change the ExecStart= prefix"
+    elif [w.value for w in find_vllm_command(new_exec.value).words] != words:
+        problem = "would not run the intended command"
+    elif _after_separator(new_exec.value) != _after_separator(exec_start.value):
+        problem = "would change the command after `;`"
+    elif _file_environment(new) != _changed_env(_file_environment(old), env_changes):
+        problem = "would not set the intended Environment="
+    if problem:
+        raise UnitError(f"{old.path}: refusing an edit that {problem}")
+
+
+def _prefix(value: str) -> str:
+    """The ExecStart= prefix characters (`-@:+!`) before the command."""
+    return value[: len(value) - len(value.lstrip("-@:+!"))]
+
+
+def _after_separator(value: str) -> list[str]:
+    words = split_words(value)
+    separator = next((i for i, w in enumerate(words) if w.separator), len(words))
+    return [w.value for w in words[separator:]]
+
+
+def _file_environment(unit_file: UnitFile) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for a in unit_file.get_all("Service", "Environment"):
+        if a.value == "":
+            env.clear()
+        for word in split_words(a.value):
+            name, eq, val = word.value.partition("=")
+            if eq:
+                env[name] = val
+    return env
+
+
+def _changed_env(env: dict[str, str], changes: Mapping[str, str | None] | None) -> dict[str, str]:
+    result = dict(env)
+    for name, value in (changes or {}).items():
+        if value is None:
+            result.pop(name, None)
         else:
-            prefix = "--env=" if opt == "--env=" else ""
-            edits.append((item_word.start, item_word.end, FlagEdit("value", f"{prefix}{name}={new}")))
-    image = words[command.args_start - 1]
-    for name, new in pending.items():
-        if new is not None:
-            edits.append((image.start, image.start, FlagEdit("prefix_flag", f"{name}={new}", flag="-e")))
-    return edits
+            result[name] = value.replace("%", "%%")
+    return result
 
 
 def _environment_edits(
     unit_file: UnitFile, exec_start: Assignment, env_changes: Mapping[str, str | None]
-) -> list[tuple[int, int, FlagEdit | None]]:
-    edits: list[tuple[int, int, FlagEdit | None]] = []
+) -> list[Span]:
+    edits: list[Span] = []
     pending = dict(env_changes)
     for a in unit_file.get_all("Service", "Environment"):
-        words = split_words(a.value)
-        for w in words:
+        for w in split_words(a.value):
             name = w.value.split("=", 1)[0]
             if name in pending:
                 new = pending.pop(name)
+                start, end = a.raw_span(w.start, w.end)
                 if new is None:
-                    edits.append((a.value_start + w.start, a.value_start + w.end, None))
+                    edits.append((start, end, None))
                 else:
-                    edits.append(
-                        (a.value_start + w.start, a.value_start + w.end, FlagEdit("env_item", new, flag=name))
-                    )
+                    edits.append((start, end, FlagEdit("env_item", new, flag=name)))
     # new variables go on their own Environment= line just before ExecStart=
     line_start = unit_file.text.rfind("\n", 0, exec_start.start) + 1
     for name, new in pending.items():
         if new is not None:
             edits.append((line_start, line_start, FlagEdit("environment", new, flag=name)))
     return edits
-
-
-def _check_no_new_directive(path: Path, old: str, new: str, added_lines: int) -> None:
-    """Belt and braces: an edit may never add or remove a directive beyond the lines it means to add."""
-    if len(UnitFile.parse(path, new).assignments) != len(UnitFile.parse(path, old).assignments) + added_lines:
-        raise UnitError(f"{path}: refusing an edit that would change the unit's directives")
 
 
 def unified_diff(old: str, new: str, path: str, secrets: Iterable[str] = ()) -> str:
