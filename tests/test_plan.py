@@ -13,8 +13,10 @@ from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuProcess, GpuState, platfo
 from vllm_ctxmgr.core.kv.layout import kv_cache_layout
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan import (
+    PLAN_SCHEMA,
     Plan,
     PlanOptions,
+    StoredPlan,
     default_gpu_memory_utilization,
     kv_budget_at_utilization,
     make_plan,
@@ -22,7 +24,7 @@ from vllm_ctxmgr.core.plan import (
     parse_vllm_version,
 )
 from vllm_ctxmgr.core.serve_args import ServeArgs
-from vllm_ctxmgr.errors import UsageError
+from vllm_ctxmgr.errors import CtxmgrError, UsageError
 
 TOTAL = int(95.6 * GIB)
 DRIVER_RESERVED = GIB // 2
@@ -253,6 +255,31 @@ def test_margin_and_budget_at_utilisation_are_the_planners_rules() -> None:
     at_u = kv_budget_at_utilization(int(24.5 * GIB), math.ceil(TOTAL * 0.9), TOTAL, u)
     assert line.kv_budget.bytes == at_u
     assert kv_budget_at_utilization(at_u, math.ceil(TOTAL * u), TOTAL, 0.9) == int(24.5 * GIB)
+
+
+def test_the_stored_plan_has_a_schema_and_typed_accessors() -> None:
+    plan = make_plan(glm5(), SERVICE, eight_gpus(), options(), [OBSERVED])
+    record = plan_json(plan)
+    assert record["schema"] == PLAN_SCHEMA == 1
+    stored = StoredPlan.from_json(record)
+    u = plan.gpu_memory_utilization
+    assert u is not None
+    assert (stored.max_model_len, stored.gpu_memory_utilization) == (TARGET, u)
+    assert stored.bytes_per_block == plan.layout.bytes_per_block == 6_409_728
+    assert stored.block_size == plan.layout.block_size == 64
+    assert stored.min_kv_budget_bytes() == min(line.kv_budget.bytes or 0 for line in plan.gpus)
+    # at the utilisation the unit really runs with, the budget moves by the planner's rule
+    assert stored.min_kv_budget_bytes(0.95) == kv_budget_at_utilization(
+        int(24.5 * GIB), math.ceil(TOTAL * 0.9), TOTAL, 0.95
+    )
+    assert stored.margins == [line.margin.bytes for line in plan.gpus]
+    assert StoredPlan.figure(stored.gpus[0], "kv_needed") == plan.gpus[0].kv_needed.bytes
+    # a plan stored before the schema field reads the same; a newer schema is refused, not guessed at
+    legacy = {k: v for k, v in record.items() if k != "schema"}
+    assert StoredPlan.from_json(legacy).bytes_per_block == stored.bytes_per_block
+    with pytest.raises(CtxmgrError, match="schema 2"):
+        StoredPlan.from_json({**record, "schema": 2})
+    assert StoredPlan.from_json(None).min_kv_budget_bytes() is None
 
 
 def test_observation_of_another_version_is_ignored() -> None:

@@ -31,6 +31,7 @@ from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.plan import (
     DEFAULT_MARGIN_MIN_BYTES,
+    StoredPlan,
     cuda_graphs_in_budget,
     default_gpu_memory_utilization,
     kv_budget_at_utilization,
@@ -181,14 +182,6 @@ def gib(value: float | int | None) -> str:
     return "?" if value is None else f"{value / GIB:.2f} GiB"
 
 
-def _fig(line: Mapping[str, Any], name: str) -> int | None:
-    figure = line.get(name)
-    if isinstance(figure, Mapping):
-        value = figure.get("bytes")
-        return int(value) if isinstance(value, int | float) else None
-    return None
-
-
 def service_memory(
     gpu: GpuInfo, service_pids: Sequence[int], service_running: bool, startup_bytes: int
 ) -> tuple[int, int | None, str]:
@@ -210,7 +203,7 @@ def service_memory(
 
 
 def gpu_margins(
-    plan: Mapping[str, Any],
+    plan: StoredPlan,
     gpus: GpuState,
     service_pids: Sequence[int],
     service_running: bool,
@@ -224,30 +217,30 @@ def gpu_margins(
     by_index = {g.index: g for g in gpus.gpus}
     margins: list[GpuMargin] = []
     missing: list[str] = []
-    for line in plan.get("gpus", []):
+    for line in plan.gpus:
         index = int(line["index"])
         info = by_index.get(index)
-        total = _fig(line, "total")
+        total = plan.figure(line, "total")
         if info is None or total is None:
             missing.append(f"GPU {index}")
             continue
-        overhead = _fig(line, "startup_overhead") or 0
-        graphs = 0 if graphs_in_budget else (_fig(line, "cuda_graphs") or 0)
+        overhead = plan.figure(line, "startup_overhead") or 0
+        graphs = 0 if graphs_in_budget else (plan.figure(line, "cuda_graphs") or 0)
         startup = requested_bytes(info.total_bytes, gpu_memory_utilization)
-        planned_requested = _fig(line, "requested")
+        planned_requested = plan.figure(line, "requested")
         if kv_cache_memory_bytes is not None and planned_requested is not None:
             startup = max(startup, planned_requested)  # weights + non-KV + the explicit KV budget
         startup += graphs
-        others_planned = _fig(line, "used_by_others") or 0
+        others_planned = plan.figure(line, "used_by_others") or 0
         others_now, own, source = service_memory(info, service_pids, service_running, startup)
         slack_planned = info.total_bytes - others_planned - overhead - startup
         slack_now = info.total_bytes - others_now - overhead - startup
-        margin = _fig(line, "margin") or margin_bytes(info.total_bytes)
-        needed = _fig(line, "kv_needed") if same_max_model_len else None
+        margin = plan.figure(line, "margin") or margin_bytes(info.total_bytes)
+        needed = plan.figure(line, "kv_needed") if same_max_model_len else None
         if available_kv_bytes is not None:
             budget, budget_source = available_kv_bytes, "vllm log"
         else:
-            planned_budget = _fig(line, "kv_budget")
+            planned_budget = plan.figure(line, "kv_budget")
             budget_source = "plan"
             if planned_budget is not None and kv_cache_memory_bytes is None and planned_requested is not None:
                 # the budget moves with the utilisation the unit runs at
@@ -403,9 +396,8 @@ def decide(facts: VerifyFacts) -> Verification:
             f" (`ctxmgr observe --service {facts.service}` makes the running start the reference)"
         )
     planned = _latest_plan(facts.revisions, facts.current_revision)
-    plan = planned["plan"] if planned else {}
-    margins_planned = [m for m in (_fig(line, "margin") for line in plan.get("gpus", [])) if m]
-    drift_limit = min(margins_planned, default=DEFAULT_MARGIN_MIN_BYTES)
+    plan = StoredPlan.from_json(planned["plan"] if planned else None)
+    drift_limit = min(plan.margins, default=DEFAULT_MARGIN_MIN_BYTES)
     same_config = (
         last_start.get("configured_max_model_len") == facts.max_model_len
         and last_start.get("configured_kv_cache_memory_bytes") == facts.kv_cache_memory_bytes
@@ -414,7 +406,7 @@ def decide(facts: VerifyFacts) -> Verification:
         )
     )
     blocks_then = _int(last_start.get("num_gpu_blocks"))
-    block_bytes = plan.get("null_block_bytes") or (plan.get("layout") or {}).get("bytes_per_block")
+    block_bytes = plan.bytes_per_block
     kv_now, kv_then = observation.get("available_kv_gib"), last_start.get("available_kv_gib")
     if same_config and blocks and blocks_then and block_bytes:
         if abs(blocks - blocks_then) * block_bytes > drift_limit:
@@ -465,7 +457,7 @@ def decide(facts: VerifyFacts) -> Verification:
             facts.graphs_in_budget,
             facts.kv_cache_memory_bytes,
             int(available * GIB) if isinstance(available, int | float) else None,
-            plan.get("max_model_len") == facts.max_model_len,
+            plan.max_model_len == facts.max_model_len,
         )
         for name in missing:
             degraded.append(f"{name}, which the plan of revision {planned['number']} uses, is not there now")
@@ -476,7 +468,7 @@ def decide(facts: VerifyFacts) -> Verification:
             result.margin_bytes = min(m.margin_left_bytes for m in margins)
 
     if result.kv_cache_tokens is None and result.available_kv_gib and planned is not None:
-        per_token = plan.get("kv_bytes_per_token_per_gpu")
+        per_token = plan.kv_bytes_per_token_per_gpu
         if per_token:
             result.kv_cache_tokens = int(result.available_kv_gib * GIB // per_token)
 
