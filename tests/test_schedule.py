@@ -23,12 +23,14 @@ from tests.support.sandbox import Sandbox
 from vllm_ctxmgr.errors import UsageError
 from vllm_ctxmgr.schedule import (
     ScheduleRequest,
+    check_calendar,
     format_timespan,
     parse_timespan,
     render_units,
     timer_schedule,
 )
 from vllm_ctxmgr.systemd.quoting import resolve_escapes, split_words
+from vllm_ctxmgr.systemd.systemctl import Systemd
 from vllm_ctxmgr.systemd.unit import UnitFile
 
 REPO = Path(__file__).resolve().parent.parent
@@ -225,3 +227,23 @@ def test_schedule_refuses_what_it_cannot_verify_and_times_systemd_cannot_read(  
     assert "Failed to parse calendar specification" in out  # systemd's own words
     code, _, out = ctxmgr(sandbox, workdir / "state", "schedule", "--service", name, "--textfile", "/x/y.txt")
     assert code == 2 and "only files ending in .prom" in out, out
+
+
+def test_a_name_ending_in_a_backslash_cannot_continue_the_description_into_after() -> None:
+    """Issue 9 item 10: `Description=... foo\\` swallowed the next line (After=) into the description."""
+    request = ScheduleRequest(service="vllm\\.service", every="15min", python=sys.executable)
+    units = render_units(request, timer_schedule("15min"))
+    text = units["ctxmgr-verify@vllm\\.service"]
+    service = UnitFile.parse("ctxmgr-verify@vllm\\.service", text)
+    values = {(a.section, a.key): a.value for a in service.assignments}
+    assert values[("Unit", "After")] == "vllm\\.service"
+    assert not values[("Unit", "Description")].endswith("\\")
+    assert not [line for line in text.splitlines() if line.endswith("\\")]
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_an_every_that_looks_like_an_option_is_not_handed_to_systemd_analyze() -> None:
+    """Issue 9 item 10: `--every --help` ran `systemd-analyze calendar --help`, which exits 0."""
+    with pytest.raises(UsageError, match="neither a time span nor a calendar"):
+        check_calendar(Systemd.local(), "--help")
+    check_calendar(Systemd.local(), "hourly")  # a real expression still passes

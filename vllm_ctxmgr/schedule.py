@@ -27,6 +27,7 @@ from vllm_ctxmgr.errors import SystemdError, UsageError
 from vllm_ctxmgr.metrics import check_textfile_path
 from vllm_ctxmgr.service import read_service
 from vllm_ctxmgr.store import atomic_write
+from vllm_ctxmgr.systemd.names import canonical_unit
 from vllm_ctxmgr.systemd.render import render
 from vllm_ctxmgr.systemd.systemctl import Systemd
 
@@ -216,7 +217,10 @@ class ScheduleResult:
 
 def check_calendar(systemd: Systemd, expression: str) -> None:
     """systemd-analyze calendar: the manager's own parser says whether the expression is valid."""
-    argv = systemd.command("systemd-analyze", "calendar", expression)
+    if expression.startswith("-"):
+        # `--every --help` would otherwise be systemd-analyze's own option, and exit 0
+        raise UsageError(f"--every {expression!r} is neither a time span nor a calendar expression")
+    argv = systemd.command("systemd-analyze", "calendar", "--", expression)
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     except FileNotFoundError:
@@ -327,6 +331,7 @@ def unschedule_service(systemd: Systemd, service: str, on_step: Printer = _quiet
     result = ScheduleResult(instance(service), "unschedule", False, "", timer=timer)
     state = timer_state(systemd, timer)
     if not any(p.exists() for p in paths) and state.get("LoadState") in ("not-found", "", None):
+        canonical_unit(systemd, service)  # a service systemd does not know is a usage error (exit 2)
         result.reason = f"{service} has no scheduled verification here: nothing changed"
         return result
     if state.get("LoadState") == "loaded":

@@ -4,15 +4,34 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import click
 
-from vllm_ctxmgr.cli.common import emit_json, handle_errors, systemd_for
+from vllm_ctxmgr.cli.common import (
+    SERVICE,
+    TIMEOUT,
+    WAIT_LOCK,
+    emit_json,
+    handle_errors,
+    invoking_user,
+    systemd_for,
+)
 from vllm_ctxmgr.metrics import check_textfile_path, write_textfile
 from vllm_ctxmgr.schedule import ScheduleRequest, schedule_service, unschedule_service
 from vllm_ctxmgr.status import fleet_status, status_table
 from vllm_ctxmgr.store import ServiceStore
-from vllm_ctxmgr.verify import FAILED, VerifyOptions, act_on_failure, verification_text, verify_service
+from vllm_ctxmgr.systemd.log import Priority, send
+from vllm_ctxmgr.systemd.names import canonical_unit
+from vllm_ctxmgr.systemd.systemctl import Systemd
+from vllm_ctxmgr.verify import (
+    FAILED,
+    Verification,
+    VerifyOptions,
+    act_on_failure,
+    verification_text,
+    verify_service,
+)
 
 ON_FAILURE = ("none", "restart", "rollback")
 
@@ -26,7 +45,7 @@ def _say(as_json: bool):  # type: ignore[no-untyped-def]
 
 
 @click.command("verify")
-@click.option("--service", required=True, help="The systemd service that runs vLLM.")
+@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
 @click.option("--long-probe", is_flag=True, help="Also send a prompt of about 90% of the context.")
 @click.option(
     "--textfile",
@@ -47,15 +66,17 @@ def _say(as_json: bool):  # type: ignore[no-untyped-def]
     show_default=True,
     help="When the verification fails: restart the unit, or roll back to the last revision that verified.",
 )
-@click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds the probe may wait.")
+@click.option("--timeout", type=TIMEOUT, default=120.0, show_default=True, help="Seconds the probe may wait.")
 @click.option(
     "--start-timeout",
-    type=float,
+    type=TIMEOUT,
     default=1800.0,
     show_default=True,
     help="Seconds a start may take: until then a vLLM still loading is degraded, not failed.",
 )
-@click.option("--wait-lock", type=float, default=0.0, help="Seconds to wait for another run on the service.")
+@click.option(
+    "--wait-lock", type=WAIT_LOCK, default=0.0, help="Seconds to wait for another run on the service."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 @handle_errors
@@ -71,14 +92,16 @@ def verify_cmd(ctx: click.Context, service: str, long_probe: bool, textfile: str
     degraded  it serves, but one of the latter no longer holds (the reasons say which)
     failed    not active, or the probe fails
     \b
-    Exit codes of this command: 0 ok, 1 degraded, 2 failed (usage errors also exit 2),
-    4 a change on the service holds its lock.
+    Exit codes of this command (the monitoring-plugin convention): 0 ok, 1 degraded, 2 failed,
+    3 unknown (the check could not run: bad arguments, an unknown service), 4 a change on the
+    service holds its lock.
     """
 
     if textfile:
         check_textfile_path(textfile)
     systemd = systemd_for(ctx)
-    store = ServiceStore(ctx.find_root().obj["state_dir"], service.removesuffix(".service"))
+    service = canonical_unit(systemd, service)
+    store = ServiceStore(ctx.find_root().obj["state_dir"], service)
     say = _say(as_json)
     options = VerifyOptions(long_probe, timeout, gpus_from, start_timeout)
     verification, facts = verify_service(systemd, store, service, options, wait_lock, say)
@@ -89,15 +112,16 @@ def verify_cmd(ctx: click.Context, service: str, long_probe: bool, textfile: str
         )
     if textfile:
         write_textfile(textfile, verification)
+    log_verification(systemd, service, verification)
     if as_json:
-        emit_json(verification.to_json())
+        emit_json({"command": "verify", "changed": bool(verification.action), **verification.to_json()})
     else:
         click.echo(verification_text(verification))
     sys.exit(verification.exit_code)
 
 
 @click.command("schedule")
-@click.option("--service", required=True, help="The systemd service that runs vLLM.")
+@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
 @click.option(
     "--every",
     default="15min",
@@ -133,8 +157,6 @@ def schedule_cmd(ctx: click.Context, service: str, every: str, on_failure: str, 
     Results go to the journal (`journalctl -t ctxmgr-verify`) and, with --textfile, to Prometheus.
     Scheduling the same again changes nothing.
     """
-    from pathlib import Path
-
     request = ScheduleRequest(
         service=service,
         every=every,
@@ -146,7 +168,13 @@ def schedule_cmd(ctx: click.Context, service: str, every: str, on_failure: str, 
     )
     result = schedule_service(systemd_for(ctx), request, _say(as_json))
     if as_json:
-        emit_json(result.to_json())
+        emit_json(
+            {
+                "command": "schedule",
+                "result": "applied" if result.changed else "unchanged",
+                **result.to_json(),
+            }
+        )
         return
     click.echo(result.reason)
     if result.next_run:
@@ -154,7 +182,7 @@ def schedule_cmd(ctx: click.Context, service: str, every: str, on_failure: str, 
 
 
 @click.command("unschedule")
-@click.option("--service", required=True)
+@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
 @click.pass_context
 @handle_errors
@@ -163,7 +191,13 @@ def unschedule_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
 
     result = unschedule_service(systemd_for(ctx), service, _say(as_json))
     if as_json:
-        emit_json(result.to_json())
+        emit_json(
+            {
+                "command": "unschedule",
+                "result": "applied" if result.changed else "unchanged",
+                **result.to_json(),
+            }
+        )
     else:
         click.echo(result.reason)
 
@@ -177,6 +211,29 @@ def status_cmd(ctx: click.Context, as_json: bool) -> None:
 
     rows = fleet_status(systemd_for(ctx), ctx.find_root().obj["state_dir"])
     if as_json:
-        emit_json({"services": [row.to_json() for row in rows]})
+        emit_json(
+            {"command": "status", "result": "ok", "changed": False, "services": [r.to_json() for r in rows]}
+        )
     else:
         click.echo(status_table(rows))
+
+
+# journald priorities of a verification: degraded and failed are what an operator's alerting watches
+VERIFY_PRIORITY = {"ok": Priority.INFO, "degraded": Priority.WARNING, "failed": Priority.ERR}
+
+
+def log_verification(systemd: Systemd, service: str, verification: Verification) -> None:
+    message = f"{service}: verify {verification.result}"
+    if verification.reasons:
+        message += ": " + "; ".join(verification.reasons)
+    send(
+        systemd,
+        message,
+        VERIFY_PRIORITY.get(verification.result, Priority.ERR),
+        service=service,
+        action="verify",
+        result=verification.result,
+        max_model_len=verification.max_model_len,
+        exit_code=verification.exit_code,
+        user=invoking_user(),
+    )
