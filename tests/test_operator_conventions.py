@@ -59,8 +59,8 @@ def test_changes_are_in_the_journal_with_priority_and_fields(sandbox, install_un
     failed = run_ctxmgr(sandbox.pid, state, "set-context", "200000", "--service", name, *offline_gpu_args(),
                         "--yes", "--json")  # fmt: skip
     assert failed.code == 1 and failed.data["result"] == "rolled-back", failed.stderr
-    ok = run_ctxmgr(sandbox.pid, state, "set-context", "16384", "--service", name, *offline_gpu_args(), "--yes",
-                    "--json")  # fmt: skip
+    args = ("set-context", "16384", "--service", name, *offline_gpu_args(), "--yes", "--json")
+    ok = run_ctxmgr(sandbox.pid, state, *args)
     assert ok.code == 0, ok.stderr
     entries = ctxmgr_journal(sandbox, f"{name}.service")
     by_result = {e["CTXMGR_RESULT"]: e for e in entries}
