@@ -241,11 +241,15 @@ class FleetBed:
         (ssh / "known_hosts").write_text("\n".join(known) + "\n")
 
     def _ctxmgr_wrapper(self) -> None:
-        """The `ctxmgr` the module runs on each host: this checkout's, with the dev venv's Python."""
+        """The `ctxmgr` the module runs on each host: the installed wheel's where CTXMGR_BIN names it
+        (make test and CI, as tests/ctxmgr_cli.py), else this checkout's with the dev venv's Python."""
         self.ctxmgr_bin.parent.mkdir(exist_ok=True)
-        self.ctxmgr_bin.write_text(
-            f'#!/bin/sh\nPYTHONPATH={REPO_ROOT} exec {sys.executable} -m vllm_ctxmgr "$@"\n'
-        )
+        installed = os.environ.get("CTXMGR_BIN")
+        if installed:
+            command = f'exec {Path(installed).resolve()} "$@"'
+        else:
+            command = f'PYTHONPATH={REPO_ROOT} exec {sys.executable} -m vllm_ctxmgr "$@"'
+        self.ctxmgr_bin.write_text(f"#!/bin/sh\n{command}\n")
         self.ctxmgr_bin.chmod(0o755)
 
     def _boot(self, host: FleetHost, time_scale: float, environment: dict[str, str]) -> None:
@@ -359,6 +363,7 @@ backend {BACKEND}
 """
         )
         _run("/usr/sbin/haproxy", "-c", "-q", "-f", str(config))
+        self.haproxy_socket.unlink(missing_ok=True)  # one a killed run left would look like HAProxy's
         log = (self.directory / "haproxy.log").open("wb")
         tie = ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
         self.haproxy = subprocess.Popen(
@@ -475,8 +480,8 @@ ssh_args = {ssh_args}
         return subprocess.Popen(
             in_netns(
                 self.client_netns, sys.executable, "-m", "tests.fleet.load", "--url", self.lb_url,
-                "--rate", str(rate), "--duration", str(duration), "--haproxy-socket", str(self.haproxy_socket),
-                "--backend", BACKEND, "--out", str(out),
+                "--rate", str(rate), "--duration", str(duration),
+                "--haproxy-socket", str(self.haproxy_socket), "--backend", BACKEND, "--out", str(out),
             ),
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
@@ -545,3 +550,68 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---- a roll-out under load, as the tests and `make fleet-demo` run it ------------------------------
+
+
+def build_collection(output: Path) -> Path:
+    """`ansible-galaxy collection build` of the repo's collection; returns the tarball."""
+    output.mkdir(parents=True, exist_ok=True)
+    _run(
+        str(ANSIBLE_VENV / "bin" / "ansible-galaxy"), "collection", "build", "--force",
+        "--output-path", str(output), str(COLLECTION_DIR), timeout=120,
+    )  # fmt: skip
+    tarballs = sorted(output.glob("vllm-ctxmgr-*.tar.gz"), key=lambda p: p.stat().st_mtime)
+    if not tarballs:
+        raise BedError(f"ansible-galaxy built no tarball in {output}")
+    return tarballs[-1]
+
+
+@dataclass
+class RollOut:
+    returncode: int
+    seconds: float
+    output: str  # ansible-playbook's stdout + stderr
+    report: dict[str, Any]  # the role's ctxmgr_report_file
+    load: dict[str, Any]  # the load client's summary ({} without load)
+
+
+def roll_out(
+    bed: FleetBed,
+    context: int,
+    name: str,
+    rate: float = 20.0,
+    extra_vars: dict[str, Any] | None = None,
+    check: bool = False,
+    max_load_s: float = 110.0,
+) -> RollOut:
+    """Run the collection's playbook across the bed (rate 0: no load), load running throughout."""
+    report_file = bed.directory / f"report-{name}.json"
+    load_file = bed.directory / f"load-{name}.json"
+    report_file.unlink(missing_ok=True)
+    variables = {"ctxmgr_context": context, "ctxmgr_report_file": str(report_file), **(extra_vars or {})}
+    argv = ["ansible-playbook", "vllm.ctxmgr.rolling_context", "-e", json.dumps(variables)]
+    if check:
+        argv += ["--check", "--diff"]
+    load = bed.load(rate, max_load_s, load_file) if rate > 0 else None
+    try:
+        if load is not None:
+            time.sleep(2.0)  # the load is flowing through every host before the first drain
+        began = time.monotonic()
+        result = bed.ansible(*argv, timeout=600)
+        seconds = time.monotonic() - began
+        if load is not None:
+            time.sleep(2.0)  # and keeps flowing a moment after the last host is back
+    finally:
+        if load is not None:
+            load.send_signal(signal.SIGTERM)
+            try:
+                load.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                load.kill()
+                load.communicate()
+    report = json.loads(report_file.read_text()) if report_file.exists() else {}
+    summary = json.loads(load_file.read_text()) if load is not None and load_file.exists() else {}
+    (bed.directory / f"ansible-{name}.log").write_text(result.stdout + result.stderr)
+    return RollOut(result.returncode, seconds, result.stdout + result.stderr, report, summary)

@@ -1,0 +1,157 @@
+"""The collection's pure parts without a bed: how the module reads ctxmgr's JSON (today's contract and
+the one being added), the command lines it runs, and the HAProxy runtime client against a socket
+that answers as HAProxy 2.6 does."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.vllm.ctxmgr.plugins.module_utils.haproxy_runtime import HaproxyError, Runtime
+from ansible_collections.vllm.ctxmgr.plugins.modules import ctxmgr as module
+from tests.fleet.load import allowed_target
+
+PARAMS = {
+    "command": "set-context",
+    "service": "vllm-glm5",
+    "context": 200000,
+    "ctxmgr_bin": "ctxmgr",
+    "state_dir": None,
+    "systemd_pid": None,
+    "extra_args": ["--gpu-memory", "95.6GiB"],
+    "force": False,
+    "long_probe": False,
+}
+
+
+def test_set_context_runs_ctxmgr_with_yes_and_json_or_dry_run_in_check_mode() -> None:
+    argv = module.command_argv({**PARAMS, "state_dir": "/srv/state", "timeout": 600.0}, check_mode=False)
+    assert argv == ["ctxmgr", "--state-dir", "/srv/state", "set-context", "200000", "--service", "vllm-glm5",
+                    "--timeout", "600.0", "--yes", "--gpu-memory", "95.6GiB", "--json"]  # fmt: skip
+    assert "--dry-run" in module.command_argv(PARAMS, check_mode=True)
+    assert "--yes" not in module.command_argv(PARAMS, check_mode=True)
+    rollback = module.command_argv({**PARAMS, "command": "rollback", "to": 3}, check_mode=False)
+    assert rollback == ["ctxmgr", "rollback", "--service", "vllm-glm5", "--to", "3", "--yes", "--json"]
+    verify = module.command_argv({**PARAMS, "command": "verify"}, check_mode=True)
+    assert verify == ["ctxmgr", "verify", "--service", "vllm-glm5", "--json"]  # read only either way
+
+
+def test_a_dry_run_would_change_under_both_contracts() -> None:
+    diff = "-    --max-model-len 8192\n+    --max-model-len 200000\n"
+    # today: changed is false on a dry run, the diff says whether anything would change
+    assert module.would_change({"result": "dry-run", "changed": False, "diff": diff})
+    assert not module.would_change({"result": "dry-run", "changed": False, "diff": ""})
+    assert not module.would_change({"result": "unchanged", "changed": False, "diff": ""})
+    # being added: dry_run true, and changed then means "would change"
+    assert module.would_change({"dry_run": True, "result": "dry-run", "changed": True, "diff": diff})
+    assert not module.would_change({"dry_run": True, "result": "unchanged", "changed": False, "diff": ""})
+
+
+def test_errors_are_read_from_stdout_json_or_from_the_stderr_line() -> None:
+    new = module.parse_output(4, json.dumps({"error": "vllm-glm5 is locked by pid 7", "exit_code": 4}), "")
+    old = module.parse_output(4, "", "error: vllm-glm5 is locked by pid 7\n")
+    assert new == old == {"error": "vllm-glm5 is locked by pid 7", "exit_code": 4}
+    message = module.failure_message(PARAMS, old)
+    assert "locked by another ctxmgr run" in message and "vllm-glm5 is locked by pid 7" in message
+    assert module.import_unsupported(
+        module.parse_output(2, "", "Usage: ctxmgr observe [OPTIONS]\nError: No such option '--import'.\n")
+    )
+    assert not module.import_unsupported({"error": "cannot read /x.json", "exit_code": 2})
+
+
+def test_a_rolled_back_change_says_what_happened_on_the_host() -> None:
+    data = {
+        "changed": False,
+        "result": "rolled-back",
+        "exit_code": 1,
+        "max_model_len": 8192,
+        "previous_max_model_len": 8192,
+        "reason": "vLLM refused the KV cache: 150,000 tokens fit, 200,000 were asked",
+        "decisive_line": "ValueError: ... the estimated maximum model length is 149952.",
+        "suggestion": "ctxmgr set-context 149952 --service vllm-glm5",
+        "plan": {"max_model_len": 200000, "feasible": True, "max_context": 202752, "other": 1},
+        "diff": "-a\n+b\n",
+    }
+    message = module.failure_message(PARAMS, data)
+    assert message.startswith("ctxmgr set-context 200000 on vllm-glm5: rolled-back (exit 1)")
+    assert "vLLM said: ValueError" in message and "previous unit is back (max_model_len 8192)" in message
+    assert "try: ctxmgr set-context 149952" in message
+    result = module.summary(PARAMS, data, check_mode=False)
+    assert result["rolled_back"] is True and result["changed"] is False
+    assert result["plan"] == {"max_model_len": 200000, "feasible": True, "max_context": 202752}
+    assert result["unit_diff"] == "-a\n+b\n"
+
+
+# ---- HAProxy's runtime API -----------------------------------------------------------------------
+
+SHOW_STAT = (
+    "# pxname,svname,qcur,qmax,scur,smax,slim,stot,status,\n"
+    "vllm_front,FRONTEND,,,3,9,2000,100,OPEN,\n"
+    "vllm,h1,0,0,2,5,,40,DRAIN,\n"
+    "vllm,h2,0,0,0,5,,40,UP,\n"
+    "vllm,BACKEND,0,0,2,9,200,80,UP,\n"
+)
+
+
+@pytest.fixture
+def fake_haproxy(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
+    """A unix socket answering `show stat` and `set server` the way HAProxy's non-interactive mode does."""
+    path = str(tmp_path / "admin.sock")
+    received: list[str] = []
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(8)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                line = conn.recv(4096).decode().strip()
+                received.append(line)
+                if line == "show stat":
+                    conn.sendall(SHOW_STAT.encode())
+                elif line.startswith("set server vllm/nope"):
+                    conn.sendall(b"No such server.\n\n")
+                else:
+                    conn.sendall(b"\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield path, received
+    stop.set()
+    server.close()
+
+
+def test_runtime_reads_servers_and_sets_states(fake_haproxy: tuple[str, list[str]]) -> None:
+    path, received = fake_haproxy
+    runtime = Runtime(path, timeout=2)
+    rows = runtime.servers("vllm")
+    assert set(rows) == {("vllm", "h1"), ("vllm", "h2")}  # no FRONTEND / BACKEND rows
+    assert rows[("vllm", "h1")]["scur"] == "2" and rows[("vllm", "h1")]["status"] == "DRAIN"
+    runtime.set_state("vllm", "h1", "drain")
+    assert received[-1] == "set server vllm/h1 state drain"
+    with pytest.raises(HaproxyError, match="No such server"):
+        runtime.set_state("vllm", "nope", "ready")
+    assert runtime.wait("vllm", "h2", "up", timeout=1)["status"] == "UP"
+    with pytest.raises(HaproxyError, match=r"vllm/h1 was not idle within 0.3 s \(status DRAIN, 2 in flight"):
+        runtime.wait("vllm", "h1", "idle", timeout=0.3)
+
+
+def test_runtime_says_where_it_could_not_connect(tmp_path: Path) -> None:
+    with pytest.raises(HaproxyError, match="cannot reach the HAProxy runtime API"):
+        Runtime(str(tmp_path / "absent.sock")).command("show info")
+
+
+def test_the_load_client_only_targets_loopback_and_the_bed() -> None:
+    assert allowed_target("http://127.0.0.1:8080") and allowed_target("http://10.249.0.1:8080")
+    assert not allowed_target("http://10.0.0.1:8080") and not allowed_target("http://192.168.1.2/")
+    assert not allowed_target("http://example.com/")
