@@ -164,6 +164,15 @@ def plan_text(plan: Any, command_change: str = "") -> str:
     out.append(f"{'FEASIBLE' if plan.feasible else 'NOT FEASIBLE'}: {plan.reason}")
     out.append(f"verdict: {plan.verdict}")
     out.append(f"largest context that fits: {plan.max_context:,}")
+    if plan.concurrency > 1:
+        out.append(f"sized for {plan.concurrency} requests of {plan.max_model_len:,} tokens at once")
+    for capacity in plan.capacity:
+        # vLLM's own capacity line (_report_kv_cache_config), as this engine will log it
+        engine = f" [GPUs {','.join(map(str, capacity.gpus))}]" if len(plan.capacity) > 1 else ""
+        out.append(
+            f"vLLM will report: KV cache size: {capacity.kv_cache_tokens:,} tokens, Maximum concurrency for "
+            f"{plan.max_model_len:,} tokens per request: {capacity.max_concurrency:.2f}x{engine}"
+        )
     if plan.feasible:
         flags = " ".join(f"{k} {v}" for k, v in plan.flag_changes.items())
         out.append(f"flags: {flags or '(none)'}")
@@ -220,6 +229,16 @@ def change_text(result: Any) -> str:
             f"is in the revision store (`ctxmgr history --service {result.service}`)."
         ),
     }.get(result.result, f"{result.service}: {result.result}. {result.reason}")
+    if result.action == "recover" and result.result in ("rolled-back", "applied"):
+        # an interrupted change that recover finished: it did not fail here, it was undone or completed
+        done = "was undone" if result.result == "rolled-back" else "had passed its probe and is finished"
+        now = before if result.result == "rolled-back" else after
+        headline = (
+            f"{result.service}: recovered revision {result.revision}: the interrupted change "
+            f"{before} -> {after} {done}; it runs {now}. {result.reason}"
+        )
+    if getattr(result, "pending_recovery", None) is not None:
+        headline = f"{result.service}: a recovery is pending. {result.reason}"
     out.append(headline)
     if result.decisive_line:
         out.append(f"decisive line: {result.decisive_line}")
