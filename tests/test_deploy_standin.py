@@ -251,3 +251,28 @@ def test_ctxmgr_killed_mid_restart_is_recovered_by_the_next_run(sandbox, install
     # nothing left in progress: a second recover has nothing to do
     code, data, _ = ctxmgr(sandbox, state, "recover", "--service", name, "--json")
     assert code == 0 and data["result"] == "unchanged"
+
+
+def test_calibration_compares_with_the_utilisation_really_applied() -> None:
+    """Issue 8 item 11: a change that keeps the unit's 0.90 was compared with a budget planned at 0.78
+    and read as a +92% .. +373% error. vLLM's budget is ceil(total x u) - non-KV memory at the u the
+    unit runs with; a start that matches it exactly is a 0% error."""
+    import math
+
+    from tests.ctxmgr_cli import ctxmgr_command
+    from vllm_ctxmgr.deploy import calibration
+    from vllm_ctxmgr.vllm_log.watcher import observe_start
+
+    argv = [*ctxmgr_command(), "plan", "200000", "--model", "examples/models/glm-5", "-tp", "8",
+            *offline_gpu_args(), "--json"]  # fmt: skip
+    plan = json.loads(subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=True).stdout)
+    assert plan["gpu_memory_utilization"] < 0.9  # the planner's minimum; the unit keeps its 0.90
+    line, bytes_per_block = plan["gpus"][0], plan["layout"]["bytes_per_block"]
+    at_090 = (math.ceil(line["total"]["bytes"] * 0.9) - line["non_kv"]["bytes"]) // bytes_per_block
+    observation = observe_start([])
+    metrics = {"num_gpu_blocks": str(at_090)}
+    naive = calibration(plan, observation, metrics)
+    assert naive["error_percent"] > 20  # what the report said before
+    applied = calibration(plan, observation, metrics, applied_utilization=0.9)
+    assert applied["predicted_num_gpu_blocks"] == at_090 and applied["error_percent"] == 0
+    assert applied["predicted_at_gpu_memory_utilization"] == 0.9
