@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuProcess, GpuState, platform_for
 from vllm_ctxmgr.core.kv.layout import kv_cache_layout
+from vllm_ctxmgr.core.kv.specs import cdiv
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan import (
     PLAN_SCHEMA,
@@ -25,6 +28,7 @@ from vllm_ctxmgr.core.plan import (
 )
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.errors import CtxmgrError, UsageError
+from vllm_ctxmgr.report import plan_text
 
 TOTAL = int(95.6 * GIB)
 DRIVER_RESERVED = GIB // 2
@@ -448,3 +452,89 @@ def test_parse_vllm_version() -> None:
     assert parse_vllm_version("0.32.0+cpu") == (0, 32, 0)
     assert parse_vllm_version("v0.11") == (0, 11, 0)
     assert parse_vllm_version(None) is None
+
+
+# --- What vLLM will report, sizing for N requests, explicit budgets (issue 10) -----------------------
+
+VLLM_CPU_LOGS = Path(__file__).parent / "data" / "vllm-cpu"
+CAPACITY_LINE = re.compile(
+    r"CPU (KV cache size: [\d,]+ tokens, Maximum concurrency for [\d,]+ tokens per request: [\d.]+x)"
+)
+
+
+def tiny_llama() -> ModelFacts:
+    """tests/data/vllm-cpu/README.md: tiny-llama, 2 layers, 4 heads, 2 KV heads, head_dim 32, fp32."""
+    layer = LayerFacts(LayerKind.FULL, num_kv_heads=2, head_size=32)
+    return ModelFacts("tiny-llama", "hf", "llama", ("LlamaForCausalLM",), 4, (layer,) * 2, "float32")
+
+
+@pytest.mark.parametrize(
+    ("journal", "args"),
+    [
+        # --max-model-len 1024 --kv-cache-memory-bytes 1179648 (9 blocks): "1,152 tokens ... 1.12x"
+        (
+            "vllm-ok-bytes",
+            ServeArgs("tiny", dtype="float32", max_model_len=1024, kv_cache_memory_bytes=1179648),
+        ),
+        # --max-model-len 1024, VLLM_CPU_KVCACHE_SPACE=1: "1,048,576 tokens ... 1024.00x"
+        (
+            "vllm-ok",
+            ServeArgs("tiny", dtype="float32", max_model_len=1024, env={"VLLM_CPU_KVCACHE_SPACE": "1"}),
+        ),
+    ],
+)
+def test_the_plan_reports_vllms_capacity_line_of_a_real_start(journal: str, args: ServeArgs) -> None:
+    text = (VLLM_CPU_LOGS / f"{journal}.journal").read_text()
+    logged = CAPACITY_LINE.search(text)
+    assert logged is not None
+    assert "'max_model_len': 1024" in text
+    plan = make_plan(tiny_llama(), args, None, PlanOptions(1024, derived_max_model_len=2048, cpu=True))
+    assert plan.feasible and len(plan.capacity) == 1
+    tokens, concurrency = re.search(r"([\d,]+) tokens.*: ([\d.]+)x", logged.group(1)).groups()  # type: ignore[union-attr]
+    record = plan_json(plan)
+    assert record["kv_cache_tokens"] == int(tokens.replace(",", ""))
+    assert f"{record['max_concurrency']:.2f}" == concurrency
+    assert record["capacity"][0]["kv_cache_tokens"] == record["kv_cache_tokens"]
+    assert f"vLLM will report: {logged.group(1)}" in plan_text(plan)
+
+
+def test_capacity_is_per_engine_and_vllms_two_decimals() -> None:
+    args = replace(SERVICE, data_parallel_size=2)
+    gpus = GpuState(tuple(gpu(i) for i in range(16)), "nvml")
+    plan = make_plan(glm5(), args, gpus, options())
+    assert [c.gpus for c in plan.capacity] == [tuple(range(8)), tuple(range(8, 16))]
+    engine = plan.capacity[0]
+    budget = min(line.kv_budget.bytes or 0 for line in plan.gpus[:8])
+    assert engine.num_gpu_blocks == budget // 6_409_728
+    exact = engine.num_gpu_blocks / 3125  # blocks one request of 200k takes
+    assert engine.max_concurrency == round(exact, 2) and engine.kv_cache_tokens == int(exact * TARGET)
+    assert plan_json(plan)["max_concurrency"] == engine.max_concurrency
+    # one request plus the margin (and the 0.01 step of the utilisation), not room for a second
+    assert plan.max_concurrency is not None and 1 <= plan.max_concurrency < 1.5
+
+
+def test_concurrency_sizes_the_kv_need_for_n_full_requests() -> None:
+    one = make_plan(glm5(), SERVICE, eight_gpus(), options(100_000))
+    three = make_plan(glm5(), SERVICE, eight_gpus(), options(100_000, concurrency=3))
+    assert plan_json(three)["concurrency"] == 3 and plan_json(one)["concurrency"] == 1
+    blocks = cdiv(100_000, 64)  # 1563 blocks of 6,409,728 B per request
+    assert three.gpus[0].kv_needed.bytes == (3 * blocks + 1) * 6_409_728  # + the null block
+    assert three.kv_bytes_per_gpu == one.kv_bytes_per_gpu == blocks * 6_409_728  # per request, as before
+    assert three.feasible, three.reason
+    assert (three.gpu_memory_utilization or 0) > (one.gpu_memory_utilization or 1)
+    assert three.max_concurrency is not None and three.max_concurrency >= 3
+    assert "3 requests at once" in three.reason
+    # the longest context of which three fit at once is shorter than the longest single one
+    assert three.max_context < one.max_context
+    with pytest.raises(UsageError, match="concurrency"):
+        make_plan(glm5(), SERVICE, eight_gpus(), options(concurrency=0))
+
+
+def test_kv_cache_memory_bytes_wins_over_free_memory_for_max_context() -> None:
+    """vLLM sizes the KV cache by --kv-cache-memory-bytes, whatever else the GPUs have free."""
+    args = replace(SERVICE, kv_cache_memory_bytes=10 * GIB)
+    offline = make_plan(glm5(), args, eight_gpus(), options())
+    no_gpus = make_plan(glm5(), args, None, options())
+    layout = kv_cache_layout(glm5(), args, platform_for(eight_gpus()))
+    assert offline.max_context == no_gpus.max_context == layout.max_model_len_for(10 * GIB, DERIVED)
+    assert offline.max_context < TARGET  # 10 GiB holds ~107k tokens, not the target the GPUs could

@@ -5,6 +5,8 @@ Everything here does I/O (files, NVML, the revision store); `plan.make_plan` sta
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -115,6 +117,70 @@ def observations_from_store(records: Iterable[Mapping[str, Any]]) -> list[Observ
     return out
 
 
+# What an observation record holds besides Observation's own fields (deploy writes them).
+RECORD_EXTRAS = {
+    "host": str,
+    "block_size": int,
+    "time": float,
+    "service": str,
+    "configured_max_model_len": int,
+    "configured_gpu_memory_utilization": float,
+    "configured_kv_cache_memory_bytes": int,
+    "ok": bool,
+    "imported_from": str,
+}
+MAX_IMPORT_BYTES = 1 << 20
+
+
+def imported_observation(text: str, source: str) -> dict[str, Any]:
+    """An observation exported by `ctxmgr observe --json` on another host, checked before it is stored.
+
+    Hosts 2..N of a fleet then plan from host 1's real start. The record must say which vLLM it ran:
+    the planner applies it only to that version, and only to the GPU model it names (a record from a
+    host without NVML names none and applies to any, as the host's own records do).
+    """
+    if len(text) > MAX_IMPORT_BYTES:
+        raise UsageError(f"{source}: larger than an observation can be")
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{source}: not JSON ({exc})") from None
+    if isinstance(data, dict) and isinstance(data.get("record"), dict):
+        data = data["record"]  # the whole `observe --json` object
+    if not isinstance(data, dict):
+        raise UsageError(f"{source}: not an observation record (a JSON object)")
+    kinds = {f.name: f.type for f in fields(Observation)}
+    record: dict[str, Any] = {}
+    for key, value in data.items():
+        expected = RECORD_EXTRAS.get(key) or _OBSERVATION_TYPES.get(str(kinds.get(key)))
+        if expected is None:
+            continue  # a newer ctxmgr's field: ignored, not trusted
+        record[key] = None if value is None else _typed(key, value, expected, source)
+    if not record.get("vllm_version"):
+        raise UsageError(f"{source}: the observation does not say its vllm_version, so it cannot be matched")
+    record["imported_from"] = str(record.get("host") or source)
+    return record
+
+
+_OBSERVATION_TYPES = {"str | None": str, "int | None": int, "float | None": float, "bool": bool}
+
+
+def _typed(key: str, value: object, expected: type, source: str) -> object:
+    """The value as its field's type: finite and not negative where it is a number."""
+    bad = UsageError(f"{source}: {key}={value!r} is not a {expected.__name__}")
+    if (expected is bool) != isinstance(value, bool):
+        raise bad
+    if expected is float and isinstance(value, int):
+        value = float(value)
+    if not isinstance(value, expected):
+        raise bad
+    if isinstance(value, float) and not math.isfinite(value):
+        raise bad
+    if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+        raise UsageError(f"{source}: {key}={value!r} is negative")
+    return value
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """What a plan is asked for beyond the unit's own vLLM arguments.
@@ -171,6 +237,7 @@ def plan_for(
         max_gpu_memory_utilization=request.max_gpu_memory_utilization,
         weights_bytes=request.weights_bytes,
         fixed_gpu_memory_utilization=request.fixed_gpu_memory_utilization,
+        concurrency=request.concurrency,
         service_pids=service_pids,
         cpu=cpu,
     )

@@ -164,6 +164,8 @@ class PlanOptions:
     fixed_gpu_memory_utilization: float | None = None
     platform: Platform | None = None
     cpu: bool = False
+    # size for this many requests of the full context at once: the KV need is N x blocks per request
+    concurrency: int = 1
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,7 @@ class GpuMemory:
     non_kv: Figure
     requested: Figure  # ceil(total x utilisation), or the explicit KV budget's footprint
     kv_budget: Figure
-    kv_needed: Figure  # one request of max_model_len + the null block, as vLLM's check counts
+    kv_needed: Figure  # `concurrency` requests of max_model_len + the null block, as vLLM's check counts
     margin: Figure
     headroom: Figure  # kv_budget - kv_needed - margin
     max_gpu_memory_utilization: float  # the most vLLM's startup free-memory check allows here
@@ -249,6 +251,29 @@ class Alternative:
 
 
 @dataclass(frozen=True)
+class KVCapacity:
+    """What one engine (a TP x PP group of GPUs, one per data-parallel rank) will log at start.
+
+    vLLM's `_report_kv_cache_config`: "GPU KV cache size: N tokens" and "Maximum concurrency for
+    max_model_len tokens per request: X.XXx", from the pool's blocks (the minimum over the engine's
+    workers, null block included) and the blocks one request takes, summed over the groups.
+    """
+
+    gpus: tuple[int, ...]  # GPU indices; empty when planned without GPU state (an explicit budget)
+    num_gpu_blocks: int
+    kv_cache_tokens: int  # int(concurrency x max_model_len), from the unrounded concurrency
+    max_concurrency: float  # rounded to two decimals, as vLLM's %.2f prints it
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpus": list(self.gpus),
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "max_concurrency": self.max_concurrency,
+        }
+
+
+@dataclass(frozen=True)
 class Plan:
     feasible: bool
     reason: str  # one line: why it is (in)feasible
@@ -270,6 +295,17 @@ class Plan:
     alternatives: tuple[Alternative, ...] = ()
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    concurrency: int = 1  # requests of max_model_len the KV need was sized for
+    capacity: tuple[KVCapacity, ...] = ()  # per engine; empty where the KV budget is not known
+
+    @property
+    def kv_cache_tokens(self) -> int | None:
+        """vLLM's "KV cache size" of the engine with the smallest pool."""
+        return min((c.kv_cache_tokens for c in self.capacity), default=None)
+
+    @property
+    def max_concurrency(self) -> float | None:
+        return min((c.max_concurrency for c in self.capacity), default=None)
 
     def to_json(self) -> PlanRecord:
         return {
@@ -284,6 +320,10 @@ class Plan:
             "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
             "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
             "null_block_bytes": self.layout.bytes_per_block,
+            "concurrency": self.concurrency,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "max_concurrency": self.max_concurrency,
+            "capacity": [c.to_json() for c in self.capacity],
             "derived_max_model_len": self.derived_max_model_len,
             "derived_max_model_len_key": self.derived_max_model_len_key,
             "vllm_version": ".".join(map(str, self.vllm_version)),
@@ -325,7 +365,9 @@ class PlanRecord(TypedDict):
     them, so the keys are declared here once and read through `StoredPlan`, not by string at each
     reader. `schema` is PLAN_SCHEMA; plans stored before the field existed have schema 1's keys.
     `gpus` holds `GpuMemory.to_json()` entries (every figure a FigureRecord), `layout` is
-    `KVCacheLayout.summary(max_model_len)`, `alternatives` `Alternative.to_json()` entries.
+    `KVCacheLayout.summary(max_model_len)`, `alternatives` `Alternative.to_json()` entries,
+    `capacity` `KVCapacity.to_json()` entries (kv_cache_tokens / max_concurrency: their minimum).
+    `kv_bytes_per_gpu` is one request; the GPU lines' kv_needed is `concurrency` requests.
     """
 
     schema: int
@@ -339,6 +381,10 @@ class PlanRecord(TypedDict):
     kv_bytes_per_token_per_gpu: int
     kv_cache_memory_bytes: int | None
     null_block_bytes: int
+    concurrency: int
+    kv_cache_tokens: int | None
+    max_concurrency: float | None
+    capacity: list[dict[str, Any]]
     derived_max_model_len: int | None
     derived_max_model_len_key: str | None
     vllm_version: str
@@ -727,6 +773,12 @@ class _Outcome:
     max_context: int
     lines: tuple[GpuMemory, ...]
     kv_cache_memory_bytes: int | None  # the explicit KV budget the plan sets (or keeps)
+    budget: int | None = None  # the KV budget when there are no GPU lines (explicit or logged)
+
+
+def _kv_needed(layout: KVCacheLayout, target: int, stage: int, requests: int) -> int:
+    """What vLLM's check needs on a worker of `stage`: `requests` x one request + the null block."""
+    return layout.bytes_needed(target, stage, requests) + layout.stage_bytes_per_block(stage)
 
 
 def _stage_min(gpus: list[_Gpu], layout: KVCacheLayout, value: Callable[[_Gpu], int]) -> list[int]:
@@ -744,8 +796,9 @@ def _line(
     budget: int,
     budget_source: str,
     margin: int,
+    requests: int,
 ) -> GpuMemory:
-    kv_needed = layout.bytes_needed(target, gpu.stage) + layout.stage_bytes_per_block(gpu.stage)
+    kv_needed = _kv_needed(layout, target, gpu.stage, requests)
     if gpu.has_observed_budget:
         assert gpu.observed is not None
         non_kv = Figure(gpu.non_kv(), "vllm log")
@@ -808,10 +861,8 @@ def _evaluate(
     """Does `target` fit on these GPUs, at which utilisation, and what is the most that fits?"""
     current_u = args.gpu_memory_utilization or default_gpu_memory_utilization(options.vllm_version)
     explicit, explicit_source = _explicit_budget(args, platform)
-    need_by_stage = [
-        layout.bytes_needed(target, s) + layout.stage_bytes_per_block(s)
-        for s in range(layout.pipeline_parallel_size)
-    ]
+    requests = options.concurrency
+    need_by_stage = [_kv_needed(layout, target, s, requests) for s in range(layout.pipeline_parallel_size)]
 
     if not gpus:
         budget: int | None = explicit
@@ -820,10 +871,10 @@ def _evaluate(
             budget, source = observed.available_kv, observed.budget_source
         if budget is None:
             return _Outcome(True, "no memory information (no GPU state)", current_u, upper, (), None)
-        max_context = layout.max_model_len_for(budget, upper)
-        fits = layout.fits(target, budget)
+        max_context = layout.max_model_len_for(budget, upper, requests)
+        fits = layout.fits(target, budget, requests)
         verdict = f"fits in the {source} KV budget" if fits else f"does not fit in the {source} KV budget"
-        return _Outcome(fits, verdict, current_u, max_context, (), args.kv_cache_memory_bytes)
+        return _Outcome(fits, verdict, current_u, max_context, (), args.kv_cache_memory_bytes, budget)
 
     if explicit is not None:
         return _evaluate_explicit(
@@ -845,7 +896,7 @@ def _evaluate(
     max_context = 0
     if u_limit >= 0.01:
         max_context = layout.max_model_len_for(
-            _stage_min(gpus, layout, lambda g: g.budget(u_limit) - g.margin), upper
+            _stage_min(gpus, layout, lambda g: g.budget(u_limit) - g.margin), upper, requests
         )
     if (
         same_config
@@ -867,7 +918,9 @@ def _evaluate(
         else:
             verdict = "does not fit even without weights"
         lines = tuple(
-            _line(g, layout, target, g.requested(u), g.budget(u), "estimate without weights", g.margin)
+            _line(
+                g, layout, target, g.requested(u), g.budget(u), "estimate without weights", g.margin, requests
+            )
             for g in gpus
         )
         return _Outcome(feasible, verdict, u, max_context, lines, None)
@@ -885,7 +938,7 @@ def _evaluate(
         else:
             verdict = f"does not fit: the KV budget at gpu_memory_utilization {fixed:.2f} is too small"
         lines = tuple(
-            _line(g, layout, target, g.requested(fixed), g.budget(fixed), budget_source, g.margin)
+            _line(g, layout, target, g.requested(fixed), g.budget(fixed), budget_source, g.margin, requests)
             for g in gpus
         )
         return _Outcome(fits_kv and fits_memory, verdict, fixed, max_context, lines, None)
@@ -905,7 +958,7 @@ def _evaluate(
     else:
         verdict = "does not fit: even the whole GPU is too small"
     lines = tuple(
-        _line(g, layout, target, g.requested(u), g.budget(u), budget_source, g.margin) for g in gpus
+        _line(g, layout, target, g.requested(u), g.budget(u), budget_source, g.margin, requests) for g in gpus
     )
     return _Outcome(feasible, verdict, u, max_context, lines, None)
 
@@ -921,12 +974,14 @@ def _evaluate_explicit(
     source: str,
     current_u: float,
 ) -> _Outcome:
-    """--kv-cache-memory-bytes: the budget is exact; the GPU must hold weights + non-KV + that budget."""
-    needed = max(
-        layout.bytes_needed(target, s) + layout.stage_bytes_per_block(s)
-        for s in range(layout.pipeline_parallel_size)
-    )
-    kv_bytes = explicit if layout.fits(target, explicit) else round_up(needed, MIB)
+    """--kv-cache-memory-bytes: the budget is exact; the GPU must hold weights + non-KV + that budget.
+
+    As in vLLM the explicit budget wins over free memory: the longest context is the one that budget
+    holds (what vLLM's estimate would say), whatever the GPUs could hold instead.
+    """
+    requests = options.concurrency
+    needed = max(_kv_needed(layout, target, s, requests) for s in range(layout.pipeline_parallel_size))
+    kv_bytes = explicit if layout.fits(target, explicit, requests) else round_up(needed, MIB)
     room = [g.free_at_start - g.non_kv() - g.margin for g in gpus]
     fits_physically = all(kv_bytes <= r for r in room)
     u_max = min(g.max_utilization() for g in gpus)
@@ -940,10 +995,10 @@ def _evaluate_explicit(
         verdict = f"weights unknown: fits if the weights take at most {allowance:.2f} GiB per GPU"
     else:
         verdict = "fits"
-    max_context = layout.max_model_len_for(
-        _stage_min(gpus, layout, lambda g: g.free_at_start - g.non_kv() - g.margin), upper
+    max_context = layout.max_model_len_for(explicit, upper, requests)
+    lines = tuple(
+        _line(g, layout, target, g.non_kv() + kv_bytes, kv_bytes, source, 0, requests) for g in gpus
     )
-    lines = tuple(_line(g, layout, target, g.non_kv() + kv_bytes, kv_bytes, source, 0) for g in gpus)
     return _Outcome(feasible, verdict, u, max_context, lines, kv_bytes)
 
 
@@ -1050,6 +1105,10 @@ def make_plan(
         raise UsageError(f"the target context must be a positive number of tokens, not {target!r}")
     if not 0 < options.max_gpu_memory_utilization <= 1:
         raise UsageError("the gpu_memory_utilization cap must be in (0, 1]")
+    if not isinstance(options.concurrency, int) or options.concurrency < 1:
+        raise UsageError(
+            f"the concurrency must be a positive number of requests, not {options.concurrency!r}"
+        )
     version = options.vllm_version
     platform = options.platform or platform_for(gpus, options.cpu)
     derived, derived_key = _derived(facts, args, options)
@@ -1079,9 +1138,12 @@ def make_plan(
         reason = outcome.verdict
         if feasible and outcome.lines and outcome.utilization is not None:
             needed = max(line.kv_needed.bytes or 0 for line in outcome.lines)
+            requests = (
+                "one request" if options.concurrency == 1 else f"{options.concurrency} requests at once"
+            )
             reason = (
                 f"fits at gpu_memory_utilization {outcome.utilization:.2f}: {needed / GIB:.2f} GiB "
-                f"of KV cache per GPU for one request of {target} tokens"
+                f"of KV cache per GPU for {requests} of {target} tokens"
             )
         if above_derived:
             if args.env.get(ALLOW_LONG_ENV) not in ("1", "true", "True"):
@@ -1107,6 +1169,8 @@ def make_plan(
     if not feasible:
         alternatives = _alternatives(ctx, layout, outcome, refused)
     return Plan(
+        concurrency=options.concurrency,
+        capacity=_capacity(layout, outcome, target),
         feasible=feasible,
         reason=reason,
         verdict=outcome.verdict,
@@ -1128,6 +1192,38 @@ def make_plan(
         warnings=tuple(dict.fromkeys(warnings)),
         notes=tuple(dict.fromkeys(notes + list(layout.notes))),
     )
+
+
+def _capacity(layout: KVCacheLayout, outcome: _Outcome, target: int) -> tuple[KVCapacity, ...]:
+    """vLLM's capacity line per engine at the planned budget (none where that budget is a guess)."""
+    if layout.blocks_needed(target) == 0:
+        return ()  # attention-free: vLLM's concurrency has no denominator
+
+    def capacity(gpus: tuple[int, ...], budgets: int | list[int]) -> KVCapacity:
+        concurrency = layout.max_concurrency(budgets, target)
+        return KVCapacity(
+            gpus=gpus,
+            num_gpu_blocks=layout.num_gpu_blocks(budgets),
+            kv_cache_tokens=layout.capacity_tokens(budgets, target),
+            max_concurrency=float(f"{concurrency:.2f}"),
+        )
+
+    if not outcome.lines:
+        return () if outcome.budget is None else (capacity((), outcome.budget),)
+    if any(
+        line.kv_budget.bytes is None or "without weights" in line.kv_budget.source for line in outcome.lines
+    ):
+        return ()
+    ranks = layout.tensor_parallel_size * layout.pipeline_parallel_size
+    engines = []
+    for first in range(0, len(outcome.lines), ranks):
+        lines = outcome.lines[first : first + ranks]
+        budgets = [
+            min(line.kv_budget.bytes or 0 for line in lines if line.pipeline_stage == s)
+            for s in range(layout.pipeline_parallel_size)
+        ]
+        engines.append(capacity(tuple(line.index for line in lines), budgets))
+    return tuple(engines)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1228,7 +1324,7 @@ def _alternatives(
     explicit, source = _explicit_budget(args, ctx.platform)
     if explicit is not None and (ctx.gpus is None or ctx.platform.is_cpu):
         needed = max(
-            layout.bytes_needed(ctx.target, s) + layout.stage_bytes_per_block(s)
+            _kv_needed(layout, ctx.target, s, ctx.options.concurrency)
             for s in range(layout.pipeline_parallel_size)
         )
         if source == "VLLM_CPU_KVCACHE_SPACE":
@@ -1280,7 +1376,7 @@ def _alternatives(
 
     if ctx.gpus is not None and args.kv_cache_memory_bytes is None and not ctx.platform.is_cpu:
         needed = max(
-            layout.bytes_needed(ctx.target, s) + layout.stage_bytes_per_block(s)
+            _kv_needed(layout, ctx.target, s, ctx.options.concurrency)
             for s in range(layout.pipeline_parallel_size)
         )
         exact = replace(args, kv_cache_memory_bytes=round_up(needed, MIB))

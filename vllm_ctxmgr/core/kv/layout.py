@@ -159,14 +159,18 @@ class KVCacheLayout:
         ctx = self._ctx(max_model_len)
         return tuple(group.blocks_per_request(ctx) for group in self.groups)
 
-    def blocks_needed(self, max_model_len: int) -> int:
-        """Blocks one request of max_model_len takes from the shared pool, all groups."""
-        return sum(self.group_blocks(max_model_len))
+    def blocks_needed(self, max_model_len: int, requests: int = 1) -> int:
+        """Blocks `requests` requests of max_model_len take from the shared pool, all groups.
 
-    def bytes_needed(self, max_model_len: int, stage: int | None = None) -> int:
+        vLLM checks one request; `requests` > 1 is what the same check would need for that many
+        full-length requests at once (blocks are never shared between them without prefix hits).
+        """
+        return requests * sum(self.group_blocks(max_model_len))
+
+    def bytes_needed(self, max_model_len: int, stage: int | None = None, requests: int = 1) -> int:
         """vLLM's `_max_memory_usage_bytes_from_groups`: blocks x bytes_per_block (largest stage)."""
         bytes_per_block = self.bytes_per_block if stage is None else self.stage_bytes_per_block(stage)
-        return self.blocks_needed(max_model_len) * bytes_per_block
+        return self.blocks_needed(max_model_len, requests) * bytes_per_block
 
     def bytes_per_token(self) -> int:
         """Marginal KV bytes per extra context token on the GPU that needs the most.
@@ -201,12 +205,12 @@ class KVCacheLayout:
             if self.stage_bytes_per_block(s) > 0
         )
 
-    def fits(self, max_model_len: int, available_bytes: int | Sequence[int]) -> bool:
+    def fits(self, max_model_len: int, available_bytes: int | Sequence[int], requests: int = 1) -> bool:
         """vLLM's startup check: needed <= available - one (null) block, on every worker."""
         if not self.groups:
             return True
         budgets = self._stage_budgets(available_bytes)
-        needed_blocks = self.blocks_needed(max_model_len)
+        needed_blocks = self.blocks_needed(max_model_len, requests)
         for s, budget in enumerate(budgets):
             bytes_per_block = self.stage_bytes_per_block(s)
             if bytes_per_block == 0:
@@ -216,28 +220,36 @@ class KVCacheLayout:
                 return False
         return True
 
-    def max_model_len_for(self, available_bytes: int | Sequence[int], upper: int) -> int:
-        """vLLM's estimated maximum model length: binary search in [1, upper], null block held back."""
+    def max_model_len_for(self, available_bytes: int | Sequence[int], upper: int, requests: int = 1) -> int:
+        """vLLM's estimated maximum model length: binary search in [1, upper], null block held back.
+
+        With `requests` > 1: the longest length of which that many requests fit at once.
+        """
         if not self.groups:
             return upper
-        if upper < 1 or not self.fits(1, available_bytes):
+        if upper < 1 or not self.fits(1, available_bytes, requests):
             return 0
         left, right, result = 1, upper, 1
         while left <= right:
             mid = (left + right) // 2
-            if self.fits(mid, available_bytes):
+            if self.fits(mid, available_bytes, requests):
                 result, left = mid, mid + 1
             else:
                 right = mid - 1
         return result
 
     def max_concurrency(self, available_bytes: int | Sequence[int], max_model_len: int) -> float:
-        """kv_cache_utils' capacity line: pool blocks / blocks one request needs."""
+        """`get_max_concurrency_for_kv_cache_config`: pool blocks (null block included) / blocks one
+        request of max_model_len needs, summed over the groups. Unrounded; vLLM logs it as %.2f."""
         needed = self.blocks_needed(max_model_len)
         return self.num_gpu_blocks(available_bytes) / needed if needed else math.inf
 
     def capacity_tokens(self, available_bytes: int | Sequence[int], max_model_len: int) -> int:
-        """The "KV cache size: N tokens" figure: concurrency x max_model_len (not a capacity)."""
+        """`_report_kv_cache_config`'s "KV cache size: N tokens": int(max_concurrency x max_model_len).
+
+        Computed from the unrounded concurrency, as vLLM does; on a hybrid model it is a concurrency
+        in token units, not the pool's token count.
+        """
         return int(self.max_concurrency(available_bytes, max_model_len) * max_model_len)
 
     def summary(self, max_model_len: int | None = None) -> dict:
