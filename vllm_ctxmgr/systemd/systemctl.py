@@ -463,6 +463,25 @@ class Systemd:
         return replace(self, unit_dir=unit_dir)
 
 
+CMDLINE_MAX_BYTES = 1 << 20
+
+
+def cmdline_argv(systemd: Systemd, main_pid: int) -> list[str] | None:
+    """The argv the service's main process really got (/proc/MAINPID/cmdline in the manager's own /proc),
+    to cross-check the argv read from the unit; None when the process is gone."""
+    path = systemd.host_path(f"/proc/{main_pid}/cmdline")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(CMDLINE_MAX_BYTES)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError as exc:
+        raise SystemdError(f"cannot read {path}: {exc.strerror}") from None
+    if not data:
+        return None  # a zombie or a kernel thread
+    return [arg.decode("utf-8", "surrogateescape") for arg in data.removesuffix(b"\0").split(b"\0")]
+
+
 def _verify_problems(output: str, name: str, inner_path: str, returncode: int) -> list[str]:
     """The lines of systemd-analyze verify that are about the candidate, its path replaced by its name
     so that the lines for two files of the same unit compare equal (see new_problems)."""
