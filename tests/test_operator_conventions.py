@@ -19,6 +19,8 @@ import requests
 from tests.ctxmgr_cli import run_ctxmgr
 from tests.support.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit
 from tests.support.sandbox import Sandbox
+from vllm_ctxmgr.errors import UsageError
+from vllm_ctxmgr.planning import imported_observation
 from vllm_ctxmgr.probe import wait_until_serving
 
 REPO = Path(__file__).resolve().parent.parent
@@ -115,3 +117,55 @@ def test_an_alias_is_the_real_unit_one_lock_one_journal_one_history(sandbox, ins
     finally:
         alias.unlink()
         sandbox.systemd.daemon_reload()
+
+
+def test_an_observation_exported_on_one_host_calibrates_the_plan_on_the_next(
+    sandbox, install_unit, workdir
+) -> None:  # type: ignore[no-untyped-def]
+    """Calibrate once, apply everywhere: host 2 plans from host 1's real start before its own restart."""
+    env = {"CTXMGR_STANDIN_KV_CAPACITY_TOKENS": "150000"}  # the real starts hold fewer tokens than estimated
+    start_service(sandbox, install_unit, workdir, "vllm-host1", environment=env)
+    start_service(sandbox, install_unit, workdir, "vllm-host2", environment=env)
+    host1, host2 = workdir / "state-host1", workdir / "state-host2"
+    plan = ("plan", "200000", "--service", "vllm-host2", *offline_gpu_args(), "--json")
+    before = run_ctxmgr(sandbox.pid, host2, *plan)
+    assert before.code == 0 and before.data["feasible"] is True  # from estimates only
+    exported = run_ctxmgr(sandbox.pid, host1, "observe", "--service", "vllm-host1", "--json")
+    assert exported.code == 0, exported.stderr
+    assert exported.data["record"]["vllm_version"] == "0.33.0"
+    handoff = workdir / "host1-observation.json"
+    handoff.write_text(exported.stdout)
+    args = ("observe", "--service", "vllm-host2", "--import", str(handoff), "--json")
+    imported = run_ctxmgr(sandbox.pid, host2, *args)
+    assert imported.code == 0 and imported.data["changed"] is True, imported.stderr
+    after = run_ctxmgr(sandbox.pid, host2, *plan)
+    # host 1's start logged vLLM's real KV budget: 200,000 no longer fits, and the plan says by how much
+    assert after.code == 3 and after.data["feasible"] is False
+    assert after.data["max_context"] < before.data["max_context"]
+    without = run_ctxmgr(sandbox.pid, workdir / "state-host3", *plan)  # a host that imported nothing
+    assert without.data["max_context"] == before.data["max_context"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"gpu_name": "NVIDIA H200"}',
+        "[]",
+        "not json",
+        '{"vllm_version": "0.33.0", "gpu_name": "H200", "available_kv_gib": "lots"}',
+        '{"vllm_version": "0.33.0", "gpu_name": "H200", "num_gpu_blocks": -5}',
+        '{"vllm_version": "0.33.0", "gpu_name": "H200", "available_kv_gib": NaN}',
+        '{"vllm_version": "0.33.0", "gpu_name": "H200", "ready": "yes"}',
+    ],
+)
+def test_an_import_that_cannot_be_matched_or_holds_garbage_is_refused(text: str) -> None:
+    with pytest.raises(UsageError):
+        imported_observation(text, "obs.json")
+
+
+def test_an_import_keeps_the_known_fields_and_says_where_it_came_from() -> None:
+    text = json.dumps({"record": {"vllm_version": "0.33.0", "gpu_name": "NVIDIA H200", "available_kv_gib": 61,
+                                  "host": "gpu-01", "unknown_future_field": 1}})  # fmt: skip
+    record = imported_observation(text, "obs.json")
+    assert record["available_kv_gib"] == 61.0 and record["imported_from"] == "gpu-01"
+    assert "unknown_future_field" not in record

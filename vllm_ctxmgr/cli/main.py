@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import fields, replace
+from pathlib import Path
 from typing import Any
 
 import click
@@ -46,7 +47,14 @@ from vllm_ctxmgr.deploy import (
 from vllm_ctxmgr.errors import ExitCode, UsageError
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.nvml import read_nvml
-from vllm_ctxmgr.planning import PlanRequest, largest_context, plan_for, plan_verdict, stored_observations
+from vllm_ctxmgr.planning import (
+    PlanRequest,
+    imported_observation,
+    largest_context,
+    plan_for,
+    plan_verdict,
+    stored_observations,
+)
 from vllm_ctxmgr.service import read_service, view_from_unit
 from vllm_ctxmgr.store import ServiceStore
 from vllm_ctxmgr.systemd.names import canonical_unit
@@ -391,16 +399,38 @@ def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
 
 @main.command("observe")
 @click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option(
+    "--import",
+    "import_file",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="Store an observation that `ctxmgr observe --json` wrote on another host of the same GPU model "
+    "and vLLM version, so this host plans from that real start.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object (its `record` is what --import takes)."
+)
 @click.pass_context
 @handle_errors
-def observe_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
+def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_json: bool) -> None:
     """Read vLLM's facts from the service's last start (made by ctxmgr or not) to calibrate plans."""
     deployer = deployer_for(ctx, service, True, 60.0)
+    if import_file:
+        record = imported_observation(Path(import_file).read_text(errors="replace"), import_file)
+        with deployer.store.lock(0.0):
+            deployer.store.add_observation(record)
+        if as_json:
+            emit_json({"command": "observe", "result": "applied", "changed": True, "service": deployer.unit,
+                       "record": record})  # fmt: skip
+        else:
+            click.echo(f"{deployer.unit}: stored the observation from {record['imported_from']}")
+        return
     with deployer.store.lock(0.0):
         data = observe_last_start(deployer)
+        stored = deployer.store.observations()
+    record = stored[-1] if stored else {}
     if as_json:
-        emit_json({"command": "observe", "result": "ok", "changed": False, **data})
+        emit_json({"command": "observe", "result": "ok", "changed": False, **data, "record": record})
         return
     obs = data["observation"]
     click.echo(f"{service}: last start ({data['lines']} journal lines): " + ", ".join(
