@@ -310,3 +310,22 @@ def facts(**changes: Any) -> ModelFacts:
 def test_model_facts_refuse_garbage_whoever_builds_them(changes: dict[str, Any], pattern: str) -> None:
     with pytest.raises(ModelFactsError, match=pattern):
         facts(**changes)
+
+
+def test_gguf_million_nested_arrays_in_a_sparse_file_are_refused(tmp_path: Path) -> None:
+    """Found by benchmarks/campaign_model_files.py: 2**20 empty arrays over sparse zeros took > 10 s."""
+    key = b"llama.context_length"
+    value = struct.pack("<I", 9) + struct.pack("<IQ", 9, 1 << 20)
+    path = raw_gguf(tmp_path / "many.gguf", struct.pack("<Q", len(key)) + key + value)
+    os.truncate(path, 1 << 32)
+    refused(path, r"many\.gguf: GGUF array of 1048576 arrays at byte \d+$")
+
+
+def test_gguf_large_scalar_arrays_are_stepped_over_not_decoded(tmp_path: Path) -> None:
+    from vllm_ctxmgr.model_files.gguf import SkippedArray, read_gguf_header
+
+    key = b"tokenizer.ggml.token_type"
+    value = struct.pack("<I", 9) + struct.pack("<IQ", 0, 1 << 24)
+    path = raw_gguf(tmp_path / "vocab.gguf", struct.pack("<Q", len(key)) + key + value)
+    os.truncate(path, 128 + (1 << 24))
+    assert read_gguf_header(path).metadata["tokenizer.ggml.token_type"] == SkippedArray(1 << 24)

@@ -106,9 +106,10 @@ GGUF_INTEGER_RANGES: dict[str, tuple[int, int]] = {
     ),
 }
 MAX_GGUF_KV_COUNT = 1 << 16
-MAX_GGUF_TENSOR_COUNT = 1 << 20
+MAX_GGUF_TENSOR_COUNT = 1 << 17  # unfused MoE experts: ~50k
 MAX_GGUF_ARRAY_COUNT = 1 << 24  # a 256k-token vocabulary is 1 << 18
 MAX_GGUF_STRING = 1 << 24
+MAX_GGUF_DECODED = 1 << 26  # all strings decoded from one header (chat templates, names)
 MAX_GGUF_NESTING = 4
 MAX_GGUF_DIMS = 8  # ggml has 4
 
@@ -180,6 +181,7 @@ class _Cursor:
         self.endian = endian
         self.offset = 0
         self.size = len(buffer)
+        self.decoded = 0  # string bytes decoded so far, bounded by MAX_GGUF_DECODED
 
     def unpack(self, fmt: str) -> tuple[Any, ...]:
         try:
@@ -196,6 +198,11 @@ class _Cursor:
         end = self.offset + length
         if end > self.size:
             raise ModelFactsError(f"{self.path}: truncated GGUF header (ends at byte {self.size})")
+        self.decoded += length
+        if self.decoded > MAX_GGUF_DECODED:
+            raise ModelFactsError(
+                f"{self.path}: GGUF strings of more than {MAX_GGUF_DECODED >> 20} MiB in the header"
+            )
         text = self.buffer[self.offset : end].decode("utf-8", errors="replace")
         self.offset = end
         return text
@@ -223,6 +230,7 @@ class _Cursor:
 _SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
 _KEEP_STRING_ARRAYS_UP_TO = 4096
+_KEEP_SCALAR_ARRAYS_UP_TO = 65536  # per-layer arrays have one value per layer
 
 
 def _read_value(cursor: _Cursor, value_type: int, depth: int = 0) -> Any:
@@ -235,13 +243,19 @@ def _read_value(cursor: _Cursor, value_type: int, depth: int = 0) -> Any:
             raise ModelFactsError(f"{cursor.path}: GGUF arrays nested deeper than {MAX_GGUF_NESTING} levels")
         item_type, count = cursor.unpack("IQ")
         if item_type in _SCALAR_FORMATS:
-            cursor.check_count(count, struct.calcsize(_SCALAR_FORMATS[item_type]))
+            size = struct.calcsize(_SCALAR_FORMATS[item_type])
+            cursor.check_count(count, size)
+            if count > _KEEP_SCALAR_ARRAYS_UP_TO:  # token scores and types: never read here
+                cursor.offset += count * size
+                return SkippedArray(count)
             return list(cursor.unpack(f"{count}{_SCALAR_FORMATS[item_type]}"))
         if item_type == _STRING:
             if count > _KEEP_STRING_ARRAYS_UP_TO:
                 cursor.skip_strings(count)
                 return SkippedArray(count)
             return [cursor.string() for _ in range(count)]
+        if count > _KEEP_STRING_ARRAYS_UP_TO:
+            raise ModelFactsError(f"{cursor.path}: GGUF array of {count} arrays at byte {cursor.offset}")
         cursor.check_count(count, 12)
         return [_read_value(cursor, item_type, depth + 1) for _ in range(count)]
     raise ModelFactsError(f"{cursor.path}: unknown GGUF value type {value_type} at byte {cursor.offset}")
