@@ -270,7 +270,7 @@ def test_split_name_of_zero_parts_is_refused(tmp_path: Path) -> None:
 
 def test_fifo_gguf_is_refused(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "m.gguf")
-    # a FIFO is no regular file: load_model_facts says it is not found; the reader refuses it itself
+    # load_model_facts refuses it by path (below); the reader also refuses it on its own
     from vllm_ctxmgr.model_files.gguf import read_gguf_header
 
     with pytest.raises(ModelFactsError, match=r"m\.gguf: a FIFO, expected a regular file$"):
@@ -329,3 +329,8 @@ def test_gguf_large_scalar_arrays_are_stepped_over_not_decoded(tmp_path: Path) -
     path = raw_gguf(tmp_path / "vocab.gguf", struct.pack("<Q", len(key)) + key + value)
     os.truncate(path, 128 + (1 << 24))
     assert read_gguf_header(path).metadata["tokenizer.ggml.token_type"] == SkippedArray(1 << 24)
+
+
+def test_a_fifo_named_as_the_model_is_refused_as_such(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "model.gguf")
+    refused(tmp_path / "model.gguf", r"model\.gguf: not a regular file or a directory$")

@@ -1,6 +1,7 @@
 """What a model is, as vLLM sees it: plain dataclasses, no I/O.
 
-`model_files/` fills these from a HF config.json or GGUF metadata; `kv.py` turns them into
+`model_files/` fills these from a HF config.json or GGUF metadata (ModelFacts checks its own
+invariants on construction, `validate`, so no reader can build garbage); `kv.py` turns them into
 vLLM's KV-cache specs. Field names follow vLLM / HF words (num_kv_heads, head_size, ...).
 """
 

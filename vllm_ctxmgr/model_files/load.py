@@ -23,6 +23,8 @@ def load_model_facts(model: str, *, hf_home: str | None = None) -> ModelFacts:
         if path.name == "config.json":
             return load_hf_facts(path.parent, source=model)
         return load_gguf_facts(path, source=model)
-    if path.exists() or model.startswith((".", "/", "~")) or not HF_REPO_ID.match(model):
+    if path.exists():  # a FIFO, a device, a socket: never opened
+        raise ModelFactsError(f"{model}: not a regular file or a directory")
+    if model.startswith((".", "/", "~")) or not HF_REPO_ID.match(model):
         raise ModelFactsError(f"model path not found: {model}")
     return load_hf_facts(hf_cache_snapshot(model, hf_home), source=model)
