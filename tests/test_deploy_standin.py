@@ -236,7 +236,11 @@ def test_ctxmgr_killed_mid_restart_is_recovered_by_the_next_run(sandbox, install
     time.sleep(1.0)  # the restart is under way
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert json.loads(record.read_text())["state"] == "in-progress"
+    left = json.loads(record.read_text())
+    # the record says which step the kill interrupted, in words and ISO times a person reads
+    assert left["state"] in ("restarting", "serving")
+    assert [step["state"] for step in left["steps"]][:3] == ["recorded", "installed", "restarting"]
+    assert all("T" in step["time"] for step in left["steps"])
     assert path.read_bytes() != before
 
     code, data, err = ctxmgr(sandbox, state, "recover", "--service", name, "--json")
