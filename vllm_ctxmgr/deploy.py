@@ -43,8 +43,9 @@ from vllm_ctxmgr.masking import mask
 from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.planning import PlanRequest, effective_args, observations_from_store, plan_for
 from vllm_ctxmgr.probe import cache_config_info, probe, wait_until_serving
-from vllm_ctxmgr.service import ServiceView, read_service, unit_name, view_from_unit
+from vllm_ctxmgr.service import ServiceView, read_service, view_from_unit
 from vllm_ctxmgr.store import Revision, ServiceStore, State, Step, atomic_write, crash_point
+from vllm_ctxmgr.systemd.names import unit_name
 from vllm_ctxmgr.systemd.systemctl import Systemd
 from vllm_ctxmgr.systemd.unit import (
     ServiceUnit,
