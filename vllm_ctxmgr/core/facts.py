@@ -105,6 +105,12 @@ class ModelFacts:
     weight_bytes: int | None = None  # on-disk tensor bytes, all shards / GGUF parts
     quantization: str | None = None  # quantization_config.quant_method or GGUF file type
     kv_cache_scheme: str | None = None  # KV dtype a checkpoint's quantization_config declares
+    # shapes for the non-KV memory model (core/memory.py); None where the config does not say
+    vocab_size: int | None = None  # lm_head rows: the sampler's logits are [max_num_seqs, vocab_size]
+    intermediate_size: int | None = None  # dense MLP width
+    moe_intermediate_size: int | None = None  # one expert's MLP width (intermediate_size where unnamed)
+    num_experts: int | None = None  # routed experts (num_local_experts / n_routed_experts)
+    num_experts_per_tok: int | None = None  # experts each token is routed to (top-k)
     provenance: dict[str, str] = field(default_factory=dict)  # fact -> where it came from
     notes: tuple[str, ...] = ()
 
@@ -181,6 +187,11 @@ def validate(facts: ModelFacts) -> None:
     check("qk_rope_head_dim", facts.qk_rope_head_dim, 1, MAX_HEAD_SIZE, optional=True)
     check("qk_nope_head_dim", facts.qk_nope_head_dim, 0, MAX_HEAD_SIZE, optional=True)
     check("weight_bytes", facts.weight_bytes, 0, MAX_WEIGHT_BYTES, optional=True)
+    check("vocab_size", facts.vocab_size, 1, MAX_HIDDEN_SIZE, optional=True)
+    check("intermediate_size", facts.intermediate_size, 1, MAX_HIDDEN_SIZE, optional=True)
+    check("moe_intermediate_size", facts.moe_intermediate_size, 1, MAX_HIDDEN_SIZE, optional=True)
+    check("num_experts", facts.num_experts, 1, MAX_HEADS, optional=True)
+    check("num_experts_per_tok", facts.num_experts_per_tok, 1, MAX_HEADS, optional=True)
 
 
 def _check_layer(facts: ModelFacts, index: int, layer: LayerFacts) -> None:

@@ -383,9 +383,30 @@ def _hf_facts(
         weight_bytes=weights.total_bytes,
         quantization=quantization,
         kv_cache_scheme=kv_cache_scheme,
+        **_mlp_shapes(cfg),
         provenance=provenance,
         notes=tuple(notes),
     )
+
+
+def _mlp_shapes(cfg: HfConfig) -> dict[str, int | None]:
+    """Vocabulary and MLP/MoE widths for core/memory.py; a value that is not a positive int is left None."""
+
+    def number(keys: tuple[str, ...], fact: str) -> int | None:
+        value = cfg.first(keys, fact=fact)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return None
+        return value
+
+    return {
+        "vocab_size": number(("vocab_size", "padded_vocab_size"), "vocab_size"),
+        "intermediate_size": number(("intermediate_size", "ffn_hidden_size"), "intermediate_size"),
+        "moe_intermediate_size": number(
+            ("moe_intermediate_size", "expert_intermediate_size"), "moe_intermediate_size"
+        ),
+        "num_experts": number(("num_local_experts", "n_routed_experts", "num_experts"), "num_experts"),
+        "num_experts_per_tok": number(("num_experts_per_tok", "moe_topk"), "num_experts_per_tok"),
+    }
 
 
 def _hf_dtype(
