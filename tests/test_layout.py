@@ -159,3 +159,54 @@ def test_the_installed_ctxmgr_runs_from_its_wheel_not_from_this_checkout() -> No
     assert "site-packages" in templates.parts
     version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True, cwd="/")
     assert "version" in version.stdout
+
+
+# What each room may import besides `errors`: the table of docs/architecture.md, which must say the same.
+ALLOWED = {
+    "errors": set(),
+    "core": {"core"},
+    "masking": set(),
+    "model_files": {"core"},
+    "systemd": {"core", "masking"},
+    "vllm_log": {"core"},
+    "probe": {"masking"},
+    "nvml": {"core"},
+    "store": set(),
+    "service": {"core", "masking", "systemd"},
+    "planning": {"core", "model_files", "nvml", "store"},
+    "deploy": {"core", "masking", "nvml", "planning", "probe", "service", "store", "systemd", "vllm_log"},
+    "verify": {"core", "deploy", "planning", "probe", "service", "store", "systemd", "vllm_log"},
+    "schedule": {"metrics", "service", "store", "systemd"},
+    "status": {"schedule", "service", "store", "systemd", "verify"},
+    "metrics": {"verify"},
+    "report": {"core"},
+}
+
+
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "vllm_ctxmgr"
+
+
+def test_every_import_is_an_arrow_of_the_documented_table() -> None:
+    for module, deps in package_graph().items():
+        room = room_of(module)
+        if room in ("cli", "__main__", "vllm_ctxmgr"):
+            continue
+        assert room in ALLOWED, f"{module}: a room docs/architecture.md does not name"
+        for dep in deps:
+            target = room_of(dep)
+            if target not in (room, "errors"):
+                assert target in ALLOWED[room], f"{module} imports {dep}: not in docs/architecture.md's table"
+
+
+def test_the_documented_table_is_the_one_the_test_enforces() -> None:
+    rows = {}
+    for line in (REPO / "docs" / "architecture.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[0] != "`cli`":
+            allowed = cells[2].replace("(besides `errors`)", "")
+            rows[cells[0].strip("`")] = (
+                set() if allowed == "nothing" else {a.strip() for a in allowed.split(",")}
+            )
+    assert rows == ALLOWED
