@@ -169,3 +169,20 @@ def test_an_import_keeps_the_known_fields_and_says_where_it_came_from() -> None:
     record = imported_observation(text, "obs.json")
     assert record["available_kv_gib"] == 61.0 and record["imported_from"] == "gpu-01"
     assert "unknown_future_field" not in record
+
+
+def test_plan_says_when_the_running_vllm_got_other_arguments_than_the_unit_holds(
+    sandbox, install_unit, workdir
+) -> None:  # type: ignore[no-untyped-def]
+    """/proc/MAINPID/cmdline is what vLLM really got: an edit without a restart shows there."""
+    name = "vllm-argv"
+    start_service(sandbox, install_unit, workdir, name)
+    plan = ("plan", "16384", "--service", name, *offline_gpu_args(), "--json")
+    same = run_ctxmgr(sandbox.pid, workdir / "state", *plan)
+    assert same.code == 0 and not [w for w in same.data["warnings"] if "running vLLM" in w]
+    path = sandbox.systemd.host_unit_dir / f"{name}.service"
+    path.write_text(path.read_text().replace("--max-model-len 8192", "--max-model-len 4096"))
+    sandbox.systemd.daemon_reload()
+    edited = run_ctxmgr(sandbox.pid, workdir / "state", *plan)
+    (warning,) = [w for w in edited.data["warnings"] if "running vLLM" in w]
+    assert "8192" in warning and "4096" in warning

@@ -8,15 +8,17 @@ from pathlib import Path
 
 from vllm_ctxmgr.core.serve_args import ServeArgs, parse_serve_argv
 from vllm_ctxmgr.errors import UsageError
-from vllm_ctxmgr.masking import api_keys_in_args, secrets_of
-from vllm_ctxmgr.systemd.quoting import expand_argv, resolve_specifiers, split_words
-from vllm_ctxmgr.systemd.systemctl import Systemd
+from vllm_ctxmgr.masking import api_keys_in_args, mask, secrets_of
+from vllm_ctxmgr.systemd.names import unit_name
+from vllm_ctxmgr.systemd.quoting import split_words
+from vllm_ctxmgr.systemd.systemctl import Systemd, cmdline_argv
 from vllm_ctxmgr.systemd.unit import (
     ServiceUnit,
     UnitFile,
     VllmCommand,
     container_environment,
     find_vllm_command,
+    vllm_args_from_cmdline,
 )
 
 
@@ -42,22 +44,11 @@ class ServiceView:
             for a in unit_file.get_all("Service", "Environment")
             for word in split_words(a.value)
         ]
-        args = [expand_env(a, self.env) for a in self.command.args]
-        return secrets_of(args, self.env, assignments)
+        return secrets_of(self.command.argv(self.env), self.env, assignments)
 
     @property
     def unit_path(self) -> Path:
         return self.exec_file.path
-
-
-def unit_name(service: str) -> str:
-    return service if "." in service else f"{service}.service"
-
-
-def expand_env(word: str, env: dict[str, str]) -> str:
-    """One ExecStart word as systemd executes it when it is not a bare `$VAR` (`${VAR}` and `$$`
-    substituted); VllmCommand.argv expands the whole command, bare `$VAR` words split into several."""
-    return " ".join(expand_argv([resolve_specifiers(word)], env))
 
 
 def read_service(systemd: Systemd, service: str) -> ServiceView:
@@ -98,6 +89,36 @@ def view_from_unit(unit: ServiceUnit, root: Path = Path("/")) -> ServiceView:
     keys = api_keys_in_args(command.argv(env))
     api_key = (keys[0] if keys else None) or env.get("VLLM_API_KEY") or None
     return ServiceView(unit.name, unit, exec_file, command, args, env, f"http://{host}:{port}", api_key)
+
+
+def running_argv_mismatch(systemd: Systemd, view: ServiceView) -> str | None:
+    """Where the running vLLM got other arguments than the unit says, a one-line warning (keys masked).
+
+    The unit as read is what the next start runs; /proc/MAINPID/cmdline is what the running one got.
+    They differ after an edit without a restart, or where ctxmgr reads the unit otherwise than systemd
+    executes it: either way the plan is for the unit, and the operator should know.
+    """
+    pid = systemd.state(view.name).main_pid
+    cmdline = cmdline_argv(systemd, pid) if pid else None
+    running = vllm_args_from_cmdline(cmdline) if cmdline else None
+    expected = view.command.argv(view.env)
+    if running is None or running == expected:
+        return None
+    extra = [w for w in running if w not in expected][:3]
+    missing = [w for w in expected if w not in running][:3]
+    detail = "; ".join(
+        part
+        for part in (
+            f"it has {' '.join(extra)}" if extra else "",
+            f"it lacks {' '.join(missing)}" if missing else "",
+        )
+        if part
+    ) or "the same words in another order"
+    text = (
+        f"the running vLLM (PID {pid}) was started with other arguments than {view.name} holds now "
+        f"({detail}): the plan is for the unit as it is; restart to apply it, or check the unit"
+    )
+    return mask(text, view.secrets)
 
 
 def _published_port(command: VllmCommand, container_port: int) -> int:

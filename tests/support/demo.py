@@ -22,11 +22,16 @@ SEED_WEIGHTS_GIB_PER_GPU = 50.84
 
 
 def make_vllm_wrapper(directory: Path, python: str | None = None) -> Path:
-    """`DIR/bin/vllm`: runs the stand-in with this interpreter, so ExecStart looks like a venv's vllm."""
+    """`DIR/bin/vllm`: a console script that runs the stand-in, so ExecStart and the process's own argv
+    (/proc/PID/cmdline: `python DIR/bin/vllm serve MODEL ...`) look like a venv's vllm."""
     bin_dir = directory / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     wrapper = bin_dir / "vllm"
-    wrapper.write_text(f'#!/bin/sh\nexec {python or sys.executable} -m tests.support.standin "$@"\n')
+    wrapper.write_text(
+        f"#!{python or sys.executable}\n"
+        "import runpy\n"
+        'runpy.run_module("tests.support.standin", run_name="__main__")\n'
+    )
     wrapper.chmod(0o755)
     return wrapper
 

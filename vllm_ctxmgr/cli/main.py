@@ -55,7 +55,7 @@ from vllm_ctxmgr.planning import (
     plan_verdict,
     stored_observations,
 )
-from vllm_ctxmgr.service import read_service, view_from_unit
+from vllm_ctxmgr.service import read_service, running_argv_mismatch, view_from_unit
 from vllm_ctxmgr.store import ServiceStore
 from vllm_ctxmgr.systemd.names import canonical_unit
 from vllm_ctxmgr.systemd.unit import ServiceUnit
@@ -218,22 +218,26 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     overrides = vllm_overrides(explicit, list(ctx.args))
     service_pids: tuple[int, ...] = ()
     observations: list[Any] = []
+    mismatch: str | None = None
     if model:
         args = ServeArgs(model=model, **overrides)
     else:
         if unit_file:
-            view = view_from_unit(ServiceUnit.load(unit_file.rsplit("/", 1)[-1], unit_file))
+            view = view_from_unit(ServiceUnit.load_with_dropins(unit_file))
         else:
             systemd = systemd_for(ctx)
             view = read_service(systemd, canonical_unit(systemd, service))  # type: ignore[arg-type]
             service_pids = tuple(systemd.unit_processes(view.name))
             observations = stored_observations(ctx.find_root().obj["state_dir"], view.name)
+            mismatch = running_argv_mismatch(systemd, view)
         args = replace(view.args, **overrides)
     request = PlanRequest(target, **options)
     if target == AUTO_CONTEXT:
         target = largest_context(args, request, service_pids=service_pids, observations=observations)
         request = replace(request, context=target)
     result = plan_for(args, request, service_pids, observations)
+    if mismatch:
+        result = replace(result, warnings=(mismatch, *result.warnings))
     verdict = plan_verdict(result)
     if as_json:
         emit_json(
