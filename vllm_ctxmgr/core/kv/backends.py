@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from vllm_ctxmgr.core.facts import LayerFacts, ModelFacts, StateFacts, dtype_bytes
 from vllm_ctxmgr.core.hardware import Platform
 from vllm_ctxmgr.core.serve_args import ServeArgs
+from vllm_ctxmgr.core.vllm_versions import NEWEST_VLLM, RULES, VllmVersion, rule
 from vllm_ctxmgr.errors import UsageError
 
-VllmVersion = tuple[int, ...]
-NEWEST_VLLM: VllmVersion = (0, 33, 0)  # the version whose priorities and rules this package mirrors
+__all__ = ["NEWEST_VLLM", "VllmVersion"]  # re-exported: report.py and verify.py import them from here
 
 DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE
 CPU_DEFAULT_BLOCK_SIZE = 128  # platforms/cpu.py: preferred size for CPU_ATTN
@@ -28,6 +28,7 @@ PACKED_MLA_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
 FP8_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
 KNOWN_KV_DTYPES = ("auto", "bfloat16", "float16", "half", "float32", *FP8_KV_DTYPES, *PACKED_MLA_BYTES)
 
+_EVER_ACCEPTED = frozenset(name for row in RULES if row.name == "kv_cache_dtypes" for name in row.value)
 _DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -53,6 +54,7 @@ class AttentionBackend:
     min_kernel_block: int  # smallest kernel block size it takes (MultipleOf base or fixed)
     preferred_block: int  # get_preferred_block_size(16) for this backend alone
     mla_format: str = "latent"  # "latent" | "fp8_ds_mla" | "standard_fp8"
+    user_block: str = "kept"  # rule mla_backend before 0.18: "forced" | "multiple" (of preferred_block)
 
 
 def _is_glm_dsa(facts: ModelFacts) -> bool:
@@ -76,6 +78,12 @@ def resolve_kv_cache_dtype(
 ) -> str:
     """cache_config.cache_dtype after the model's and the checkpoint's rules (before the backend's)."""
     kv = args.kv_cache_dtype.lower()
+    accepted = rule("kv_cache_dtypes", vllm_version)
+    if kv in _EVER_ACCEPTED and kv not in accepted:
+        raise UsageError(
+            f"vLLM {'.'.join(map(str, vllm_version))} has no --kv-cache-dtype {args.kv_cache_dtype} "
+            f"(it takes {', '.join(accepted)})"
+        )
     if kv not in KNOWN_KV_DTYPES:
         raise UsageError(
             f"--kv-cache-dtype {args.kv_cache_dtype}: not modelled by ctxmgr (scales packed per page)"
@@ -86,8 +94,10 @@ def resolve_kv_cache_dtype(
         kv = facts.kv_cache_scheme
         notes.append(f"the checkpoint declares a {kv} KV cache scheme, so 'auto' means {kv}")
     if _is_deepseek_v32(facts):
-        if vllm_version < (0, 12) and (kv == "auto" or kv.startswith("fp8")):
-            notes.append("vLLM 0.11 forces DeepSeek-V3.2's KV cache to fp8_ds_mla")
+        if rule("dsv32_auto_kv_dtype", vllm_version) == "fp8_ds_mla" and (
+            kv == "auto" or kv.startswith("fp8")
+        ):
+            notes.append("vLLM 0.11.0 forces DeepSeek-V3.2's KV cache to fp8_ds_mla, 'auto' included")
             return "fp8_ds_mla"
         if kv == "bfloat16":
             kv = "auto"
@@ -97,10 +107,35 @@ def resolve_kv_cache_dtype(
     return kv
 
 
+def _forced_mla_backend(
+    facts: ModelFacts, platform: Platform, version: VllmVersion
+) -> AttentionBackend | None:
+    """Dense MLA before 0.18: platforms/cuda.py forced a backend and its block (rule mla_backend)."""
+    forced = rule("mla_backend", version)
+    choice = forced.get({9: "sm90", 10: "sm100"}.get(platform.capability_major, ""), "PRIORITIES")
+    user_block = forced["user_block"]
+    if choice == "FLASHINFER_MLA_IF_QK_NOPE_128":
+        choice = "FLASHINFER_MLA" if facts.qk_nope_head_dim == 128 else "CUTLASS_MLA"
+    blocks = {"FLASHMLA": 64, "CUTLASS_MLA": 128, "FLASHINFER_MLA": 64}
+    if choice in blocks:
+        return AttentionBackend(choice, blocks[choice], blocks[choice], user_block=user_block)
+    if choice == "TRITON_MLA":
+        return AttentionBackend("TRITON_MLA", 16, 16)
+    return None
+
+
 def select_attention_backend(
-    facts: ModelFacts, kv_cache_dtype: str, platform: Platform, tp: int, dcp: int
+    facts: ModelFacts,
+    kv_cache_dtype: str,
+    platform: Platform,
+    tp: int,
+    dcp: int,
+    vllm_version: VllmVersion = NEWEST_VLLM,
 ) -> AttentionBackend:
-    """The first backend vLLM 0.33.0 would select (platforms/cuda.py priorities), block sizes only."""
+    """The first backend vLLM would select (0.33.0's platforms/cuda.py priorities), block sizes only.
+
+    Dense MLA before 0.18 follows the forced choices of rule mla_backend instead.
+    """
     quantized = is_quantized_kv_cache(kv_cache_dtype)
     if platform.is_cpu:
         if facts.is_mla:
@@ -124,6 +159,9 @@ def select_attention_backend(
             return AttentionBackend("FLASHINFER_MLA_SPARSE_SM120", 64, 64, fmt)
         raise UsageError(f"vLLM has no sparse-MLA backend for compute capability {major}.x")
     if facts.is_mla:
+        forced = _forced_mla_backend(facts, platform, vllm_version)
+        if forced is not None:
+            return forced
         if major == 9:
             if quantized:
                 return AttentionBackend("FLASHMLA", 64, 64)
@@ -180,6 +218,14 @@ def backend_block_size(
     The DSA indexer takes 64-token blocks on CUDA, and the CPU MLA backend only 16.
     """
     block_size = args.block_size or backend.preferred_block
+    if args.block_size is not None and (
+        backend.user_block == "forced"
+        or (backend.user_block == "multiple" and args.block_size % backend.preferred_block)
+    ):
+        notes.append(
+            f"vLLM forces block size {backend.preferred_block} for {backend.name} (was {args.block_size})"
+        )
+        block_size = backend.preferred_block
     if facts.has_indexer and not platform.is_cpu and args.block_size is None:
         block_size = math.lcm(block_size, 64)
     if platform.is_cpu and facts.is_mla:

@@ -32,12 +32,10 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts, dtype_bytes
-from vllm_ctxmgr.core.hardware import Platform
+from vllm_ctxmgr.core.hardware import GIB, Platform
 from vllm_ctxmgr.core.kv.backends import (
     FLASHINFER_GDN_CHECKPOINT_ALIGNMENT,
-    NEWEST_VLLM,
     AttentionBackend,
-    VllmVersion,
     backend_block_size,
     backend_kv_cache_dtype,
     flashinfer_gdn_prefill,
@@ -63,7 +61,10 @@ from vllm_ctxmgr.core.kv.specs import (
     round_up,
 )
 from vllm_ctxmgr.core.serve_args import ServeArgs
+from vllm_ctxmgr.core.vllm_versions import NEWEST_VLLM, VllmVersion, rule
 from vllm_ctxmgr.errors import UsageError
+
+B200_CLASS_MEMORY = 160 * GIB  # get_batch_defaults: the tier whose max_num_batched_tokens is a version rule
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class KVCacheLayout:
     mamba_cache_mode: str
     stage_layers: tuple[range, ...]  # decoder layers of each PP stage
     notes: tuple[str, ...] = ()
+    vllm_version: VllmVersion = NEWEST_VLLM  # whose startup check `fits` and `check_needed_bytes` follow
 
     # -- pool geometry --------------------------------------------------------------------------
 
@@ -205,18 +207,63 @@ class KVCacheLayout:
             if self.stage_bytes_per_block(s) > 0
         )
 
+    def check_needed_bytes(self, max_model_len: int, stage: int | None = None, requests: int = 1) -> int:
+        """What this vLLM version's startup check says `requests` requests need on a worker of `stage`.
+
+        Rules `fit_check_needed_bytes` and `pp_fit_check`: a per-layer sum (no padding) up to 0.13, the
+        first group's blocks x the largest group's bytes per block in 0.14-0.18, every group's from 0.19;
+        0.14-0.16 check the whole model (every stage's layers) on each worker.
+        """
+        if not self.groups:
+            return 0
+        how = rule("fit_check_needed_bytes", self.vllm_version)
+        stage_layers: range | None = None  # 0.14-0.16: the whole model on every worker
+        if rule("pp_fit_check", self.vllm_version) != "whole_model_min_budget":
+            if stage is None:
+                stages = range(self.pipeline_parallel_size)
+                return max(self.check_needed_bytes(max_model_len, s, requests) for s in stages)
+            stage_layers = self.stage_layers[stage]
+        ctx = self._ctx(max_model_len)
+        if how == "per_layer_sum":
+            return requests * sum(
+                spec.max_memory_usage_bytes(ctx)
+                for group in self.groups
+                for layer, spec in zip(group.layers, group.specs, strict=True)
+                if stage_layers is None or layer in stage_layers
+            )
+        bytes_per_block = max(group.bytes_per_block(stage_layers) for group in self.groups)
+        if how == "first_group":
+            return requests * self.groups[0].blocks_per_request(ctx) * bytes_per_block
+        return requests * sum(self.group_blocks(max_model_len)) * bytes_per_block
+
+    def null_block_reserve(self, stage: int | None = None) -> int:
+        """Bytes the startup check holds back for the BlockPool's null block (rule fit_check_null_block)."""
+        if not self.groups or not rule("fit_check_null_block", self.vllm_version):
+            return 0
+        if stage is None or rule("pp_fit_check", self.vllm_version) == "whole_model_min_budget":
+            return self.bytes_per_block
+        return self.stage_bytes_per_block(stage)
+
+    def check_undercounts(self, max_model_len: int) -> bool:
+        """Does this version's check count fewer bytes than one request's blocks really take?"""
+        return self.check_needed_bytes(max_model_len) < self.bytes_needed(max_model_len)
+
     def fits(self, max_model_len: int, available_bytes: int | Sequence[int], requests: int = 1) -> bool:
-        """vLLM's startup check: needed <= available - one (null) block, on every worker."""
+        """vLLM's startup check on every worker: needed <= available (minus the null block from 0.29).
+
+        0.14-0.16 compare the whole model with the smallest worker budget (rule pp_fit_check).
+        """
         if not self.groups:
             return True
         budgets = self._stage_budgets(available_bytes)
-        needed_blocks = self.blocks_needed(max_model_len, requests)
+        if rule("pp_fit_check", self.vllm_version) == "whole_model_min_budget":
+            check = min(budgets) - self.null_block_reserve()
+            return check > 0 and self.check_needed_bytes(max_model_len, None, requests) <= check
         for s, budget in enumerate(budgets):
-            bytes_per_block = self.stage_bytes_per_block(s)
-            if bytes_per_block == 0:
+            if self.stage_bytes_per_block(s) == 0:
                 continue
-            check = budget - bytes_per_block
-            if check <= 0 or needed_blocks * bytes_per_block > check:
+            check = budget - self.null_block_reserve(s)
+            if check <= 0 or self.check_needed_bytes(max_model_len, s, requests) > check:
                 return False
         return True
 
@@ -245,11 +292,18 @@ class KVCacheLayout:
         return self.num_gpu_blocks(available_bytes) / needed if needed else math.inf
 
     def capacity_tokens(self, available_bytes: int | Sequence[int], max_model_len: int) -> int:
-        """`_report_kv_cache_config`'s "KV cache size: N tokens": int(max_concurrency x max_model_len).
+        """`_report_kv_cache_config`'s "KV cache size: N tokens" (rule capacity_line_tokens).
 
-        Computed from the unrounded concurrency, as vLLM does; on a hybrid model it is a concurrency
-        in token units, not the pool's token count.
+        From 0.20.1 int(max_concurrency x max_model_len), from the unrounded concurrency: on a hybrid
+        model a concurrency in token units, not the pool's token count. Up to 0.20.0
+        num_blocks // num_groups x the smallest block size (x DCP).
         """
+        if rule("capacity_line_tokens", self.vllm_version).startswith("num_blocks"):
+            if not self.groups:
+                return 0
+            min_block = min(group.block_size for group in self.groups)
+            blocks = self.num_gpu_blocks(available_bytes)
+            return blocks // len(self.groups) * min_block * self.decode_context_parallel_size
         return int(self.max_concurrency(available_bytes, max_model_len) * max_model_len)
 
     def summary(self, max_model_len: int | None = None) -> dict:
@@ -308,13 +362,21 @@ def pp_stage_layers(num_layers: int, pp: int, partition: str | None = None) -> t
     return tuple(stages)
 
 
-def _max_concurrent_batches(platform: Platform, args: ServeArgs, vllm_version: VllmVersion) -> int:
-    """VllmConfig.max_concurrent_batches: async scheduling (GPU default) overlaps one more batch."""
+def _max_concurrent_batches(
+    facts: ModelFacts, platform: Platform, args: ServeArgs, vllm_version: VllmVersion
+) -> int:
+    """VllmConfig.max_concurrent_batches: async scheduling (GPU default) overlaps one more batch.
+
+    Which runner is the default is rule v2_model_runner_default ("dense": not MoE, not hybrid).
+    """
     pp = args.pipeline_parallel_size
     if platform.is_cpu:
         return pp  # the CPU platform turns async scheduling off
     runner_env = args.env.get("VLLM_USE_V2_MODEL_RUNNER")
-    v2_runner = runner_env in ("1", "true", "True") or (runner_env is None and vllm_version >= (0, 33))
+    default = rule("v2_model_runner_default", vllm_version)
+    dense = not facts.num_experts and facts.count(LayerKind.MAMBA) == 0
+    v2_default = default == "all" or (default == "dense" and dense)
+    v2_runner = runner_env in ("1", "true", "True") or (runner_env is None and v2_default)
     if v2_runner:
         return pp + 1
     return 2 if pp <= 1 else pp  # V1 runner: no async scheduling with PP
@@ -339,18 +401,20 @@ def kv_cache_layout(
     notes: list[str] = []
     model_dtype = resolve_model_dtype(facts, args, platform)
     kv_dtype = resolve_kv_cache_dtype(facts, args, platform, vllm_version, notes)
-    backend = select_attention_backend(facts, kv_dtype, platform, tp, dcp)
+    backend = select_attention_backend(facts, kv_dtype, platform, tp, dcp, vllm_version)
     kv_dtype = backend_kv_cache_dtype(facts, kv_dtype, backend, dcp, platform, notes)
     kv_bytes = dtype_bytes(model_dtype) if kv_dtype == "auto" else kv_dtype_bytes(kv_dtype)
 
     mnbt = args.max_num_batched_tokens or platform.default_max_num_batched_tokens(tp * pp)
-    in_flight = _max_concurrent_batches(platform, args, vllm_version) * mnbt
+    memory = platform.total_memory_bytes
+    if not args.max_num_batched_tokens and not platform.is_cpu and memory and memory >= B200_CLASS_MEMORY:
+        mnbt = rule("default_max_num_batched_tokens", vllm_version)
+    in_flight = mnbt
+    if rule("sliding_window_in_flight", vllm_version) == "max_concurrent_batches":
+        in_flight = _max_concurrent_batches(facts, platform, args, vllm_version) * mnbt
     has_mamba = facts.count(LayerKind.MAMBA) > 0
     has_attention = any(layer.kind not in (LayerKind.MAMBA, LayerKind.NONE) for layer in facts.layers)
-    prefix_caching = args.enable_prefix_caching
-    if prefix_caching is None:
-        prefix_caching = True if has_attention else not has_mamba  # attention-free models: off
-    mamba_cache_mode = "align" if has_mamba and prefix_caching else "none"
+    mamba_cache_mode = _mamba_cache_mode(facts, args, has_mamba, has_attention, vllm_version)
 
     # Phase 1: the block size every backend takes.
     block_size = backend_block_size(facts, args, platform, backend, has_attention, notes)
@@ -364,13 +428,15 @@ def kv_cache_layout(
 
     # Phase 2: hybrid attention/mamba models align the block size to the mamba page.
     mamba_block_padding: int | None = None
-    gdn_checkpoints = all(
+    checkpoint_families = rule("mamba_prefill_checkpoint", vllm_version)
+    gdn_checkpoints = "gdn" in checkpoint_families and all(
         layer.state is not None
         and layer.state.family == "gdn"
         and flashinfer_gdn_prefill(platform, layer.state)
         for layer in layers
         if layer.kind == LayerKind.MAMBA
     )
+    mamba2_checkpoints = "mamba2" in checkpoint_families
     if has_mamba and has_attention:
         block_size, mamba_block_padding = _align_hybrid_block_size(
             facts,
@@ -382,6 +448,7 @@ def kv_cache_layout(
             model_dtype,
             mamba_cache_mode,
             gdn_checkpoints,
+            vllm_version,
             notes,
         )
 
@@ -402,6 +469,7 @@ def kv_cache_layout(
                 mamba_block_padding,
                 gdn_checkpoints,
                 backend,
+                mamba2_checkpoints,
             )
         )
     if args.disable_sliding_window and any(isinstance(s, SlidingWindowSpec) for _, s in specs):
@@ -414,7 +482,7 @@ def kv_cache_layout(
         notes.append(
             "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0 disables the hybrid KV cache manager"
         )
-    groups = _kv_cache_groups(specs, disable_hybrid, notes)
+    groups = _kv_cache_groups(specs, disable_hybrid, rule("hybrid_group_size_rule", vllm_version), notes)
 
     num_layers = len(facts.layers)
     stages = list(pp_stage_layers(num_layers, pp, args.env.get("VLLM_PP_LAYER_PARTITION")))
@@ -434,7 +502,28 @@ def kv_cache_layout(
         mamba_cache_mode=mamba_cache_mode,
         stage_layers=tuple(stages),
         notes=tuple(notes),
+        vllm_version=vllm_version,
     )
+
+
+def _mamba_cache_mode(
+    facts: ModelFacts, args: ServeArgs, has_mamba: bool, has_attention: bool, vllm_version: VllmVersion
+) -> str:
+    """cache_config.mamba_cache_mode: rules hybrid_prefix_caching_default and hybrid_prefix_caching_mode."""
+    if not has_mamba:
+        return "none"
+    prefix_caching = args.enable_prefix_caching
+    if prefix_caching is None:  # attention-free models: off in every version
+        prefix_caching = has_attention and rule("hybrid_prefix_caching_default", vllm_version)
+    if not prefix_caching:
+        return "none"
+    mode = rule("hybrid_prefix_caching_mode", vllm_version)
+    if mode == "unsupported":
+        return "none"
+    if mode == "all_or_align":
+        families = {layer.state.family for layer in facts.layers if layer.state is not None}
+        return "all" if families and families <= {"mamba1", "mamba2"} else "align"
+    return "align"
 
 
 def _align_hybrid_block_size(
@@ -447,6 +536,7 @@ def _align_hybrid_block_size(
     model_dtype: str,
     mamba_cache_mode: str,
     gdn_checkpoints: bool,
+    vllm_version: VllmVersion,
     notes: list[str],
 ) -> tuple[int, int | None]:
     """Platform._align_hybrid_block_size: attention page >= mamba page, then pad the mamba page."""
@@ -469,9 +559,15 @@ def _align_hybrid_block_size(
     mamba_page = max(mamba_pages, default=0)
     if mamba_page == 0:
         return block_size, None
-    kernel_alignment = max(backend.min_kernel_block, block_size)
-    if facts.is_mla:
-        kernel_alignment = max(kernel_alignment, 128)
+    alignment_rule = rule("hybrid_mamba_block_alignment", vllm_version)
+    if alignment_rule == "16":
+        kernel_alignment = 16
+    elif alignment_rule == "kernel":
+        kernel_alignment = (128 if backend.name == "CUTLASS_MLA" else 64) if facts.is_mla else 16
+    else:
+        kernel_alignment = max(backend.min_kernel_block, block_size)
+        if facts.is_mla and alignment_rule == "backend_block_mla128":
+            kernel_alignment = max(kernel_alignment, 128)
     if mamba_cache_mode == "align" and gdn_checkpoints:
         kernel_alignment = math.lcm(kernel_alignment, FLASHINFER_GDN_CHECKPOINT_ALIGNMENT)
     attn_block_size = kernel_alignment * cdiv(mamba_page, kernel_alignment * attn_page_1_token)
@@ -573,7 +669,7 @@ def _unify_page_size(specs: list[tuple[int, KVCacheSpec]]) -> list[tuple[int, KV
 
 
 def _kv_cache_groups(
-    specs: list[tuple[int, KVCacheSpec]], disable_hybrid: bool, notes: list[str]
+    specs: list[tuple[int, KVCacheSpec]], disable_hybrid: bool, group_ratio: float | None, notes: list[str]
 ) -> list[KVCacheGroup]:
     if disable_hybrid:
         promoted = _promote_local_specs(specs)
@@ -603,17 +699,23 @@ def _kv_cache_groups(
         )
         specs = _promote_local_specs(specs)
         return [KVCacheGroup(tuple(i for i, _ in specs), tuple(s for _, s in specs))]
-    return _group_uniform_page_size(specs, notes)
+    return _group_uniform_page_size(specs, group_ratio, notes)
 
 
-def _group_uniform_page_size(specs: list[tuple[int, KVCacheSpec]], notes: list[str]) -> list[KVCacheGroup]:
-    """_get_kv_cache_groups_uniform_page_size: equal-size groups, layers[i::num_groups], padding."""
+def _group_uniform_page_size(
+    specs: list[tuple[int, KVCacheSpec]], group_ratio: float | None, notes: list[str]
+) -> list[KVCacheGroup]:
+    """_get_kv_cache_groups_uniform_page_size: equal-size groups, layers[i::num_groups], padding.
+
+    `group_ratio` is rule hybrid_group_size_rule: the most layers of one type become the group size if
+    that is below ratio x the fewest (None: always the fewest).
+    """
     buckets: dict[KVCacheSpec, list[int]] = defaultdict(list)
     for index, spec in specs:
         buckets[spec].append(index)
     sizes = [len(layers) for layers in buckets.values()]
     group_size = min(sizes)
-    if max(sizes) < min(sizes) * 1.5:
+    if group_ratio is not None and max(sizes) < min(sizes) * group_ratio:
         group_size = max(sizes)
     groups: list[KVCacheGroup] = []
     for spec, layers in buckets.items():

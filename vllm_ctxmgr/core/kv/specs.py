@@ -197,6 +197,8 @@ class MambaSpec(KVCacheSpec):
         return self.page_size_padded if self.page_size_padded is not None else self.real_page_size_bytes
 
     def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
+        if ctx.mamba_cache_mode == "all":  # 0.15-0.31 opt-in prefix caching of Mamba1/2: a page per block
+            return cdiv(ctx.max_model_len, self.block_size) * self.page_size_bytes
         if ctx.mamba_cache_mode == "align":
             pages = 2 + self.num_speculative_blocks + self.num_prefill_checkpoint_blocks
         else:
@@ -272,6 +274,7 @@ def layer_specs(
     mamba_page_padded: int | None,
     gdn_checkpoints: bool,
     backend: AttentionBackend,
+    mamba2_checkpoints: bool = True,
 ) -> list[KVCacheSpec]:
     tp = args.tensor_parallel_size
     kind = layer.kind
@@ -334,11 +337,13 @@ def layer_specs(
             raise UsageError(f"layer {index} is a mamba/linear layer without state dimensions")
         shapes, conv_like = mamba_state_shapes(layer.state, tp, args.num_speculative_tokens)
         checkpoint_blocks = 0
-        if layer.state.family == "mamba2" or (layer.state.family == "gdn" and gdn_checkpoints):
-            checkpoint_blocks = 1  # MambaMixer2 / FlashInfer GDN export a prefill checkpoint in align mode
+        if (layer.state.family == "mamba2" and mamba2_checkpoints) or (
+            layer.state.family == "gdn" and gdn_checkpoints
+        ):
+            checkpoint_blocks = 1  # MambaMixer2 (0.32+) / FlashInfer GDN (0.33+) keep a prefill checkpoint
         return [
             MambaSpec(
-                block_size=block_size if mamba_cache_mode == "align" else 0,
+                block_size=block_size if mamba_cache_mode in ("align", "all") else 0,
                 shapes=shapes,
                 dtype_sizes=mamba_state_dtype_sizes(layer.state, model_dtype, conv_like),
                 page_size_padded=mamba_page_padded,
