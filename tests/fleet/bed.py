@@ -397,7 +397,7 @@ backend {BACKEND}
         for host in self.hosts:
             lines.append(
                 f"{host.name} ansible_host={host.address} ctxmgr_state_dir={host.state_dir} "
-                f"ctxmgr_lb_server={host.name}"
+                f"ctxmgr_calibration_dir={host.directory / 'imports'} ctxmgr_lb_server={host.name}"
             )
         lines += [
             "",
