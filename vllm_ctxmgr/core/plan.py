@@ -51,11 +51,12 @@ from typing import Any, TypedDict
 from vllm_ctxmgr.core import facts as facts_module
 from vllm_ctxmgr.core.facts import LayerKind, ModelFacts
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, Platform, platform_for
-from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM, VllmVersion, is_quantized_kv_cache
+from vllm_ctxmgr.core.kv.backends import is_quantized_kv_cache
 from vllm_ctxmgr.core.kv.layout import KVCacheLayout, kv_cache_layout
 from vllm_ctxmgr.core.kv.specs import cdiv, round_up
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.serve_args import ServeArgs
+from vllm_ctxmgr.core.vllm_versions import NEWEST_VLLM, VllmVersion, known_version, rule, rules_in_force
 from vllm_ctxmgr.errors import CtxmgrError, UsageError
 
 MIB = 1 << 20
@@ -76,15 +77,20 @@ PLAN_SCHEMA = 1  # PlanRecord["schema"]: bump when a stored plan's keys change m
 
 
 def default_gpu_memory_utilization(vllm_version: VllmVersion) -> float:
-    """0.92 in 0.33 (config/cache.py), assumed from 0.21 (CUDA-graph profiling); 0.9 before (0.11)."""
-    return 0.92 if vllm_version >= (0, 21) else 0.9
+    """CacheConfig's default (rule default_gpu_memory_utilization: 0.9, 0.92 from 0.20.0)."""
+    return rule("default_gpu_memory_utilization", vllm_version)
 
 
 def cuda_graphs_in_budget(vllm_version: VllmVersion, args: ServeArgs) -> bool:
-    """VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (default 1 since 0.21) subtracts graphs from the budget."""
-    if args.enforce_eager or vllm_version < (0, 21):
+    """Is the CUDA-graph estimate subtracted from the KV budget (rule cudagraph_estimate_in_budget)?
+
+    Never before 0.18; with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 in 0.18-0.19; unless =0 from 0.20.
+    """
+    when = rule("cudagraph_estimate_in_budget", vllm_version)
+    if args.enforce_eager or when == "never":
         return False
-    return args.env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1") not in ("0", "false", "False")
+    env = args.env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1" if when == "default" else "0")
+    return env not in ("0", "false", "False", "")
 
 
 def requested_bytes(total_bytes: int, utilization: float) -> int:
@@ -118,8 +124,8 @@ def kv_budget_at_utilization(
 
 
 def supports_auto_max_model_len(vllm_version: VllmVersion) -> bool:
-    """`--max-model-len auto` (PR #29431) is not in 0.11; assumed from 0.12."""
-    return vllm_version >= (0, 12)
+    """`--max-model-len auto` / -1 (rule auto_max_model_len: from 0.14.0)."""
+    return rule("auto_max_model_len", vllm_version)
 
 
 def parse_vllm_version(text: str | None) -> VllmVersion | None:
@@ -307,6 +313,14 @@ class Plan:
     def max_concurrency(self) -> float | None:
         return min((c.max_concurrency for c in self.capacity), default=None)
 
+    def vllm_rules(self) -> list[VllmRuleRecord]:
+        """The version rules this plan followed (core/vllm_versions.py), informational ones left out."""
+        return [
+            {"rule": row.name, "since": ".".join(map(str, row.since)), "value": _json_value(row.value)}
+            for row in rules_in_force(self.vllm_version)
+            if not row.informational
+        ]
+
     def to_json(self) -> PlanRecord:
         return {
             "schema": PLAN_SCHEMA,
@@ -327,6 +341,7 @@ class Plan:
             "derived_max_model_len": self.derived_max_model_len,
             "derived_max_model_len_key": self.derived_max_model_len_key,
             "vllm_version": ".".join(map(str, self.vllm_version)),
+            "vllm_rules": self.vllm_rules(),
             "platform": {
                 "device_type": self.platform.device_type,
                 "compute_capability": self.platform.compute_capability,
@@ -350,6 +365,21 @@ class Plan:
 class FigureRecord(TypedDict):
     bytes: int | None
     source: str
+
+
+class VllmRuleRecord(TypedDict):
+    rule: str
+    since: str
+    value: Any
+
+
+def _json_value(value: Any) -> Any:
+    """A rule value as plain JSON (tuples become lists)."""
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, dict):
+        return {key: _json_value(item) for key, item in value.items()}
+    return value
 
 
 class PlatformRecord(TypedDict):
@@ -388,6 +418,7 @@ class PlanRecord(TypedDict):
     derived_max_model_len: int | None
     derived_max_model_len_key: str | None
     vllm_version: str
+    vllm_rules: list[VllmRuleRecord]
     platform: PlatformRecord
     gpus: list[dict[str, Any]]
     flag_changes: dict[str, str]
@@ -566,7 +597,7 @@ def _observed(
         if latest.estimated_max_model_len:
             # the failed check: needed(est) <= available - one block < needed(est + 1)
             estimated = latest.estimated_max_model_len
-            available = layout.bytes_needed(estimated) + layout.bytes_per_block
+            available = layout.check_needed_bytes(estimated) + layout.null_block_reserve()
             source = f"vllm log (estimated maximum model length {estimated})"
         elif latest.num_gpu_blocks is not None:
             # exact to one block: vLLM made floor(budget / bytes_per_block) blocks
@@ -777,8 +808,8 @@ class _Outcome:
 
 
 def _kv_needed(layout: KVCacheLayout, target: int, stage: int, requests: int) -> int:
-    """What vLLM's check needs on a worker of `stage`: `requests` x one request + the null block."""
-    return layout.bytes_needed(target, stage, requests) + layout.stage_bytes_per_block(stage)
+    """What vLLM's check needs on a worker of `stage`: `requests` x one request (+ the null block, 0.29+)."""
+    return layout.check_needed_bytes(target, stage, requests) + layout.null_block_reserve(stage)
 
 
 def _stage_min(gpus: list[_Gpu], layout: KVCacheLayout, value: Callable[[_Gpu], int]) -> list[int]:
@@ -1114,6 +1145,9 @@ def make_plan(
     derived, derived_key = _derived(facts, args, options)
     warnings: list[str] = []
     notes: list[str] = []
+    _, unknown_version = known_version(version)  # rule() itself answers with the nearest release's row
+    if unknown_version:
+        warnings.append(unknown_version)
 
     base_layout = kv_cache_layout(facts, args, platform, version)
     observed, observation_notes = _observed(observations, base_layout, version, platform)
@@ -1158,10 +1192,17 @@ def make_plan(
         warnings.append(outcome.verdict)
     if args.max_model_len == -1 and not supports_auto_max_model_len(version):
         warnings.append("this vLLM version has no --max-model-len auto")
+    if layout.check_undercounts(target):
+        warnings.append(
+            f"vLLM {'.'.join(map(str, version))}'s startup check counts "
+            f"{layout.check_needed_bytes(target):,} B for one request of {target} tokens, less than the "
+            f"{layout.bytes_needed(target):,} B its blocks take: it may start and still not hold that request"
+        )
     if outcome.lines and outcome.utilization is not None and outcome.utilization > 0:
+        null_block = " (+1 null block)" if layout.null_block_reserve() else ""
         notes.append(
             f"blocks: {layout.blocks_needed(target)} per request of {target} tokens, "
-            f"{layout.bytes_per_block} B each (+1 null block)"
+            f"{layout.bytes_per_block} B each{null_block}"
         )
 
     plan_flags = _flag_changes(args, outcome, target, options) if feasible else {}
