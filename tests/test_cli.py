@@ -69,7 +69,7 @@ def test_infeasible_plan_exits_3_with_largest_context_and_alternatives() -> None
     assert data["feasible"] is False
     assert 0 < data["max_context"] < 200000
     assert data["alternatives"], "an infeasible plan names what would make it fit"
-    fp8 = [a for a in data["alternatives"] if a["kv_cache_dtype"] in ("fp8_ds_mla", "fp8")]
+    fp8 = [a for a in data["alternatives"] if a["name"] == "fp8-kv-cache"]
     assert fp8 and fp8[0]["kv_bytes_per_token_per_gpu"] == 61_464
 
 

@@ -117,8 +117,17 @@ def test_glm5_figures_carry_their_sources() -> None:
     line = make_plan(glm5(), SERVICE, eight_gpus(), options()).gpus[3]
     assert (line.total.source, line.used_by_others.source) == ("nvml", "nvml")
     assert line.weights == type(line.weights)(WEIGHTS_PER_GPU, "gguf")
-    assert line.activation_peak.source == "estimate" and line.cuda_graphs.source == "estimate"
-    assert line.margin.bytes == int(TOTAL * 0.02)  # 2% of 95.6 GiB is above the 512 MiB floor
+    # core/memory.py's terms say which vLLM code they mirror: "estimate (_dummy_run of 8192 tokens)"
+    assert line.activation_peak.source.startswith("estimate")
+    assert line.cuda_graphs.source.startswith("estimate")
+    # 2% of 95.6 GiB (above the 512 MiB floor), widened by the spread of each estimated term
+    # (core/memory.py: activation 25%, non-torch 50%, CUDA graphs 50%)
+    widening = (
+        int(line.activation_peak.bytes * 0.25)
+        + int(line.non_torch.bytes * 0.5)
+        + int(line.cuda_graphs.bytes * 0.5)
+    )
+    assert line.margin.bytes == int(TOTAL * 0.02) + widening
 
 
 def test_a_co_tenant_makes_it_infeasible_and_max_context_shrinks() -> None:

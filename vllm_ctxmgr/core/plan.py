@@ -21,10 +21,11 @@ Numbers and where they come from (every figure in the plan carries its source):
   `observed + ceil(total x u) - ceil(total x u_observed)`. The "KV cache size: N tokens" line is never
   used: it is concurrency x max_model_len, not a capacity;
 - "gguf"/"safetensors"/"option": weight bytes, split evenly over TP x PP ranks;
-- "estimate", used only where nothing better is known: activation peak
-  max(256 MiB, max_num_batched_tokens x hidden_size x 32 B) (2 GiB without hidden_size),
-  non-torch growth 256 MiB (+256 MiB with TP > 1), CUDA graphs 1 GiB (0 with --enforce-eager),
-  CUDA context + cuBLAS 512 MiB and NCCL 512 MiB (with more than one rank) before the snapshot.
+- "estimate", used only where nothing better is known: core/memory.py's non-KV model (the profile
+  run's forward at max_num_batched_tokens or its dummy sampler pass over max_num_seqs x vocabulary,
+  whichever is larger; CUDA graphs from the capture sizes and layers; non-torch growth; the CUDA
+  context and NCCL before the snapshot), each term citing the vLLM code it mirrors. The plan's notes
+  name the estimated terms, and each GPU's margin grows by their spread (core.memory.margin_widening).
 
 Margin: on top of what one request needs, each GPU keeps `max(512 MiB, 2% of its memory)` of KV budget
 spare (`PlanOptions.margin_fraction`, `margin_min_bytes`). It covers the estimates above being off by a
@@ -54,6 +55,7 @@ from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, Platform, platform
 from vllm_ctxmgr.core.kv.backends import is_quantized_kv_cache
 from vllm_ctxmgr.core.kv.layout import KVCacheLayout, kv_cache_layout
 from vllm_ctxmgr.core.kv.specs import cdiv, round_up
+from vllm_ctxmgr.core.memory import NonKvMemory, margin_widening, non_kv_memory
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.core.vllm_versions import NEWEST_VLLM, VllmVersion, known_version, rule, rules_in_force
@@ -63,14 +65,6 @@ MIB = 1 << 20
 DEFAULT_MAX_GPU_MEMORY_UTILIZATION = 0.95
 DEFAULT_MARGIN_FRACTION = 0.02
 DEFAULT_MARGIN_MIN_BYTES = 512 * MIB
-CUDA_CONTEXT_ESTIMATE = 512 * MIB
-NCCL_ESTIMATE = 512 * MIB
-CUDA_GRAPH_ESTIMATE = 1 * GIB
-NON_TORCH_ESTIMATE = 256 * MIB
-NON_TORCH_TP_ESTIMATE = 256 * MIB
-ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN = 32
-ACTIVATION_FALLBACK = 2 * GIB
-ACTIVATION_FLOOR = 256 * MIB
 SMALL_BATCH_TOKENS = 2048
 ALLOW_LONG_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 PLAN_SCHEMA = 1  # PlanRecord["schema"]: bump when a stored plan's keys change meaning
@@ -753,35 +747,28 @@ def _gpu_models(
     source = "nvml" if gpus.source == "nvml" else "given"
     graphs_counted = cuda_graphs_in_budget(options.vllm_version, args)
     weights = _weights(facts, options, observed, ranks)
-    if observed is not None and observed.cuda_graphs is not None:
-        graphs = Figure(observed.cuda_graphs, "vllm log")
-    elif args.enforce_eager:
-        graphs = Figure(0, "--enforce-eager")
-    else:
-        graphs = Figure(CUDA_GRAPH_ESTIMATE, "estimate")
-    if facts.hidden_size:
-        activation_bytes = max(
-            ACTIVATION_FLOOR,
-            layout.max_num_batched_tokens * facts.hidden_size * ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN,
-        )
-    else:
-        activation_bytes = ACTIVATION_FALLBACK
-    non_torch = NON_TORCH_ESTIMATE + (NON_TORCH_TP_ESTIMATE if tp > 1 else 0)
     cpu = options.cpu or (options.platform is not None and options.platform.is_cpu)
-    overhead = 0 if cpu else CUDA_CONTEXT_ESTIMATE + (NCCL_ESTIMATE if world > 1 else 0)
     models = []
     for rank, info in enumerate(gpus.gpus[:world]):
+        stage = (rank % ranks) // tp
+        memory = _non_kv_estimate(facts, args, options, layout, info, world, cpu, stage == pp - 1)
+        graphs = Figure(memory.cuda_graphs.bytes, memory.cuda_graphs.source)
+        if observed is not None and observed.cuda_graphs is not None:
+            graphs = Figure(observed.cuda_graphs, "vllm log")
         margin = margin_bytes(info.total_bytes, options.margin_fraction, options.margin_min_bytes)
+        if observed is None or observed.available_kv is None:
+            margin += margin_widening(memory, graphs_counted and graphs.source != "vllm log")
+        peak = memory.activation_peak
         models.append(
             _Gpu(
                 info=info,
-                stage=(rank % ranks) // tp,
+                stage=stage,
                 total_source=source,
                 others=_used_by_others(info, options.service_pids, source, warnings),
-                overhead=overhead,
+                overhead=memory.startup_overhead.bytes,
                 weights=weights,
-                activation=Figure(activation_bytes, "estimate"),
-                non_torch=Figure(non_torch, "estimate"),
+                activation=Figure(peak.bytes, peak.source),
+                non_torch=Figure(memory.non_torch.bytes, memory.non_torch.source),
                 cuda_graphs=graphs,
                 graphs_in_budget=graphs_counted,
                 observed=observed,
@@ -789,6 +776,31 @@ def _gpu_models(
             )
         )
     return models
+
+
+def _non_kv_estimate(
+    facts: ModelFacts,
+    args: ServeArgs,
+    options: PlanOptions,
+    layout: KVCacheLayout,
+    info: GpuInfo,
+    world: int,
+    cpu: bool,
+    last_stage: bool,
+) -> NonKvMemory:
+    """core/memory.py's terms for one GPU (its platform: default max_num_seqs, capture sizes)."""
+    platform = options.platform or platform_for(GpuState((info,), "given", None), cpu)
+    return non_kv_memory(
+        facts,
+        version=options.vllm_version,
+        platform=platform,
+        max_num_batched_tokens=layout.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        tensor_parallel_size=args.tensor_parallel_size,
+        world_size=world,
+        enforce_eager=args.enforce_eager,
+        last_pipeline_stage=last_stage,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1198,6 +1210,7 @@ def make_plan(
             f"{layout.check_needed_bytes(target):,} B for one request of {target} tokens, less than the "
             f"{layout.bytes_needed(target):,} B its blocks take: it may start and still not hold that request"
         )
+    notes.extend(_estimated_terms_notes(outcome.lines))
     if outcome.lines and outcome.utilization is not None and outcome.utilization > 0:
         null_block = " (+1 null block)" if layout.null_block_reserve() else ""
         notes.append(
@@ -1233,6 +1246,24 @@ def make_plan(
         warnings=tuple(dict.fromkeys(warnings)),
         notes=tuple(dict.fromkeys(notes + list(layout.notes))),
     )
+
+
+_ESTIMATED_FIGURES = ("activation_peak", "non_torch", "cuda_graphs", "startup_overhead")
+
+
+def _estimated_terms_notes(lines: Sequence[GpuMemory]) -> list[str]:
+    """One note naming the non-KV terms that are core/memory.py's guesses, not vLLM's logged figures."""
+    if not lines:
+        return []
+    first = lines[0]
+    names = [
+        name
+        for name in _ESTIMATED_FIGURES
+        if getattr(first, name).source.startswith("estimate") and getattr(first, name).bytes
+    ]
+    if not names:
+        return []
+    return [f"estimated terms: {', '.join(names)} (core/memory.py; the margin is widened by their spread)"]
 
 
 def _capacity(layout: KVCacheLayout, outcome: _Outcome, target: int) -> tuple[KVCapacity, ...]:

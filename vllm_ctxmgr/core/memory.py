@@ -1,0 +1,265 @@
+"""What vLLM spends on one GPU besides weights and KV cache, before any start has been observed.
+
+Pure: model facts, serve args, platform and version in; one `NonKvMemory` of named terms out. The
+planner uses these only until a start of the same service logged its own figures (core/plan.py).
+
+vLLM's budget (v1/worker/gpu_worker.py:determine_available_memory, utils/mem_utils.py:memory_profiling):
+
+    KV budget = ceil(total x u) - weights - profile peak - non-torch growth [- CUDA graph estimate]
+
+Each term below mirrors the vLLM code that allocates it (0.33 sources unless a version is named):
+
+- profile peak: `GPUModelRunner.profile_run` runs `_dummy_run(max_num_tokens)` (one forward pass of
+  max_num_batched_tokens tokens) and then `_dummy_sampler_run` on the last rank. The two do not
+  overlap (the forward's activations are freed before the sampler runs), so the torch peak is the
+  larger of the two: `ACTIVATION` and `SAMPLER` below.
+- forward activations: the residual stream, the attention projections and the MLP (dense: gate_up +
+  activation; MoE: fused_moe's three intermediate caches, [T, top_k, 2N], [T x top_k, N] and
+  [T, top_k, H] in model_executor/layers/fused_moe), each at the model dtype, divided over TP where
+  vLLM shards them. A shape model: attention-backend workspaces and quantised-kernel scratch are
+  not in it, so it is an estimate.
+- dummy sampler pass: `compute_logits` returns [num_reqs, vocab] in the model dtype (gathered to the
+  whole vocabulary on every TP rank); `Sampler.forward` casts it to float32; the dummy metadata sets
+  top_k = vocab - 1 and top_p = 0.9 on every row, so top-k/top-p run on the whole matrix. Up to
+  0.16 that is `apply_top_k_top_p` in PyTorch (sort: float32 values + int64 indices, a float32
+  softmax, a bool mask); from 0.17 a Triton kernel masks in place. Then `forward_native` takes a
+  float32 softmax and `random_sample` float32 exponential noise. num_reqs = min(max_num_seqs,
+  max_num_batched_tokens) (`_dummy_run` splits the tokens over at most max_num_seqs requests).
+  The tensor sizes are exact; which tensors are alive together is read from the code, not measured.
+- CUDA graphs (vLLM >= 0.18 measures them in `profile_cudagraph_memory`): per capture mode, the first
+  (largest) capture's memory plus (n - 1) x the second capture's; FULL and PIECEWISE share one pool,
+  so the largest first capture counts once. Here the first capture is the forward activation at the
+  largest capture size and each further capture `PIECEWISE_GRAPH_BYTES_PER_LAYER` per layer
+  (piecewise graphs are one per layer split) or `FULL_GRAPH_BYTES` (vLLM's own 1 MiB floor). Capture
+  sizes follow `VllmConfig._set_cudagraph_sizes`: [1, 2, 4] + range(8, 256, 8) + range(256, max+1,
+  16) up to min(2 x max_num_seqs, 512) (1024 on SM100), FULL for decode sizes <= max_num_seqs.
+- non-torch growth: cuBLAS/cuBLASLt workspaces and (TP > 1) custom all-reduce buffers, counted by
+  memory_profiling as non_torch_increase: a flat guess.
+- startup overhead (before vLLM's snapshot, so outside the budget but inside the free-memory check):
+  the CUDA context and, with more than one rank, NCCL communicators: a flat guess.
+
+Every term says whether it is an estimate and how far it may be off (`spread`); the planner widens
+its margin by the spreads of the estimated terms it counts (see `margin_widening`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_ctxmgr.core.facts import DTYPE_BYTES, LayerKind, ModelFacts
+from vllm_ctxmgr.core.hardware import GIB, Platform
+from vllm_ctxmgr.core.kv.backends import VllmVersion
+
+MIB = 1 << 20
+CUDA_CONTEXT_ESTIMATE = 512 * MIB  # CUDA context + cuBLAS handles on a Hopper-class GPU
+NCCL_ESTIMATE = 512 * MIB  # NCCL communicators and buffers, more than one rank
+NON_TORCH_ESTIMATE = 256 * MIB  # cuBLAS/cuBLASLt workspaces allocated outside torch's pool
+NON_TORCH_TP_ESTIMATE = 256 * MIB  # custom all-reduce IPC buffers with TP > 1
+ACTIVATION_FLOOR = 256 * MIB  # what a tiny model's profile run still reserves (allocator segments)
+ACTIVATION_FALLBACK = 2 * GIB  # no hidden_size: the model's shapes are unknown
+CUDA_GRAPH_FALLBACK = 1 * GIB  # no layer count or shapes to size graphs by
+PIECEWISE_GRAPH_BYTES_PER_LAYER = MIB // 2  # one piecewise capture's pool growth per layer (estimate)
+FULL_GRAPH_BYTES = MIB  # profile_cudagraph_memory: "at least 1 MiB per graph for driver overhead"
+# How far each estimated term may be off, as a fraction of it: the margin grows by these.
+ACTIVATION_SPREAD = 0.25  # a shape model: backend workspaces and kernel scratch are not in it
+SAMPLER_SPREAD = 0.10  # exact tensor sizes; only which of them overlap is read, not measured
+CUDA_GRAPH_SPREAD = 0.50  # the per-graph figure is fitted to public logs, not derived
+NON_TORCH_SPREAD = 0.50  # flat guesses
+
+
+@dataclass(frozen=True)
+class Term:
+    """One non-KV figure per GPU, where it comes from, and how far it may be off."""
+
+    bytes: int
+    source: str  # the vLLM code it mirrors, or "estimate (...)"
+    estimated: bool = True
+    spread: int = 0  # bytes it may be off by; 0 for a figure vLLM logged or the files state
+
+    @classmethod
+    def estimate(cls, value: int, source: str, spread: float) -> Term:
+        return cls(int(value), source, True, int(value * spread))
+
+
+@dataclass(frozen=True)
+class NonKvMemory:
+    """Everything but weights and KV on one GPU of a rank, as vLLM's profiling will find it."""
+
+    forward_activation: Term  # _dummy_run(max_num_batched_tokens)
+    sampler: Term  # _dummy_sampler_run (zero on ranks without the sampler)
+    non_torch: Term
+    cuda_graphs: Term
+    startup_overhead: Term  # before the snapshot: CUDA context (+ NCCL)
+
+    @property
+    def activation_peak(self) -> Term:
+        """The profile run's torch peak: the forward or the sampler, whichever is larger."""
+        peak = max(self.forward_activation, self.sampler, key=lambda t: t.bytes)
+        bytes_ = max(ACTIVATION_FLOOR, peak.bytes)
+        return Term(bytes_, peak.source, peak.estimated, peak.spread)
+
+    def estimated_terms(self, graphs_in_budget: bool) -> tuple[str, ...]:
+        names = ["activation_peak", "non_torch", "startup_overhead"]
+        if graphs_in_budget or self.cuda_graphs.bytes:
+            names.append("cuda_graphs")
+        terms = {
+            "activation_peak": self.activation_peak,
+            "non_torch": self.non_torch,
+            "startup_overhead": self.startup_overhead,
+            "cuda_graphs": self.cuda_graphs,
+        }
+        return tuple(n for n in names if terms[n].estimated and terms[n].bytes)
+
+
+def margin_widening(memory: NonKvMemory, graphs_in_budget: bool) -> int:
+    """The KV budget a plan keeps spare on top of its base margin for the terms it had to guess.
+
+    The sum of the spreads of the estimated terms that enter vLLM's budget: the activation peak
+    (25% of the forward, 10% of the sampler pass), non-torch growth (50%) and, where vLLM subtracts
+    them, CUDA graphs (50%). Each is how far that term's model can be off; with a logged start
+    they are replaced by vLLM's own figures and the widening is 0.
+    """
+    widening = memory.activation_peak.spread + memory.non_torch.spread
+    if graphs_in_budget:
+        widening += memory.cuda_graphs.spread
+    return widening
+
+
+def default_max_num_seqs(platform: Platform) -> int:
+    """EngineArgs.get_batch_defaults (OpenAI server): 1024 on >= 70 GiB GPUs but A100/GB10, else 256."""
+    memory = platform.total_memory_bytes
+    if platform.is_cpu or memory is None:
+        return 256 if platform.is_cpu else 1024
+    is_gb10 = platform.compute_capability == (12, 1)
+    if memory >= 70 * GIB and "a100" not in platform.device_name.lower() and not is_gb10:
+        return 1024
+    return 256
+
+
+def _dtype_bytes(facts: ModelFacts) -> int:
+    return DTYPE_BYTES.get(facts.dtype, 2)
+
+
+def _attention_width(facts: ModelFacts, tp: int) -> int:
+    """q + k + v + attention output per token on one rank, in elements (qkv_proj, o_proj inputs)."""
+    head = next((layer for layer in facts.layers if layer.kind != LayerKind.NONE and layer.head_size), None)
+    head_size = head.head_size if head is not None else (facts.hidden_size or 0) // facts.num_attention_heads
+    kv_heads = facts.num_attention_heads  # MLA expands its latent to every head for prefill
+    if head is not None and head.kind != LayerKind.MLA:
+        kv_heads = head.num_kv_heads
+    q = facts.num_attention_heads * head_size
+    return (2 * q + 2 * kv_heads * head_size) // max(1, tp)
+
+
+def _mlp_width(facts: ModelFacts, tp: int) -> int:
+    """The MLP's intermediates per token on one rank, in elements."""
+    hidden = facts.hidden_size or 0
+    if facts.num_experts and facts.num_experts_per_tok:
+        expert = facts.moe_intermediate_size or facts.intermediate_size or hidden
+        # fused_moe: cache1 [T, topk, 2N] + cache2 [T*topk, N] + cache3 [T, topk, H], N = expert / TP
+        return facts.num_experts_per_tok * (3 * expert // max(1, tp) + hidden)
+    intermediate = facts.intermediate_size or 4 * hidden
+    return 3 * intermediate // max(1, tp)  # gate_up [T, 2I] + act [T, I]
+
+
+def forward_activation_bytes(facts: ModelFacts, tokens: int, tp: int) -> int | None:
+    """One forward pass of `tokens` tokens: residual + normed + output stream, then attention or MLP."""
+    if not facts.hidden_size:
+        return None
+    width = 3 * facts.hidden_size + max(_attention_width(facts, tp), _mlp_width(facts, tp))
+    return tokens * width * _dtype_bytes(facts)
+
+
+def sampler_bytes_per_element(facts: ModelFacts, version: VllmVersion) -> int:
+    """Bytes alive per logit at the dummy sampler pass's peak (see the module docstring)."""
+    model_logits = _dtype_bytes(facts)
+    float32_logits = 4
+    if version < (0, 17):
+        # apply_top_k_top_p (PyTorch): sort values f32 + indices i64, softmax f32, top-p mask bool
+        return model_logits + float32_logits + 4 + 8 + 4 + 1
+    # Triton top-k/top-p in place; forward_native: softmax f32; random_sample: exponential noise f32
+    return model_logits + float32_logits + 4 + 4
+
+
+def sampler_bytes(facts: ModelFacts, num_reqs: int, version: VllmVersion) -> int | None:
+    if not facts.vocab_size:
+        return None
+    return num_reqs * facts.vocab_size * sampler_bytes_per_element(facts, version)
+
+
+def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, platform: Platform) -> list[int]:
+    """VllmConfig._set_cudagraph_sizes with no --cuda-graph-sizes / max_cudagraph_capture_size given."""
+    ceiling = 1024 if platform.is_capability_family(100) else 512
+    largest = min(max_num_seqs * 2, ceiling, max_num_batched_tokens)
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16)]
+    return [s for s in sizes if s <= largest] or [1]
+
+
+def cuda_graph_bytes(
+    facts: ModelFacts, max_num_seqs: int, max_num_batched_tokens: int, tp: int, platform: Platform
+) -> tuple[int, str]:
+    """profile_cudagraph_memory's estimate: max first capture + (n - 1) x per graph, per mode."""
+    sizes = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, platform)
+    full = [s for s in sizes if s <= max_num_seqs]
+    first = forward_activation_bytes(facts, sizes[-1], tp)
+    if first is None:
+        return CUDA_GRAPH_FALLBACK, "estimate (flat: the model's shapes are unknown)"
+    layers = facts.num_hidden_layers
+    piecewise_each = max(FULL_GRAPH_BYTES, layers * PIECEWISE_GRAPH_BYTES_PER_LAYER)
+    total = first + (len(sizes) - 1) * piecewise_each + max(0, len(full) - 1) * FULL_GRAPH_BYTES
+    source = (
+        f"estimate (profile_cudagraph_memory: PIECEWISE={len(sizes)} FULL={len(full)} "
+        f"(largest={sizes[-1]}), {layers} layers)"
+    )
+    return total, source
+
+
+def non_kv_memory(
+    facts: ModelFacts,
+    *,
+    version: VllmVersion,
+    platform: Platform,
+    max_num_batched_tokens: int,
+    max_num_seqs: int | None,
+    tensor_parallel_size: int,
+    world_size: int,
+    enforce_eager: bool,
+    last_pipeline_stage: bool = True,
+) -> NonKvMemory:
+    """The non-KV terms of one GPU, each with the vLLM code it mirrors and its spread."""
+    tp = max(1, tensor_parallel_size)
+    seqs = max_num_seqs or default_max_num_seqs(platform)
+    num_reqs = min(seqs, max_num_batched_tokens)
+
+    forward = forward_activation_bytes(facts, max_num_batched_tokens, tp)
+    if forward is None:
+        forward_term = Term.estimate(ACTIVATION_FALLBACK, "estimate (flat: hidden_size unknown)", 0.5)
+    else:
+        forward_term = Term.estimate(
+            forward, f"estimate (_dummy_run of {max_num_batched_tokens} tokens)", ACTIVATION_SPREAD
+        )
+    sampled = sampler_bytes(facts, num_reqs, version) if last_pipeline_stage else 0
+    if sampled is None:
+        sampler_term = Term.estimate(0, "estimate (vocab_size unknown: sampler pass not counted)", 0)
+    else:
+        sampler_term = Term.estimate(
+            sampled,
+            f"estimate (_dummy_sampler_run: {num_reqs} x {facts.vocab_size} logits, "
+            f"{sampler_bytes_per_element(facts, version)} B each)",
+            SAMPLER_SPREAD,
+        )
+    non_torch = NON_TORCH_ESTIMATE + (NON_TORCH_TP_ESTIMATE if tp > 1 else 0)
+    non_torch_term = Term.estimate(
+        non_torch, "estimate (cuBLAS workspaces, all-reduce buffers)", NON_TORCH_SPREAD
+    )
+    if enforce_eager:
+        graphs_term = Term(0, "--enforce-eager", estimated=False)
+    else:
+        graphs, source = cuda_graph_bytes(facts, seqs, max_num_batched_tokens, tp, platform)
+        graphs_term = Term.estimate(graphs, source, CUDA_GRAPH_SPREAD)
+    if platform.is_cpu:
+        overhead_term = Term(0, "CPU build", estimated=False)
+    else:
+        overhead = CUDA_CONTEXT_ESTIMATE + (NCCL_ESTIMATE if world_size > 1 else 0)
+        overhead_term = Term.estimate(overhead, "estimate (CUDA context, NCCL)", NON_TORCH_SPREAD)
+    return NonKvMemory(forward_term, sampler_term, non_torch_term, graphs_term, overhead_term)
