@@ -352,7 +352,7 @@ def test_weights_option_overrides_the_files() -> None:
     assert plan.verdict == "fits"
 
 
-def test_before_0_21_cuda_graphs_live_in_the_slack() -> None:
+def test_before_0_20_cuda_graphs_live_in_the_slack() -> None:
     assert default_gpu_memory_utilization((0, 11, 0)) == 0.9
     assert default_gpu_memory_utilization((0, 33, 0)) == 0.92
     new = make_plan(glm5(), SERVICE, eight_gpus(), options())

@@ -10,6 +10,7 @@ from typing import Any
 from vllm_ctxmgr.core.facts import LayerKind, ModelFacts, derived_max_model_len
 from vllm_ctxmgr.core.hardware import GIB, GpuState
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
+from vllm_ctxmgr.core.vllm_versions import rules_line
 
 
 def gib(n: float | int | None, digits: int = 2) -> str:
@@ -129,6 +130,7 @@ def plan_text(plan: Any, command_change: str = "") -> str:
             f"model limit: {plan.derived_max_model_len:,} ({plan.derived_max_model_len_key}); "
             f"vLLM {'.'.join(map(str, plan.vllm_version))} rules on {plan.platform.device_type}"
         )
+    out.append(rules_line(plan.vllm_version))
     if plan.gpus:
         out.append("")
         header = (

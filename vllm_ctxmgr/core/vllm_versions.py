@@ -438,3 +438,25 @@ def known_version(version: VllmVersion) -> tuple[VllmVersion, str | None]:
             f"planned by vLLM {'.'.join(map(str, NEWEST_VLLM))}'s rules"
         )
     return version, None
+
+
+def rules_line(version: VllmVersion) -> str:
+    """One line for a plan's text: the version planned and the rules in which it differs from the newest."""
+    rows = non_default_rules(version)
+    name = ".".join(map(str, version))
+    if not rows:
+        return f"vLLM {name} rules: as {'.'.join(map(str, NEWEST_VLLM))} (newest known)"
+    parts = ", ".join(f"{row.name}={_short(row.value)} (since {_dotted(row.since)})" for row in rows)
+    return f"vLLM {name} rules, unlike {'.'.join(map(str, NEWEST_VLLM))}: {parts}"
+
+
+def _dotted(version: VllmVersion) -> str:
+    return ".".join(map(str, version))
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, tuple):
+        return f"{len(value)} names" if len(value) > 3 else "/".join(value) or "none"
+    if isinstance(value, dict):
+        return ",".join(f"{key}:{item}" for key, item in value.items())
+    return str(value)
