@@ -289,3 +289,10 @@ def test_plan_json_and_text_name_the_rules_used() -> None:
     assert "budget_non_kv_formula" not in rules  # informational rows change no figure
     assert "vLLM 0.25.1 rules, unlike 0.33.0: fit_check_null_block=False (since 0.10.0)" in plan_text(old)
     assert "vLLM 0.33.0 rules: as 0.33.0 (newest known)" in plan_text(new)
+
+
+def test_docs_table_matches_the_rules() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "vllm-accounting.md").read_text()
+    section = text.split("## What changed between versions", 1)[1]
+    for row in RULES:
+        assert f"| {row.name} | {'.'.join(map(str, row.since))} |" in section, row
