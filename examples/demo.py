@@ -5,11 +5,14 @@
    `vllm-glm5` service at 8,192 tokens. vLLM is played by ctxmgr's stand-in (vLLM's own log lines and
    HTTP API) — or, with CTXMGR_DEMO_VLLM=real (`make demo-real`), by the real vLLM CPU build serving a
    tiny Llama.
-3. `ctxmgr set-context 200000` planned from estimates: the start's real activation peak is larger,
-   vLLM refuses the KV cache, ctxmgr rolls back by itself and keeps what vLLM logged.
-4. The same request again: the plan is calibrated by that start, raises the utilisation, and succeeds.
+3. `ctxmgr plan --service`: from estimates alone 200,000 looks easy; but the service is running, and
+   its journal holds what vLLM logged at its start (a far larger activation peak than any estimate).
+4. `ctxmgr set-context 200000` learns from that start first, raises the utilisation to what the real
+   numbers need, and succeeds on the first restart.
 5. The same request once more changes nothing; a context above the model's maximum is refused.
-6. `ctxmgr history`.
+6. A change forced past the plan (`--force`, at a utilisation the plan says is too small): vLLM refuses
+   the KV cache and ctxmgr rolls back by itself, byte for byte.
+7. `ctxmgr history`.
 Without root (a private systemd needs it) the demo says why and runs the planner part only.
 """
 
@@ -41,7 +44,8 @@ def banner(text: str) -> None:
 
 
 def ctxmgr(*args: str, check_codes: tuple[int, ...] = (0,)) -> int:
-    cmd = [sys.executable, "-m", "vllm_ctxmgr", *args]
+    binary = os.environ.get("CTXMGR_BIN")  # the installed wheel's ctxmgr, where make gives one
+    cmd = [*([binary] if binary else [sys.executable, "-m", "vllm_ctxmgr"]), *args]
     print("$ ctxmgr " + " ".join(args), flush=True)
     code = subprocess.run(cmd).returncode
     print(f"(exit {code})", flush=True)
@@ -96,18 +100,20 @@ def main() -> int:
         banner(f"The demo service {SERVICE} (vLLM played by the stand-in: vLLM 0.33's own lines and API)")
         print(unit)
         _wait_serving(port)
+        banner("plan 200000 from estimates alone (a model dir, no service): it looks easy")
+        ctxmgr("plan", "200000", "--model", str(GLM5_CONFIG_DIR), "-tp", "8", *offline_gpu_args())
         change = [*base, "set-context", "200000", "--service", SERVICE, *offline_gpu_args(), "--yes"]
-        banner(
-            "set-context 200000, planned from estimates: vLLM finds the KV cache too small; ctxmgr rolls back"
-        )
-        ctxmgr(*change, check_codes=(1,))
-        banner("set-context 200000 again: the plan is now calibrated by what that start logged")
+        banner("set-context 200000: first learn from the running instance's journal, then one restart")
         ctxmgr(*change)
         banner("Asking again changes and restarts nothing")
         ctxmgr(*change)
         banner("set-context 300000: above the model's 202,752 positions, refused before anything is touched")
         too_long = [*base, "set-context", "300000", "--service", SERVICE, *offline_gpu_args(), "--yes"]
         ctxmgr(*too_long, check_codes=(3,))
+        banner("set-context 202752 forced at utilisation 0.80: vLLM refuses the KV cache, ctxmgr rolls back")
+        forced = [*base, "set-context", "202752", "--service", SERVICE, *offline_gpu_args(), "--yes"]
+        forced += ["--force", "--gpu-memory-utilization", "0.8"]
+        ctxmgr(*forced, check_codes=(1,))
         banner("history")
         ctxmgr(*base, "history", "--service", SERVICE)
     return 0

@@ -105,9 +105,19 @@ def test_a_start_vllm_rejects_is_rolled_back_by_itself(sandbox, install_unit, wo
     )
     state = workdir / "state"
     before = path.read_bytes()
+    # planned from what the running instance logged at its start, 200,000 does not fit: no restart
     code, data, err = ctxmgr(
         sandbox, state, "set-context", "200000", "--service", name, *offline_gpu_args(), "--yes", "--json"
     )
+    assert code == 3, err
+    assert data["result"] == "infeasible" and data["plan"]["max_context"] < 200_000
+    assert any("learned from the running instance" in note for note in data["plan"]["notes"])
+    assert path.read_bytes() == before
+    # forced past the plan, vLLM has the last word: it refuses the KV cache and ctxmgr rolls back
+    code, data, err = ctxmgr(
+        sandbox, state, "set-context", "200000", "--service", name, *offline_gpu_args(), "--yes", "--json",
+        "--force",
+    )  # fmt: skip
     assert code == 1, err
     assert data["result"] == "rolled-back"
     assert "estimated maximum model length is" in data["decisive_line"]
@@ -121,6 +131,35 @@ def test_a_start_vllm_rejects_is_rolled_back_by_itself(sandbox, install_unit, wo
     code, hist, _ = ctxmgr(sandbox, state, "history", "--service", name, "--json")
     last = hist["revisions"][-1]
     assert last["state"] == "rolled-back" and "KV cache" in last["reason"]
+
+
+def test_the_first_restart_is_the_right_one_on_a_service_ctxmgr_did_not_start(  # type: ignore[no-untyped-def]
+    sandbox, install_unit, workdir
+) -> None:
+    """Issue 10: started by hand, the service's journal already holds vLLM's own numbers; with a 16 GiB
+    activation peak no estimate knows, planning from estimates failed the first restart. Learning
+    from the running instance first, the one restart succeeds."""
+    name = "vllm-it-learn"
+    unit, port, _path = start_service(
+        sandbox, install_unit, workdir, name, environment={"CTXMGR_STANDIN_ACTIVATION_GIB": "16"}
+    )
+    glm5 = str(REPO / "examples" / "models" / "glm-5")
+    plan = ("plan", "200000", "--model", glm5, "-tp", "8", *offline_gpu_args(), "--json")
+    estimated = run_ctxmgr(sandbox.pid, workdir / "estimates", *plan)
+    code, data, err = ctxmgr(
+        sandbox, workdir / "state", "set-context", "200000", "--service", name, *offline_gpu_args(), "--yes",
+        "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert data["result"] == "applied"
+    assert any("learned from the running instance" in note for note in data["plan"]["notes"])
+    # the real numbers need more memory than the estimates said: a higher utilisation
+    assert data["gpu_memory_utilization"] > estimated.data["gpu_memory_utilization"]
+    assert served_max_model_len(port) == 200_000
+    assert sandbox.systemd.is_active(unit)
+    _code, hist, _ = ctxmgr(sandbox, workdir / "state", "history", "--service", name, "--json")
+    changes = [r["state"] for r in hist["revisions"] if r["action"] == "set-context"]
+    assert changes == ["final"]  # one restart, no failed try before it
 
 
 def test_context_above_the_model_maximum_is_refused_before_anything_is_touched(  # type: ignore[no-untyped-def]

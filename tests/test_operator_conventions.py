@@ -57,9 +57,9 @@ def test_changes_are_in_the_journal_with_priority_and_fields(sandbox, install_un
         sandbox, install_unit, workdir, name, environment={"CTXMGR_STANDIN_KV_CAPACITY_TOKENS": "150000"}
     )
     state = workdir / "state"
-    # planned from estimates, 200,000 does not fit the real start: rolled back
+    # forced past the plan, vLLM refuses the KV cache: rolled back
     failed = run_ctxmgr(sandbox.pid, state, "set-context", "200000", "--service", name, *offline_gpu_args(),
-                        "--yes", "--json")  # fmt: skip
+                        "--yes", "--json", "--force")  # fmt: skip
     assert failed.code == 1 and failed.data["result"] == "rolled-back", failed.stderr
     args = ("set-context", "16384", "--service", name, *offline_gpu_args(), "--yes", "--json")
     ok = run_ctxmgr(sandbox.pid, state, *args)
@@ -126,6 +126,7 @@ def test_an_observation_exported_on_one_host_calibrates_the_plan_on_the_next(
     env = {"CTXMGR_STANDIN_KV_CAPACITY_TOKENS": "150000"}  # the real starts hold fewer tokens than estimated
     start_service(sandbox, install_unit, workdir, "vllm-host1", environment=env)
     start_service(sandbox, install_unit, workdir, "vllm-host2", environment=env)
+    sandbox.systemd.stop("vllm-host2.service")  # not running: nothing of its own to learn from
     host1, host2 = workdir / "state-host1", workdir / "state-host2"
     plan = ("plan", "200000", "--service", "vllm-host2", *offline_gpu_args(), "--json")
     before = run_ctxmgr(sandbox.pid, host2, *plan)

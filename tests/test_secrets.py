@@ -95,14 +95,15 @@ def _wrapper_failing_with_the_keys(directory: Path) -> Path:
     """The stand-in, except that a start asked for max_model_len 100000 fails as vLLM's argparse does
     when it is given a value it does not take, quoting the key (a decisive line, exit status 2)."""
     wrapper = make_vllm_wrapper(directory)
-    standin = wrapper.read_text().split("\n", 1)[1]
+    standin = wrapper.rename(wrapper.with_name("vllm-standin"))
     wrapper.write_text(
         "#!/bin/sh\n"
         'case " $* " in *" --max-model-len 100000 "*)\n'
         '  echo "usage: vllm serve [model_tag] [options]" >&2\n'
         f'  echo "vllm serve: error: unrecognized arguments: {K2}" >&2\n'
-        "  exit 2;;\nesac\n" + standin
+        f'  exit 2;;\nesac\nexec {standin} "$@"\n'
     )
+    wrapper.chmod(0o755)
     return wrapper
 
 

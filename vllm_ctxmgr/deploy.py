@@ -623,6 +623,7 @@ def set_context(deployer: Deployer, request: SetContextRequest) -> ChangeResult:
         else:
             deployer.recover_if_needed()
         view = read_service(systemd, deployer.service)
+        learned = learn_from_running_instance(deployer, view)
         observations = observations_from_store(store.observations())
         pids = tuple(systemd.unit_processes(view.name))
         planning = replace(
@@ -631,6 +632,8 @@ def set_context(deployer: Deployer, request: SetContextRequest) -> ChangeResult:
             fixed_gpu_memory_utilization=request.gpu_memory_utilization,
         )
         plan = plan_for(view.args, planning, pids, observations)
+        if learned:
+            plan = replace(plan, notes=(learned, *plan.notes))
         result = ChangeResult(
             deployer.service,
             "set-context",
@@ -971,6 +974,44 @@ def observe_last_start(deployer: Deployer) -> dict[str, Any]:
     if metrics.get("num_gpu_blocks", "").isdigit():
         data["num_gpu_blocks"] = int(metrics["num_gpu_blocks"])
     return {"service": deployer.service, "observation": data, "lines": len(messages)}
+
+
+def learn_from_running_instance(deployer: Deployer, view: ServiceView) -> str | None:
+    """Before the first plan of a running service, keep what its last start logged; say so, or why not.
+
+    A service ctxmgr did not start has vLLM's own figures in its journal ("Model loading took",
+    "Available KV cache memory", the CUDA-graph estimate): planning from them makes the first restart
+    the right one. Only when no observation of this unit at this vLLM version is stored yet.
+    """
+    if not deployer.systemd.is_active(deployer.unit):
+        return None
+    version = view.args.vllm_version
+    for record in deployer.store.observations():
+        same_version = version is None or record.get("vllm_version") in (version, None)
+        if record.get("service") == deployer.service and same_version:
+            return None
+    try:
+        data = observe_last_start(deployer)
+    except CtxmgrError:
+        return (
+            f"the journal no longer holds the start of the running {deployer.unit} (rotated?): "
+            "planned from estimates"
+        )
+    except PermissionError as exc:
+        return f"could not keep what the running instance logged ({exc.filename}: permission denied)"
+    obs = data["observation"]
+    figures = ", ".join(
+        f"{name} {obs[key]}"
+        for key, name in (
+            ("model_loading_gib", "weights GiB"),
+            ("available_kv_gib", "KV GiB"),
+            ("cuda_graph_gib", "CUDA graphs GiB"),
+            ("kv_cache_tokens", "KV tokens"),
+        )
+        if obs.get(key) is not None
+    )
+    lines = data["lines"]
+    return f"learned from the running instance's last start ({lines} journal lines: {figures or 'none'})"
 
 
 @dataclass(frozen=True)

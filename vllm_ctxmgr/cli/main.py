@@ -40,6 +40,7 @@ from vllm_ctxmgr.deploy import (
     ChangeResult,
     SetContextRequest,
     history,
+    learn_from_running_instance,
     observe_last_start,
     rollback,
     set_context,
@@ -219,14 +220,17 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     service_pids: tuple[int, ...] = ()
     observations: list[Any] = []
     mismatch: str | None = None
+    learned: str | None = None
     if model:
         args = ServeArgs(model=model, **overrides)
     else:
         if unit_file:
             view = view_from_unit(ServiceUnit.load_with_dropins(unit_file))
         else:
-            systemd = systemd_for(ctx)
-            view = read_service(systemd, canonical_unit(systemd, service))  # type: ignore[arg-type]
+            deployer = deployer_for(ctx, service, True, 60.0)  # type: ignore[arg-type]
+            systemd = deployer.systemd
+            view = read_service(systemd, deployer.unit)
+            learned = learn_from_running_instance(deployer, view)
             service_pids = tuple(systemd.unit_processes(view.name))
             observations = stored_observations(ctx.find_root().obj["state_dir"], view.name)
             mismatch = running_argv_mismatch(systemd, view)
@@ -238,6 +242,8 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     result = plan_for(args, request, service_pids, observations)
     if mismatch:
         result = replace(result, warnings=(mismatch, *result.warnings))
+    if learned:
+        result = replace(result, notes=(learned, *result.notes))
     verdict = plan_verdict(result)
     if as_json:
         emit_json(
