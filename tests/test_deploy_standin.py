@@ -151,7 +151,7 @@ def test_the_first_restart_is_the_right_one_on_a_service_ctxmgr_did_not_start(  
         "--json",
     )  # fmt: skip
     assert code == 0, err
-    assert data["result"] == "applied"
+    assert data["result"] == "applied" and data["revision"] == 1  # after the baseline (0)
     assert any("learned from the running instance" in note for note in data["plan"]["notes"])
     # the real numbers need more memory than the estimates said: a higher utilisation
     assert data["gpu_memory_utilization"] > estimated.data["gpu_memory_utilization"]

@@ -366,6 +366,7 @@ class Deployer:
         path = Path(rev.unit_path)
         if rev.state is State.PLANNED:
             change.enter(State.RECORDED, _describe(rev))
+        result.revision = rev.number  # recording the revision is what numbers it
         self.on_step(f"installing {path} (revision {rev.number})")
         change.enter(State.INSTALLED, f"installing {path}")
         self._install(path, change.new)
