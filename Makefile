@@ -73,6 +73,9 @@ fleet-demo: setup fleet-deps
 bench: setup
 	$(PY) benchmarks/plan_speed.py
 	$(PY) benchmarks/verdict_latency.py
+	$(PY) benchmarks/calibration_logs.py
+	$(PY) benchmarks/campaign_model_files.py
+	$(PY) benchmarks/crash_campaign.py
 
 clean:
 	rm -rf $(VENV) $(ANSIBLE_VENV) .cache .pytest_cache
