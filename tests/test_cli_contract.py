@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from vllm_ctxmgr.cli.common import SCHEMA_VERSION
 from vllm_ctxmgr.cli.main import main
@@ -254,3 +256,39 @@ def test_nan_is_refused_as_not_finite() -> None:
     """A plain FloatRange lets nan through: every comparison with nan is false."""
     code, _, err = run("plan", "8192", "--model", GLM5, "--gpu-memory-utilization", "nan")
     assert code == ExitCode.USAGE and "finite" in err
+
+
+# ---- fuzz: any value of any plan option (issue 9: exit 0, 2, 3 or 6 only; never unhandled) --------
+
+VALUE = st.one_of(
+    st.integers(min_value=-(10**20), max_value=10**20).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from(["", "auto", "-1", "0", "1e30", "20g", "20G", "7", "nan", "inf", "1.5", "abc", "--json"]),
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12),
+)
+OPTIONS = ["--gpu-memory-utilization", "--block-size", "--max-num-seqs", "--max-num-batched-tokens",
+           "--kv-cache-memory-bytes", "--gpu-memory", "--gpu-count", "--weights-bytes", "--vllm-version",
+           "-tp", "-pp", "-dcp", "--kv-cache-dtype", "--max-gpu-memory-utilization", "--concurrency",
+           "--max-model-len"]  # fmt: skip
+
+
+@settings(max_examples=150, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
+@given(context=VALUE, picks=st.lists(st.tuples(st.sampled_from(OPTIONS), VALUE), max_size=4))
+def test_any_plan_values_give_a_verdict_or_a_one_line_error(
+    context: str, picks: list[tuple[str, str]]
+) -> None:
+    args = ["plan", context, "--model", LLAMA70B]
+    for option, value in picks:
+        args += [option, value]
+    code, out, err = run(*args)
+    assert code in (0, 2, 3, 6), (args, code, out, err)
+    assert "unexpected error" not in out + err and "Traceback" not in out + err
+
+
+def test_a_gpu_far_smaller_than_the_weights_draws_a_full_bar_not_a_gigabyte_one() -> None:
+    """Found by the fuzz test above: `--gpu-memory 1` scaled the memory bar to 1 byte (MemoryError)."""
+    code, out, err = run(
+        "plan", "1", "--model", LLAMA70B, "-tp", "4", "--gpu-memory", "1", "--weights-bytes", "1GiB"
+    )
+    assert code == ExitCode.INFEASIBLE, err
+    assert max(len(line) for line in out.splitlines()) < 300

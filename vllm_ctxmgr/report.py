@@ -106,7 +106,8 @@ def bar(parts: list[tuple[str, int]], total: int, width: int | None = None) -> s
     width = width or max(20, min(60, shutil.get_terminal_size((100, 20)).columns - 50))
     cells: list[str] = []
     for char, size in parts:
-        cells.extend(char * round(width * max(size, 0) / total) if total else "")
+        # a part larger than the whole (a GPU too small for its weights) fills the bar, never more
+        cells.extend(char * min(width, round(width * max(size, 0) / total)) if total > 0 else "")
     text = "".join(cells)[:width]
     return "[" + text.ljust(width, ".") + "]"
 
