@@ -34,6 +34,11 @@ from vllm_ctxmgr.systemd.render import render
 
 # EnvironmentFile= is read here, not by systemd: a FIFO or /dev/zero must not hang ctxmgr
 ENV_FILE_MAX_BYTES = 1 << 20
+# systemd's config_parse() reads lines of at most LONG_LINE_MAX bytes (a continued line included) and
+# refuses the whole unit past it ("Line too long")
+LONG_LINE_MAX = 1 << 20
+# no unit file is near this; ctxmgr must not read a runaway file whole
+UNIT_FILE_MAX_BYTES = 4 * LONG_LINE_MAX
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,7 @@ class UnitFile:
         backslashes continues: that backslash becomes a space, comment lines after it are skipped and
         the next other line is joined (an empty line ends the value)."""
         unit = cls(Path(path), text)
+        _check_loadable_text(path, text)
         section = ""
         lines: list[tuple[int, int]] = []  # (start, end without the newline), split on "\n" as systemd
         pos = 0
@@ -101,6 +107,12 @@ class UnitFile:
                 offsets += range(begin, stop)
                 held.append((begin, stop))
             logical = "".join(chars)
+            if len(held) > 1 and _utf8_len(logical) > LONG_LINE_MAX:
+                line_no = text.count("\n", 0, held[0][0]) + 1
+                raise UnitError(
+                    f"{path}:{line_no}: a continued line longer than {LONG_LINE_MAX} bytes "
+                    "(systemd refuses to load the unit)"
+                )
             stripped = logical.strip(WHITESPACE)
             if not stripped:
                 continue
@@ -142,6 +154,26 @@ class UnitFile:
         return self.text[assignment.start : assignment.end]
 
 
+def _utf8_len(text: str) -> int:
+    return len(text) if len(text) * 4 <= LONG_LINE_MAX else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _check_loadable_text(path: Path | str, text: str) -> None:
+    """What makes systemd read a unit otherwise than ctxmgr would, or not at all: a NUL byte (systemd's
+    read_line() ends the line there, so the rest of it becomes a line of its own) and a line longer than
+    LONG_LINE_MAX. Refused with the file and line, before anything is planned from it."""
+    nul = text.find("\0")
+    if nul >= 0:
+        line_no = text.count("\n", 0, nul) + 1
+        raise UnitError(f"{path}:{line_no}: a NUL byte (systemd would read it as the end of the line)")
+    for line_no, line in enumerate(text.split("\n"), start=1):
+        if _utf8_len(line) > LONG_LINE_MAX:
+            raise UnitError(
+                f"{path}:{line_no}: a line longer than {LONG_LINE_MAX} bytes "
+                "(systemd refuses to load the unit)"
+            )
+
+
 def _is_comment(line: str) -> bool:
     head = line.lstrip(WHITESPACE)
     return bool(head) and head[0] in "#;"
@@ -165,19 +197,15 @@ class ServiceUnit:
     def load(
         cls, name: str, fragment: Path | str, dropins: Sequence[Path | str] = (), root: Path = Path("/")
     ) -> ServiceUnit:
+        """Read the fragment and drop-ins as systemd would load them, refusing what it would refuse
+        (plan --unit, plan --service and set-context all come here)."""
         files = []
         for path in [Path(fragment), *map(Path, dropins)]:
-            host = _host(path, root)
-            try:
-                text = host.read_text()
-            except FileNotFoundError:
-                raise UnitError(f"{path}: no such unit file") from None
-            except UnicodeDecodeError:
-                raise UnitError(f"{path}: not a text file") from None
-            except OSError as exc:
-                raise UnitError(f"{path}: cannot be read: {exc.strerror}") from None
+            text = _read_bounded(_host(path, root), path, "unit file", UNIT_FILE_MAX_BYTES)
             files.append(UnitFile.parse(path, text))
-        return cls(name, tuple(files))
+        unit = cls(name, tuple(files))
+        unit.check_exec_start_count()
+        return unit
 
     @classmethod
     def load_with_dropins(cls, path: Path | str, root: Path = Path("/")) -> ServiceUnit:
@@ -204,6 +232,27 @@ class ServiceUnit:
         if found is None:
             raise UnitError(f"{self.name}: no ExecStart= in [Service]")
         return found
+
+    def check_exec_start_count(self) -> None:
+        """service_verify() of systemd: more than one ExecStart= (after the resets an empty one makes)
+        is refused unless Type=oneshot; ctxmgr would otherwise plan from one of two commands."""
+        entries: list[tuple[UnitFile, Assignment]] = []
+        service_type = "simple"
+        for unit_file in self.files:
+            for a in unit_file.assignments:
+                if a.section != "Service":
+                    continue
+                if a.key == "ExecStart":
+                    entries = [] if a.value.strip() == "" else [*entries, (unit_file, a)]
+                elif a.key == "Type":
+                    service_type = a.value.strip() or "simple"
+        if len(entries) > 1 and service_type != "oneshot":
+            unit_file, second = entries[1]
+            line_no = unit_file.text.count("\n", 0, second.start) + 1
+            raise UnitError(
+                f"{unit_file.path}:{line_no}: a second ExecStart= in a Type={service_type} service "
+                "(systemd refuses to load it: only Type=oneshot may have several)"
+            )
 
     def service_values(self, key: str) -> list[str]:
         """A list setting across the fragment and drop-ins; an empty assignment resets it."""
@@ -271,28 +320,39 @@ def read_environment_file(value: str, root: Path = Path("/")) -> dict[str, str]:
     return env
 
 
-def _read_bounded(host: Path, path: Path) -> str:
+def _read_bounded(
+    host: Path, path: Path, what: str = "EnvironmentFile", limit: int = ENV_FILE_MAX_BYTES
+) -> str:
+    """A regular file of at most `limit` bytes, as UTF-8: O_NONBLOCK and fstat first, so a FIFO or a
+    device given as a file is refused instead of hanging ctxmgr or reading for ever."""
     try:
         fd = os.open(host, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except FileNotFoundError:
-        raise UnitError(f"EnvironmentFile {path}: no such file") from None
+        raise UnitError(f"{what} {path}: no such file") from None
     except OSError as exc:
-        raise UnitError(f"EnvironmentFile {path} cannot be read: {exc.strerror}") from None
+        raise UnitError(f"{what} {path} cannot be read: {exc.strerror}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise UnitError(f"EnvironmentFile {path} is not a regular file")
-        if info.st_size > ENV_FILE_MAX_BYTES:
-            raise UnitError(f"EnvironmentFile {path} is larger than {ENV_FILE_MAX_BYTES} bytes")
-        data = os.read(fd, ENV_FILE_MAX_BYTES + 1)
+            raise UnitError(f"{what} {path} is not a regular file")
+        if info.st_size > limit:
+            raise UnitError(f"{what} {path} is larger than {limit} bytes")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        data = b"".join(chunks)
     finally:
         os.close(fd)
-    if len(data) > ENV_FILE_MAX_BYTES:
-        raise UnitError(f"EnvironmentFile {path} is larger than {ENV_FILE_MAX_BYTES} bytes")
+    if len(data) > limit:
+        raise UnitError(f"{what} {path} is larger than {limit} bytes")
     try:
         return data.decode()
     except UnicodeDecodeError:
-        raise UnitError(f"EnvironmentFile {path} is not UTF-8 text") from None
+        raise UnitError(f"{what} {path} is not UTF-8 text") from None
 
 
 # ---------------------------------------------------------------------------------------------
