@@ -76,6 +76,12 @@ class LayerFacts:
 
 @dataclass(frozen=True)
 class RopeFacts:
+    """One RoPE scaling entry (rope_parameters, the legacy rope_scaling dict, or GGUF rope keys).
+
+    vLLM multiplies the derived max_model_len by `factor` unless the type is exempt; LongRoPE serves
+    original_max_position_embeddings by default, and 0.11 scaled yarn from it.
+    """
+
     rope_type: str
     factor: float | None = None
     original_max_position_embeddings: int | None = None
@@ -119,17 +125,21 @@ class ModelFacts:
 
     @property
     def num_hidden_layers(self) -> int:
+        """vLLM's num_hidden_layers: the decoder layers it builds (MTP excluded), each a piecewise graph."""
         return len(self.layers)
 
     def count(self, kind: LayerKind) -> int:
+        """Layers of one kind: Mamba layers switch vLLM's mamba cache mode and default model runner."""
         return sum(1 for layer in self.layers if layer.kind == kind)
 
     @property
     def is_mla(self) -> bool:
+        """vLLM's use_mla: the latent cache is one head replicated on every TP rank, on MLA backends."""
         return any(layer.kind == LayerKind.MLA for layer in self.layers)
 
     @property
     def has_indexer(self) -> bool:
+        """DeepSeek sparse attention: an indexer K cache per layer, sparse-MLA backends, fp8_ds_mla."""
         return any(layer.indexer_head_dim for layer in self.layers)
 
 
@@ -235,6 +245,9 @@ DTYPE_BYTES: dict[str, int] = {
 
 
 def dtype_bytes(dtype: str) -> int:
+    """vLLM's get_dtype_size for the dtype names configs and flags use; ValueError on an unknown name,
+    so no KV size is ever computed from a guessed width.
+    """
     try:
         return DTYPE_BYTES[dtype]
     except KeyError:

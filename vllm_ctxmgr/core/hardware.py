@@ -14,6 +14,10 @@ GIB = 1 << 30
 
 @dataclass(frozen=True)
 class GpuProcess:
+    """A process holding GPU memory (NVML): the plan counts other processes' memory as taken and the
+    service's own as freed by its restart.
+    """
+
     pid: int
     name: str
     used_bytes: int | None  # None where the driver does not say (MIG, some containers)
@@ -21,6 +25,10 @@ class GpuProcess:
 
 @dataclass(frozen=True)
 class GpuInfo:
+    """One GPU as NVML, a `ctxmgr gpus --json` file or --gpu-memory reports it: the memory a plan
+    divides, and the compute capability that picks vLLM's backend (None: guessed from the name).
+    """
+
     index: int
     name: str
     total_bytes: int
@@ -33,6 +41,8 @@ class GpuInfo:
 
 @dataclass(frozen=True)
 class GpuState:
+    """The GPUs a plan is made for and where their figures came from (NVML, a file, flags), for citing."""
+
     gpus: tuple[GpuInfo, ...]
     source: str  # "nvml" | "flags" | path of a `ctxmgr gpus --json` file
     driver_version: str | None = None
@@ -53,6 +63,7 @@ class GpuState:
         return GpuState(tuple(chosen), self.source, self.driver_version, self.notes)
 
     def to_json(self) -> dict:
+        """What `ctxmgr gpus --json` prints, so `nvml.gpus_from_file` can plan for this host elsewhere."""
         return {
             "source": self.source,
             "driver_version": self.driver_version,
@@ -122,10 +133,14 @@ class Platform:
 
     @property
     def is_cpu(self) -> bool:
+        """vLLM's CPU build: its own backends and batch defaults, no CUDA context, KV budget from
+        VLLM_CPU_KVCACHE_SPACE.
+        """
         return self.device_type == "cpu"
 
     @property
     def is_cuda(self) -> bool:
+        """vLLM's current_platform.is_cuda(): only there do compute-capability rules (backends) apply."""
         return self.device_type == "cuda"
 
     @property
@@ -162,6 +177,10 @@ class Platform:
 
 
 def capability_for_name(name: str) -> tuple[int, int] | None:
+    """The compute capability a GPU name implies ("NVIDIA H200" -> (9, 0)), for GPU lists without one.
+
+    The first substring in _CAPABILITY_BY_NAME wins, so longer names come first; None: unknown.
+    """
     lowered = name.lower()
     for needle, capability in _CAPABILITY_BY_NAME:
         if needle in lowered:

@@ -78,6 +78,7 @@ class Term:
 
     @classmethod
     def estimate(cls, value: int, source: str, spread: float) -> Term:
+        """A guessed term: `spread` is the fraction it may be off, kept in bytes for the plan's margin."""
         return cls(int(value), source, True, int(value * spread))
 
 
@@ -99,6 +100,7 @@ class NonKvMemory:
         return Term(bytes_, peak.source, peak.estimated, peak.spread)
 
     def estimated_terms(self, graphs_in_budget: bool) -> tuple[str, ...]:
+        """The guessed, nonzero terms (CUDA graphs where counted): the ones a plan must name as estimates."""
         names = ["activation_peak", "non_torch", "startup_overhead"]
         if graphs_in_budget or self.cuda_graphs.bytes:
             names.append("cuda_graphs")
@@ -182,6 +184,9 @@ def sampler_bytes_per_element(facts: ModelFacts, version: VllmVersion) -> int:
 
 
 def sampler_bytes(facts: ModelFacts, num_reqs: int, version: VllmVersion) -> int | None:
+    """`_dummy_sampler_run`'s peak over num_reqs x vocab_size logits; None without a vocab_size, so
+    the pass is left out rather than guessed.
+    """
     if not facts.vocab_size:
         return None
     return num_reqs * facts.vocab_size * sampler_bytes_per_element(facts, version)

@@ -10,6 +10,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Observation:
+    """vLLM's own memory figures from one start, kept so the next plan uses them instead of estimates.
+
+    The figures are that start's journal lines (num_gpu_blocks: /metrics); None where it logged none.
+    """
+
     vllm_version: str | None = None
     platform: str | None = None  # "GPU" | "CPU": the first word of the capacity line
     max_model_len: int | None = None  # "Using max model len N" / auto-fit result

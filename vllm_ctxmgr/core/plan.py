@@ -145,11 +145,17 @@ class Figure:
     source: str
 
     def to_json(self) -> FigureRecord:
+        """A FigureRecord, the form every figure takes in a stored plan (StoredPlan.figure reads it)."""
         return {"bytes": self.bytes, "source": self.source}
 
 
 @dataclass(frozen=True)
 class PlanOptions:
+    """What the caller decides beyond model, flags and GPUs: the target, the caps and margins, overrides.
+
+    Filled by planning.plan_for from the CLI's flags; the defaults are the planner's policy.
+    """
+
     target_context: int
     derived_max_model_len: int | None = None  # None: ask facts.derived_max_model_len
     derived_max_model_len_key: str | None = None
@@ -192,6 +198,7 @@ class GpuMemory:
     max_gpu_memory_utilization: float  # the most vLLM's startup free-memory check allows here
 
     def to_json(self) -> dict:
+        """One GPU line of PlanRecord["gpus"], every figure a FigureRecord, so verify can recheck margins."""
         data: dict = {"index": self.index, "name": self.name, "pipeline_stage": self.pipeline_stage}
         for name in (
             "total",
@@ -233,6 +240,7 @@ class Alternative:
     rank: int = 0
 
     def to_json(self) -> dict:
+        """One entry of PlanRecord["alternatives"]: another way to the target, with its flags and figures."""
         return {
             "rank": self.rank,
             "name": self.name,
@@ -265,6 +273,7 @@ class KVCapacity:
     max_concurrency: float  # rounded to two decimals, as vLLM's %.2f prints it
 
     def to_json(self) -> dict[str, Any]:
+        """One entry of PlanRecord["capacity"], to compare with the "GPU KV cache size" a start logs."""
         return {
             "gpus": list(self.gpus),
             "num_gpu_blocks": self.num_gpu_blocks,
@@ -275,6 +284,11 @@ class KVCapacity:
 
 @dataclass(frozen=True)
 class Plan:
+    """The planner's answer: flags and environment to set (or why not), every figure with its source.
+
+    Made by make_plan; `to_json` is what `ctxmgr plan --json` prints and each revision stores.
+    """
+
     feasible: bool
     reason: str  # one line: why it is (in)feasible
     verdict: str  # the memory verdict: "fits", "does not fit", "weights unknown ...", ...
@@ -305,6 +319,7 @@ class Plan:
 
     @property
     def max_concurrency(self) -> float | None:
+        """vLLM's "Maximum concurrency for max_model_len tokens per request" of the smallest pool."""
         return min((c.max_concurrency for c in self.capacity), default=None)
 
     def vllm_rules(self) -> list[VllmRuleRecord]:
@@ -316,6 +331,7 @@ class Plan:
         ]
 
     def to_json(self) -> PlanRecord:
+        """The PlanRecord each revision stores, read back long after through StoredPlan."""
         return {
             "schema": PLAN_SCHEMA,
             "feasible": self.feasible,
@@ -357,11 +373,15 @@ class Plan:
 
 
 class FigureRecord(TypedDict):
+    """A Figure in a stored plan: bytes (None where unknown) and where they came from."""
+
     bytes: int | None
     source: str
 
 
 class VllmRuleRecord(TypedDict):
+    """One version rule a stored plan followed: its name, the release it holds since, its value."""
+
     rule: str
     since: str
     value: Any
@@ -377,6 +397,8 @@ def _json_value(value: Any) -> Any:
 
 
 class PlatformRecord(TypedDict):
+    """The platform a stored plan was made for: Platform without its batch-default inputs."""
+
     device_type: str
     compute_capability: tuple[int, int] | list[int] | None
     device_name: str | None
@@ -447,6 +469,7 @@ class StoredPlan:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> StoredPlan:
+        """Refuses a newer ctxmgr's record (its keys may mean other things); none or an old one: schema 1."""
         data = data or {}
         schema = data.get("schema", 1)
         if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
@@ -459,6 +482,7 @@ class StoredPlan:
 
     @property
     def schema(self) -> int:
+        """PLAN_SCHEMA of the ctxmgr that stored the plan; 1 for plans stored before the key existed."""
         return int(self.record.get("schema", 1))
 
     @property
@@ -474,23 +498,28 @@ class StoredPlan:
 
     @property
     def max_model_len(self) -> int | None:
+        """The --max-model-len planned: the plan's margins hold only while the unit still runs it."""
         return _record_int(self.record.get("max_model_len"))
 
     @property
     def gpu_memory_utilization(self) -> float | None:
+        """The utilisation planned: a unit that runs another has its KV budgets moved from this one."""
         value = self.record.get("gpu_memory_utilization")
         return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
     @property
     def kv_cache_memory_bytes(self) -> int | None:
+        """The explicit KV budget planned (--kv-cache-memory-bytes): it does not move with utilisation."""
         return _record_int(self.record.get("kv_cache_memory_bytes"))
 
     @property
     def kv_bytes_per_token_per_gpu(self) -> int | None:
+        """Marginal KV bytes per token: turns a logged KV budget into tokens where vLLM logged none."""
         return _record_int(self.record.get("kv_bytes_per_token_per_gpu"))
 
     @property
     def layout(self) -> Mapping[str, Any]:
+        """The plan's KVCacheLayout.summary; {} for a plan stored without one."""
         layout = self.record.get("layout")
         return layout if isinstance(layout, Mapping) else {}
 
@@ -503,6 +532,7 @@ class StoredPlan:
 
     @property
     def block_size(self) -> int | None:
+        """Tokens per KV block the plan assumed (the attention backend's); None without a layout."""
         return _record_int(self.layout.get("block_size"))
 
     @property

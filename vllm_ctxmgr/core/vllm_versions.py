@@ -25,6 +25,11 @@ KV = "vllm/v1/core/kv_cache_utils.py"  # kv_cache_planning.py from 0.33.0
 
 @dataclass(frozen=True)
 class VersionRule:
+    """One row of RULES: from release `since` on, rule `name` is `value`, per the vLLM code `cites`.
+
+    `informational` rows change no figure ctxmgr computes; they keep the docs table complete.
+    """
+
     name: str
     since: VllmVersion
     value: Any
@@ -412,6 +417,7 @@ def rule(name: str, version: VllmVersion) -> Any:
 
 
 def rules_in_force(version: VllmVersion) -> list[VersionRule]:
+    """Every rule's row for `version`, in RULES order: what a plan lists as the rules it followed."""
     return [rule_row(name, version) for name in RULE_NAMES]
 
 

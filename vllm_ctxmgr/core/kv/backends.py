@@ -33,16 +33,25 @@ _DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp
 
 
 def is_quantized_kv_cache(kv_cache_dtype: str) -> bool:
+    """fp8 and nvfp4 caches: they pick the sparse-MLA backend and format, and a plan offers the fp8
+    alternative (or fp8 for DCP with DSA) only where the cache is not quantized already.
+    """
     return kv_cache_dtype.startswith("fp8") or kv_cache_dtype.startswith("nvfp4")
 
 
 def kv_dtype_bytes(kv_dtype: str) -> int:
+    """Element bytes of an explicit --kv-cache-dtype: every fp8 variant and packed MLA format stores one
+    byte per element (the packed formats' row size is PACKED_MLA_BYTES, not this).
+    """
     if kv_dtype in PACKED_MLA_BYTES or kv_dtype.startswith("fp8"):
         return 1
     return dtype_bytes(kv_dtype)
 
 
 def mla_content_bytes(layer: LayerFacts, kv_dtype: str, kv_bytes: int) -> int:
+    """One MLA layer's bytes per token, as mla_attention.py get_kv_cache_spec sizes it: the packed
+    formats' fixed row (fp8_ds_mla 656 B) or the latent's head_size x element bytes.
+    """
     return PACKED_MLA_BYTES.get(kv_dtype, layer.head_size * kv_bytes)
 
 
@@ -66,6 +75,9 @@ def _is_deepseek_v32(facts: ModelFacts) -> bool:
 
 
 def resolve_model_dtype(facts: ModelFacts, args: ServeArgs, platform: Platform) -> str:
+    """The dtype vLLM runs the model in (ModelConfig.dtype), which the `auto` KV cache dtype follows;
+    `--dtype auto` takes the platform's choice, an explicit name must be one dtype_bytes knows.
+    """
     requested = _DTYPE_ALIASES.get(args.dtype.lower(), args.dtype.lower())
     if requested == "auto":
         return platform.default_model_dtype(_DTYPE_ALIASES.get(facts.dtype, facts.dtype))

@@ -79,6 +79,9 @@ class KVCacheGroup:
 
     @property
     def kind(self) -> str:
+        """The group's spec kinds ("full", "mla+indexer"): how the plan's layout names it and which
+        alternatives apply.
+        """
         return "+".join(sorted({spec.kind for spec in self.specs}))
 
     @property
@@ -91,13 +94,16 @@ class KVCacheGroup:
 
     @property
     def block_size(self) -> int:
+        """vLLM's KVCacheGroupSpec: the group's layers share one block table, hence one block size."""
         return self.specs[0].block_size
 
     @property
     def grows_with_context(self) -> bool:
+        """Full-attention (and MLA) groups keep every token: only they cost more per extra context token."""
         return any(isinstance(spec, FullAttentionSpec) for spec in self.specs)
 
     def blocks_per_request(self, ctx: SizingContext) -> int:
+        """vLLM's UniformTypeKVCacheSpecs.max_memory_usage_bytes: the most pages any of its specs needs."""
         return max(spec.blocks_per_request(ctx) for spec in self.specs)
 
     def bytes_per_block(self, stage_layers: range | None = None) -> int:
@@ -158,6 +164,9 @@ class KVCacheLayout:
     # -- one request ----------------------------------------------------------------------------
 
     def group_blocks(self, max_model_len: int) -> tuple[int, ...]:
+        """Each group's blocks for one request, in group order: the terms vLLM sums in
+        _max_memory_usage_bytes_from_groups and get_max_concurrency_for_kv_cache_config.
+        """
         ctx = self._ctx(max_model_len)
         return tuple(group.blocks_per_request(ctx) for group in self.groups)
 
@@ -307,6 +316,9 @@ class KVCacheLayout:
         return int(self.max_concurrency(available_bytes, max_model_len) * max_model_len)
 
     def summary(self, max_model_len: int | None = None) -> dict:
+        """The layout as a stored plan keeps it (PlanRecord["layout"]); blocks_per_request per group only
+        when a max_model_len is given.
+        """
         groups = []
         blocks = self.group_blocks(max_model_len) if max_model_len else (None,) * len(self.groups)
         for group, group_blocks in zip(self.groups, blocks, strict=True):

@@ -53,6 +53,7 @@ class KVCacheSpec:
 
     @property
     def page_size_bytes(self) -> int:
+        """vLLM's KVCacheSpec.page_size_bytes: one block of one layer, what the pool's blocks are built of."""
         raise NotImplementedError
 
     @property
@@ -61,9 +62,11 @@ class KVCacheSpec:
         return 1
 
     def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
+        """vLLM's KVCacheSpec.max_memory_usage_bytes: one request of max_model_len on this layer."""
         raise NotImplementedError
 
     def blocks_per_request(self, ctx: SizingContext) -> int:
+        """vLLM's cdiv(max_memory_usage_bytes, page_size_bytes): the pages one request takes here."""
         return cdiv(self.max_memory_usage_bytes(ctx), self.page_size_bytes)
 
 
@@ -87,17 +90,22 @@ class AttentionSpec(KVCacheSpec):
 
     @property
     def state_content_size_bytes(self) -> int:
+        """vLLM's state_content_bytes: K + V of one head for one token; packed formats (fp8_ds_mla) set it."""
         if self.state_content_bytes is not None:
             return self.state_content_bytes
         return (self.head_size + self.head_size_v) * self.dtype_bytes
 
     @property
     def page_size_bytes(self) -> int:
+        """vLLM's AttentionSpec.page_size_bytes: heads x block_size x state_content_bytes, or the padded
+        page that page-size unification set.
+        """
         unpadded = self.num_kv_heads * self.block_size * self.state_content_size_bytes
         return self.page_size_padded if self.page_size_padded is not None else unpadded
 
     @property
     def block_stride_alignment(self) -> int:
+        """The sparse-MLA backends' customize_spec (align_blocks_to_rows): blocks a whole row apart."""
         return self.stride_alignment
 
 
@@ -111,6 +119,9 @@ class FullAttentionSpec(AttentionSpec):
     kind = "full"
 
     def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
+        """vLLM's FullAttentionSpec.max_memory_usage_bytes: cdiv(max_model_len, block_size) pages, with
+        the tokens split over the DCP ranks first.
+        """
         tokens = ctx.max_model_len
         if self.dcp_sharded and ctx.decode_context_parallel_size > 1:
             tokens = cdiv(tokens, ctx.decode_context_parallel_size)
@@ -131,6 +142,9 @@ class MLAAttentionSpec(FullAttentionSpec):
 
     @property
     def kind(self) -> str:  # type: ignore[override]
+        """The latent cache is "mla", the DSA indexer K cache "indexer": vLLM groups both as full
+        attention, the plan reports them apart.
+        """
         return "indexer" if self.cache_role == "indexer" else "mla"
 
 
@@ -147,6 +161,9 @@ class SlidingWindowSpec(AttentionSpec):
     kind = "sliding"
 
     def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
+        """vLLM's SlidingWindowSpec.max_memory_usage_bytes: window - 1 + tokens in flight (at most
+        max_model_len), plus one block for a window that straddles a block boundary.
+        """
         tokens = min(
             self.sliding_window - 1 + self.extra_retained_tokens + ctx.max_in_flight_tokens, ctx.max_model_len
         )
@@ -166,6 +183,9 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
     kind = "chunked"
 
     def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
+        """vLLM's ChunkedLocalAttentionSpec.max_memory_usage_bytes: one chunk + tokens in flight (at most
+        max_model_len), with no straddling block.
+        """
         tokens = min(self.attention_chunk_size + ctx.max_in_flight_tokens, ctx.max_model_len)
         return cdiv(tokens, self.block_size) * self.page_size_bytes
 
@@ -190,13 +210,20 @@ class MambaSpec(KVCacheSpec):
 
     @property
     def real_page_size_bytes(self) -> int:
+        """vLLM's MambaSpec page before padding: the state tensors' bytes (conv + ssm) on one TP rank."""
         return sum(math.prod(shape) * size for shape, size in zip(self.shapes, self.dtype_sizes, strict=True))
 
     @property
     def page_size_bytes(self) -> int:
+        """vLLM's MambaSpec.page_size_bytes: the padded page where the hybrid block alignment set
+        mamba_page_size_padded, else the real state bytes.
+        """
         return self.page_size_padded if self.page_size_padded is not None else self.real_page_size_bytes
 
     def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
+        """vLLM's MambaSpec.max_memory_usage_bytes: a fixed count of state pages per request by mamba cache
+        mode ("all": a page per block, as attention).
+        """
         if ctx.mamba_cache_mode == "all":  # 0.15-0.31 opt-in prefix caching of Mamba1/2: a page per block
             return cdiv(ctx.max_model_len, self.block_size) * self.page_size_bytes
         if ctx.mamba_cache_mode == "align":
@@ -276,6 +303,9 @@ def layer_specs(
     backend: AttentionBackend,
     mamba2_checkpoints: bool = True,
 ) -> list[KVCacheSpec]:
+    """One decoder layer's specs as its get_kv_cache_spec builds them (attention.py, mla_attention.py,
+    mamba layers); [] for a layer that reads another's cache, UsageError where vLLM refuses.
+    """
     tp = args.tensor_parallel_size
     kind = layer.kind
     if kind == LayerKind.NONE:
