@@ -2,22 +2,39 @@
 
 from __future__ import annotations
 
+import os
+import pwd
 import re
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from vllm_ctxmgr.core.serve_args import ServeArgs, parse_serve_argv
+from vllm_ctxmgr.core.serve_args import (
+    ServeArgs,
+    config_file_arg,
+    config_file_flags,
+    config_notes,
+    parse_serve_argv,
+    with_config_args,
+)
 from vllm_ctxmgr.errors import UsageError
 from vllm_ctxmgr.masking import api_keys_in_args, mask, secrets_of
 from vllm_ctxmgr.systemd.names import unit_name
 from vllm_ctxmgr.systemd.quoting import split_words
 from vllm_ctxmgr.systemd.systemctl import Systemd, cmdline_argv
 from vllm_ctxmgr.systemd.unit import (
+    ContainerVolume,
     ServiceUnit,
     UnitFile,
     VllmCommand,
     container_environment,
+    container_image,
+    container_volumes,
+    container_workdir,
     find_vllm_command,
+    host_path,
+    image_tag,
+    is_vllm_image,
     vllm_args_from_cmdline,
 )
 
@@ -34,6 +51,13 @@ class ServiceView:
     env: dict[str, str]
     base_url: str
     api_key: str | None
+    config_argv: tuple[str, ...] = ()  # the flags vLLM pulls from its `--config` YAML
+
+    @property
+    def vllm_argv(self) -> list[str]:
+        """The arguments vLLM parses: the unit's, with its --config YAML pulled in as vLLM does."""
+        argv = self.command.argv(self.env)
+        return with_config_args(argv, list(self.config_argv)) if self.args.config_file else argv
 
     @property
     def secrets(self) -> list[str]:
@@ -44,7 +68,7 @@ class ServiceView:
             for a in unit_file.get_all("Service", "Environment")
             for word in split_words(a.value)
         ]
-        return secrets_of(self.command.argv(self.env), self.env, assignments)
+        return secrets_of(self.vllm_argv, self.env, assignments)
 
     @property
     def unit_path(self) -> Path:
@@ -64,19 +88,23 @@ def read_service(systemd: Systemd, service: str) -> ServiceView:
 
 
 def view_from_unit(unit: ServiceUnit, root: Path = Path("/")) -> ServiceView:
-    from dataclasses import replace
-
     exec_file, assignment = unit.exec_start()
     command = find_vllm_command(assignment.value)
     env = unit.environment(root)
     env.update(container_environment(command))
     # as systemd executes it: a bare $VAR splits into words, ${VAR} stays one (systemd.service(5))
-    args = parse_serve_argv(command.argv(env), env)
-    if command.form in ("docker", "podman"):
-        version = container_vllm_version(command.words[command.args_start - 1].value)
+    argv = command.argv(env)
+    container = command.form in ("docker", "podman")
+    volumes = container_volumes(command, _user_home(unit)) if container else []
+    vllm_argv, config_file, config_argv, notes = _pull_vllm_config(unit, command, argv, volumes, root)
+    args = parse_serve_argv(vllm_argv, env)
+    if container:
+        image = container_image(command) or ""
+        version = container_vllm_version(image)
+        args = replace(args, **_host_side(args.model, args.env, volumes))
     else:
         version = installed_vllm_version(command.words[0].value, root)
-    args = replace(args, vllm_version=version)
+    args = replace(args, vllm_version=version, config_file=config_file, notes=tuple(notes))
     host = args.host or "127.0.0.1"
     if host in ("0.0.0.0", "", "*"):
         host = "127.0.0.1"
@@ -86,9 +114,127 @@ def view_from_unit(unit: ServiceUnit, root: Path = Path("/")) -> ServiceView:
         host = f"[{host}]"
     port = _published_port(command, args.port) if command.form in ("docker", "podman") else args.port
     # vLLM takes every --api-key value (nargs="+"); VLLM_API_KEY only without the flag
-    keys = api_keys_in_args(command.argv(env))
+    keys = api_keys_in_args(vllm_argv)
     api_key = (keys[0] if keys else None) or env.get("VLLM_API_KEY") or None
-    return ServiceView(unit.name, unit, exec_file, command, args, env, f"http://{host}:{port}", api_key)
+    return ServiceView(
+        unit.name, unit, exec_file, command, args, env, f"http://{host}:{port}", api_key, tuple(config_argv)
+    )
+
+
+# vLLM's own YAML config is read here, not by vLLM: a FIFO or a huge file must not hang ctxmgr
+VLLM_CONFIG_MAX_BYTES = 1 << 20
+
+
+def _pull_vllm_config(
+    unit: ServiceUnit, command: VllmCommand, argv: list[str], volumes: list[ContainerVolume], root: Path
+) -> tuple[list[str], str | None, list[str], list[str]]:
+    """vLLM's arguments once `--config FILE` is pulled in as vLLM does it (the command line over the
+    file), with the file as named, the file's flags and the notes a reader needs."""
+    named = config_file_arg(argv)
+    if named is None:
+        notes = []
+        if any(word.startswith("--config=") for word in argv):
+            notes.append(
+                "the unit gives --config=FILE: vLLM reads a config file only after the word `--config` "
+                "(as `--config FILE`), so this file is not read, by vLLM or by ctxmgr"
+            )
+        return argv, None, [], notes
+    if command.form in ("docker", "podman"):
+        inside = named if named.startswith("/") else _join(container_workdir(command), named)
+        if inside is None:
+            raise UsageError(
+                f"--config {named}: a relative path inside the container without -w/--workdir; "
+                "give the YAML file as an absolute path"
+            )
+        on_host = host_path(inside, volumes)
+        if on_host is None:
+            raise UsageError(
+                f"--config {named}: {inside} is inside the container and no -v/--mount maps it to the host"
+            )
+    else:
+        # systemd starts the service in WorkingDirectory= (`-` ignores a missing one, `~` is the
+        # user's home), in / without it
+        workdirs = [w.lstrip("-") for w in unit.service_values("WorkingDirectory")]
+        workdir = (_user_home(unit) if workdirs[-1] == "~" else workdirs[-1]) if workdirs else "/"
+        on_host = named if named.startswith("/") else _join(workdir, named)
+    if named.split(".")[-1] not in ("yaml", "yml"):
+        raise UsageError(f"--config {named}: vLLM reads only .yaml/.yml config files (it refuses to start)")
+    config_flags = config_file_flags(read_vllm_config(Path(on_host), root), named)
+    return with_config_args(argv, config_flags), named, config_flags, config_notes(argv, config_flags, named)
+
+
+def _join(base: str | None, relative: str) -> str | None:
+    return None if not base else os.path.normpath(os.path.join(base, relative))
+
+
+def read_vllm_config(path: Path, root: Path = Path("/")) -> object:
+    """The YAML of vLLM's `--config FILE` (yaml.safe_load, as vLLM reads it); only regular files of at
+    most VLLM_CONFIG_MAX_BYTES, opened without blocking."""
+    host = root / str(path).lstrip("/") if str(root) != "/" else path
+    try:
+        fd = os.open(host, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise UsageError(f"vLLM config {path}: no such file (vLLM would refuse to start)") from None
+    except OSError as exc:
+        raise UsageError(f"vLLM config {path} cannot be read: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UsageError(f"vLLM config {path} is not a regular file")
+        data = os.read(fd, VLLM_CONFIG_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > VLLM_CONFIG_MAX_BYTES:
+        raise UsageError(f"vLLM config {path} is larger than {VLLM_CONFIG_MAX_BYTES} bytes")
+    import yaml
+
+    try:
+        return yaml.safe_load(data.decode())
+    except UnicodeDecodeError:
+        raise UsageError(f"vLLM config {path} is not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise UsageError(f"vLLM config {path} is not valid YAML{line}") from None
+
+
+# where the Hugging Face cache is inside a container that sets no HF_HOME: the official image runs as
+# root, and huggingface_hub's default is $XDG_CACHE_HOME/huggingface, ~/.cache/huggingface without it
+_CONTAINER_HF_HOME = "/root/.cache/huggingface"
+
+
+def _host_side(model: str, env: dict[str, str], volumes: list[ContainerVolume]) -> dict[str, object]:
+    """The model and the HF cache as the host sees them: a container path goes back through the
+    volumes (the longest target holding it); a model id stays, and is looked up in the host directory
+    that holds the container's HF cache (HF_HOME, or the default, through a volume). Where no volume
+    holds that cache, the container keeps its own, and the host's default cache is the best guess."""
+    changes: dict[str, object] = {}
+    if model.startswith("/"):
+        on_host = host_path(model, volumes)
+        if on_host is None:
+            raise UsageError(
+                f"the model {model} is a path inside the container and no -v/--mount maps it to the host"
+            )
+        changes["model"] = on_host
+    cache = env.get("XDG_CACHE_HOME")
+    inside = env.get("HF_HOME") or (cache.rstrip("/") + "/huggingface" if cache else _CONTAINER_HF_HOME)
+    hf_home = host_path(inside, volumes) if inside.startswith("/") else None
+    new_env = {k: v for k, v in env.items() if k != "HF_HOME"}
+    if hf_home:
+        new_env["HF_HOME"] = hf_home
+    changes["env"] = new_env
+    return changes
+
+
+def _user_home(unit: ServiceUnit) -> str:
+    """The home of the unit's User= (root without one), for a `~` in a volume."""
+    users = unit.service_values("User")
+    if not users or users[-1] in ("root", "0"):
+        return "/root"
+    try:
+        return pwd.getpwnam(users[-1]).pw_dir
+    except KeyError:
+        return f"/home/{users[-1]}"
 
 
 def running_argv_mismatch(systemd: Systemd, view: ServiceView) -> str | None:
@@ -106,14 +252,17 @@ def running_argv_mismatch(systemd: Systemd, view: ServiceView) -> str | None:
         return None
     extra = [w for w in running if w not in expected][:3]
     missing = [w for w in expected if w not in running][:3]
-    detail = "; ".join(
-        part
-        for part in (
-            f"it has {' '.join(extra)}" if extra else "",
-            f"it lacks {' '.join(missing)}" if missing else "",
+    detail = (
+        "; ".join(
+            part
+            for part in (
+                f"it has {' '.join(extra)}" if extra else "",
+                f"it lacks {' '.join(missing)}" if missing else "",
+            )
+            if part
         )
-        if part
-    ) or "the same words in another order"
+        or "the same words in another order"
+    )
     text = (
         f"the running vLLM (PID {pid}) was started with other arguments than {view.name} holds now "
         f"({detail}): the plan is for the unit as it is; restart to apply it, or check the unit"
@@ -161,6 +310,10 @@ def installed_vllm_version(argv0: str, root: Path | None = None) -> str | None:
 
 
 def container_vllm_version(image: str) -> str | None:
-    """`vllm/vllm-openai:v0.11.0` -> "0.11.0" (tags such as `latest` say nothing)."""
-    match = re.search(r":v?(\d+\.\d+(?:\.\d+)?)", image)
+    """`docker.io/vllm/vllm-openai:v0.11.0` -> "0.11.0", from the tag of an image that says vllm (tags
+    such as `latest` or `nightly` say nothing; another image's tag is not vLLM's version)."""
+    tag = image_tag(image)
+    if not tag or not is_vllm_image(image):
+        return None
+    match = re.match(r"v?(\d+\.\d+(?:\.\d+)?)", tag)
     return match.group(1) if match else None

@@ -1186,7 +1186,7 @@ def make_plan(
     platform = options.platform or platform_for(gpus, options.cpu)
     derived, derived_key = _derived(facts, args, options)
     warnings: list[str] = []
-    notes: list[str] = []
+    notes: list[str] = list(args.notes)  # how the unit's arguments were read (a --config YAML)
     _, unknown_version = known_version(version)  # rule() itself answers with the nearest release's row
     if unknown_version:
         warnings.append(unknown_version)

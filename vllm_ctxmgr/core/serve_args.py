@@ -37,6 +37,8 @@ class ServeArgs:
     api_key: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # the unit's Environment= (VLLM_*, CUDA_*)
     vllm_version: str | None = None  # of the vLLM the unit runs, where it can be read ("0.32.0+cpu")
+    config_file: str | None = None  # vLLM's `--config FILE` (YAML), as the command names it
+    notes: tuple[str, ...] = ()  # what the planner should tell about how these arguments were read
 
 
 # Flags whose next word is NOT a value (vLLM's store_true / BooleanOptionalAction flags we meet in units).
@@ -75,8 +77,16 @@ _BOOLEAN_FLAGS = {
 }
 
 
+# vLLM's nargs="+" options met in units: argparse gives them every word up to the next flag
+_LIST_FLAGS = {"--served-model-name", "--api-key"}
+
+
 def split_flags(args: list[str]) -> tuple[list[str], dict[str, str | bool]]:
-    """(positionals, {canonical flag: value}) from vLLM arguments; later flags win like argparse."""
+    """(positionals, {canonical flag: value}) from vLLM arguments; later flags win like argparse.
+
+    `--no-NAME` (argparse's BooleanOptionalAction, which every boolean engine argument has in vLLM 0.33)
+    is stored as `--NAME: False`, so `--enforce-eager ... --no-enforce-eager` ends False as in vLLM.
+    A list option (`--served-model-name a b`) keeps its first word and takes the others with it."""
 
     positionals: list[str] = []
     flags: dict[str, str | bool] = {}
@@ -87,6 +97,8 @@ def split_flags(args: list[str]) -> tuple[list[str], dict[str, str | bool]]:
             name = canonical_flag(word)
             if "=" in word:
                 flags[name] = word.split("=", 1)[1]
+            elif name.startswith("--no-"):
+                flags[canonical_flag("--" + name[5:])] = False
             elif (
                 name in _BOOLEAN_FLAGS
                 or i + 1 >= len(args)
@@ -96,6 +108,8 @@ def split_flags(args: list[str]) -> tuple[list[str], dict[str, str | bool]]:
             else:
                 flags[name] = args[i + 1]
                 i += 1
+                while name in _LIST_FLAGS and i + 1 < len(args) and not args[i + 1].startswith("-"):
+                    i += 1
         else:
             positionals.append(word)
         i += 1
@@ -143,7 +157,7 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
 
     def num(flag: str, kind: type = int, **kw: bool) -> int | float | None:
         value = flags.get(flag)
-        if value is None or value is True:
+        if value is None or isinstance(value, bool):
             return None
         try:
             if kind is float:
@@ -154,12 +168,9 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
         except ValueError:
             raise UsageError(f"{flag} {value!r} is not a number") from None
 
-    def boolean(on: str, off: str | None = None) -> bool | None:
-        if flags.get(on) is True:
-            return True
-        if off and flags.get(off) is True:
-            return False
-        return None
+    def boolean(on: str) -> bool | None:
+        value = flags.get(on)
+        return value if isinstance(value, bool) else None
 
     speculative = flags.get("--speculative-config")
     num_spec = 0
@@ -185,7 +196,7 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
         max_model_len=num("--max-model-len", allow_auto=True),  # type: ignore[arg-type]
         gpu_memory_utilization=num("--gpu-memory-utilization", float),  # type: ignore[arg-type]
         kv_cache_memory_bytes=num("--kv-cache-memory-bytes"),  # type: ignore[arg-type]
-        enable_prefix_caching=boolean("--enable-prefix-caching", "--no-enable-prefix-caching"),
+        enable_prefix_caching=boolean("--enable-prefix-caching"),
         enforce_eager=bool(boolean("--enforce-eager")),
         disable_sliding_window=bool(boolean("--disable-sliding-window")),
         disable_hybrid_kv_cache_manager=bool(boolean("--disable-hybrid-kv-cache-manager")),
@@ -253,3 +264,88 @@ def canonical_flag(word: str) -> str:
         if name in aliases:
             return main
     return name
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's own YAML config (`--config FILE`), pulled into the arguments as vLLM does it
+# (FlexibleArgumentParser._pull_args_from_config and load_config_file, vllm/utils/argparse_utils.py).
+
+# the flags ctxmgr writes on the unit's command line when it changes a service
+OWNED_FLAGS = ("--max-model-len", "--gpu-memory-utilization", "--kv-cache-memory-bytes")
+
+
+def config_file_arg(args: list[str]) -> str | None:
+    """The YAML file vLLM pulls arguments from. vLLM looks for the exact word `--config` (so
+    `--config=FILE` is accepted by argparse and read by nothing), at most once, followed by a path."""
+    count = args.count("--config")
+    if count == 0:
+        return None
+    if count > 1:
+        raise UsageError("the vLLM command gives --config more than once (vLLM refuses to start)")
+    index = args.index("--config")
+    if index == len(args) - 1:
+        raise UsageError("the vLLM command ends in --config with no file (vLLM refuses to start)")
+    return args[index + 1]
+
+
+def config_file_flags(config: object, source: str) -> list[str]:
+    """load_config_file's flattening of a YAML mapping into flags, key by key in the file's order:
+    `true` -> `--key`; `false` -> `--no-key` (vLLM adds it only where the parser has that option: every
+    boolean engine argument in 0.33; a store_true flag's `--no-key` reads back as its default False here,
+    and an underscored key never matches an option string, so `key_name: false` adds nothing); a list
+    -> `--key item ...` (an empty one adds nothing); a mapping -> `--key JSON`; anything else ->
+    `--key str(value)` (so an empty value is the word `None`, as vLLM passes it)."""
+    import json
+
+    if not isinstance(config, dict):
+        raise UsageError(f"{source}: not a YAML mapping of vLLM flags (vLLM refuses to start)")
+    flags: list[str] = []
+    for key, value in config.items():
+        if not isinstance(key, str):
+            raise UsageError(f"{source}: key {key!r} is not a flag name (vLLM refuses to start)")
+        if isinstance(value, bool):
+            if value:
+                flags.append("--" + key)
+            elif "_" not in key:
+                flags.append(f"--no-{key}")
+        elif isinstance(value, list):
+            if value:
+                flags += ["--" + key, *(str(item) for item in value)]
+        elif isinstance(value, dict):
+            flags += ["--" + key, json.dumps(value)]
+        else:
+            flags += ["--" + key, str(value)]
+    return flags
+
+
+def with_config_args(args: list[str], config_flags: list[str]) -> list[str]:
+    """The arguments vLLM parses once it has pulled the file in: the file's flags go after the model
+    positional (where the command names one) and before the command line's other words, which drops
+    `--config FILE`; argparse's last-one-wins then gives the command line precedence over the file."""
+    index = args.index("--config")
+    rest = args[:index] + args[index + 2 :]
+    if args and not args[0].startswith("-"):
+        return [args[0], *config_flags, *rest[1:]]
+    return [*config_flags, *rest]
+
+
+def config_notes(args: list[str], config_flags: list[str], source: str) -> list[str]:
+    """What a reader of the YAML would get wrong: keys the command line overrides, and the keys
+    ctxmgr changes (it writes them on the unit's command line, leaving the file as it is)."""
+    index = args.index("--config")
+    _, cli = split_flags(args[:index] + args[index + 2 :])
+    _, yaml_flags = split_flags(config_flags)
+    notes: list[str] = []
+    for flag, value in yaml_flags.items():
+        shown = "true" if value is True else "false" if value is False else value
+        if flag in cli and cli[flag] != value:
+            notes.append(
+                f"{source} sets {flag.removeprefix('--')} {shown}, but the unit's command line gives "
+                f"{flag} {cli[flag]}, which vLLM uses (the command line takes precedence over --config)"
+            )
+        elif flag in OWNED_FLAGS:
+            notes.append(
+                f"{source} sets {flag.removeprefix('--')} {shown}: a change by ctxmgr writes {flag} on "
+                "the unit's command line, which overrides the YAML value (the YAML file is left as it is)"
+            )
+    return notes

@@ -408,10 +408,12 @@ def _vllm_bounds(vals: Sequence[str]) -> tuple[str, int] | None:
     """The launch form and the index of vLLM's first argument in an argv."""
     for i, v in enumerate(vals):
         base = os.path.basename(v)
-        if base in ("docker", "podman") and i + 1 < len(vals) and vals[i + 1] == "run":
-            image = _container_image_index(list(vals), i + 2)
-            if image is not None:
-                return base, image + 1
+        if base in ("docker", "podman"):
+            run = i + 2 if i + 2 < len(vals) and vals[i + 1] == "container" else i + 1
+            if run < len(vals) and vals[run] == "run":
+                first = _container_vllm_args(list(vals), run + 1)
+                if first is not None:
+                    return base, first
         if base == "vllm" and i + 1 < len(vals) and vals[i + 1] == "serve":
             return "vllm serve", i + 2
         if v == "-m" and i + 1 < len(vals):
@@ -419,6 +421,20 @@ def _vllm_bounds(vals: Sequence[str]) -> tuple[str, int] | None:
                 return "python -m", i + 2
             if vals[i + 1] in _CLI_MODULES and i + 2 < len(vals) and vals[i + 2] == "serve":
                 return "python -m", i + 3
+    return None
+
+
+def _command_bounds(cmd: Sequence[str]) -> int | None:
+    """Where vLLM's arguments start in a container's command (`vllm serve ...`, `python3 -m
+    vllm.entrypoints.openai.api_server ...`): the command itself, not a word somewhere inside it."""
+    base = os.path.basename(cmd[0]) if cmd else ""
+    if base == "vllm" and cmd[1:2] == ["serve"]:
+        return 2
+    if re.fullmatch(r"python[0-9.]*", base) and cmd[1:2] == ["-m"] and len(cmd) > 2:
+        if cmd[2] in _PYTHON_MODULES:
+            return 3
+        if cmd[2] in _CLI_MODULES and cmd[3:4] == ["serve"]:
+            return 4
     return None
 
 
@@ -431,64 +447,99 @@ def vllm_args_from_cmdline(cmdline: Sequence[str]) -> list[str] | None:
 
 # docker/podman run options that take a value (so the image is the first word that is not one)
 _CONTAINER_VALUE_OPTS = {
-    "-e",
-    "--env",
-    "-v",
-    "--volume",
-    "-p",
-    "--publish",
-    "--name",
-    "--gpus",
-    "--device",
-    "--ipc",
-    "--network",
-    "--net",
-    "--shm-size",
-    "-w",
-    "--workdir",
-    "-u",
-    "--user",
-    "--runtime",
-    "--env-file",
-    "--mount",
-    "--entrypoint",
-    "--label",
-    "-l",
-    "--cpus",
-    "--memory",
-    "-m",
-    "--ulimit",
-    "--restart",
-    "--pull",
-    "--platform",
-    "--hostname",
-    "-h",
-    "--security-opt",
-    "--cap-add",
-    "--cap-drop",
-    "--log-driver",
-    "--log-opt",
-    "--add-host",
-    "--group-add",
-    "--cgroupns",
-    "--pid",
-    "--tmpfs",
-    "--health-cmd",
-    "--stop-timeout",
-    "--stop-signal",
-    "--annotation",
-}
+    "-e", "--env", "-v", "--volume", "-p", "--publish", "--name", "--gpus", "--device", "--ipc",
+    "--network", "--net", "--shm-size", "-w", "--workdir", "-u", "--user", "--runtime", "--env-file",
+    "--mount", "--entrypoint", "--label", "-l", "--cpus", "--memory", "-m", "--ulimit", "--restart",
+    "--pull", "--platform", "--hostname", "-h", "--security-opt", "--cap-add", "--cap-drop",
+    "--log-driver", "--log-opt", "--add-host", "--group-add", "--cgroupns", "--pid", "--tmpfs",
+    "--health-cmd", "--stop-timeout", "--stop-signal", "--annotation", "--cidfile", "--sdnotify",
+    "--cgroups", "--pod", "--secret", "--userns", "--uidmap", "--gidmap", "--volumes-from",
+    "--network-alias", "--ip", "--ip6", "--mac-address", "--dns", "--dns-search", "--dns-option",
+    "--expose", "--label-file", "--cpu-shares", "-c", "--cpuset-cpus", "--cpuset-mems", "--memory-swap",
+    "--memory-reservation", "--oom-score-adj", "--pids-limit", "--sysctl", "--systemd", "--timeout",
+    "--health-interval", "--health-retries", "--health-start-period", "--health-timeout", "--attach",
+    "-a", "--cpu-period", "--cpu-quota", "--device-cgroup-rule", "--uts", "--arch", "--os", "--variant",
+    "--requires", "--umask", "--authfile", "--pidfile", "--tz", "--unsetenv", "--log-level",
+    "--init-path", "--cgroup-parent", "--conmon-pidfile", "--image-volume",
+    "--seccomp-policy", "--decryption-key", "--passwd-entry", "--group-entry", "--chrootdirs",
+    "--preserve-fds", "--rdt-class", "--personality", "--blkio-weight", "--storage-opt",
+}  # fmt: skip
 
 
 def _container_image_index(vals: list[str], start: int) -> int | None:
+    """The image: the first word after `run` that is neither an option nor an option's value."""
     i = start
     while i < len(vals):
         v = vals[i]
         if v.startswith("-"):
             i += 1 if ("=" in v or v not in _CONTAINER_VALUE_OPTS) else 2
             continue
-        return i if "vllm" in v.lower() else None
+        return i
     return None
+
+
+def _container_vllm_args(vals: list[str], start: int) -> int | None:
+    """The index of vLLM's first argument in `docker run [OPTIONS] IMAGE [COMMAND...]`.
+
+    Any image whose command (the words after it, after `--entrypoint X` where given) is `vllm serve` or
+    `python3 -m vllm.entrypoints.openai.api_server`; else an image whose name says vllm (the official
+    vllm/vllm-openai from any registry or mirror, or a build FROM it), whose entrypoint is vLLM's
+    server, so the words after it are vLLM's arguments."""
+    image = _container_image_index(vals, start)
+    if image is None:
+        return None
+    cmd = vals[image + 1 :]
+    entrypoint = _container_option(vals[start:image], "--entrypoint")
+    if entrypoint:
+        found = _command_bounds([*entrypoint[-1].split(), *cmd])
+        return None if found is None else image + 1 + found - len(entrypoint[-1].split())
+    found = _command_bounds(cmd)
+    if found is not None:
+        return image + 1 + found
+    return image + 1 if is_vllm_image(vals[image]) else None
+
+
+def is_vllm_image(image: str) -> bool:
+    """An image name (any registry prefix, tag or digest) that says vllm."""
+    return "vllm" in image_repository(image).lower()
+
+
+def image_repository(image: str) -> str:
+    """`docker.io/vllm/vllm-openai:v0.11.0@sha256:...` -> `docker.io/vllm/vllm-openai`."""
+    name = image.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+
+
+def image_tag(image: str) -> str | None:
+    name = image.split("@", 1)[0]
+    last = name.rpartition("/")[2]
+    return last.split(":", 1)[1] if ":" in last else None
+
+
+def _container_option(vals: Sequence[str], *names: str) -> list[str]:
+    """Every value of a docker/podman option (`-v X`, `--volume X`, `--volume=X`), in order."""
+    found: list[str] = []
+    i = 0
+    while i < len(vals):
+        v = vals[i]
+        if v in names and i + 1 < len(vals):
+            found.append(vals[i + 1])
+            i += 2
+            continue
+        flag, eq, value = v.partition("=")
+        if eq and flag in names and flag.startswith("--"):
+            found.append(value)
+        i += 1
+    return found
+
+
+def _run_options(command: VllmCommand) -> list[str]:
+    """The option words of `docker run` (between `run` and the image)."""
+    vals = [w.value for w in command.words[: command.args_start]]
+    run = next((i for i, v in enumerate(vals) if v == "run"), 0)
+    image = _container_image_index(vals, run + 1)
+    return vals[run + 1 : image if image is not None else len(vals)]
 
 
 def container_environment(command: VllmCommand) -> dict[str, str]:
@@ -496,17 +547,115 @@ def container_environment(command: VllmCommand) -> dict[str, str]:
     if command.form not in ("docker", "podman"):
         return {}
     env: dict[str, str] = {}
-    vals = [w.value for w in command.words[: command.args_start]]
-    for i, v in enumerate(vals):
-        item = None
-        if v in ("-e", "--env") and i + 1 < len(vals):
-            item = vals[i + 1]
-        elif v.startswith("--env="):
-            item = v.split("=", 1)[1]
-        if item and "=" in item:
+    for item in _container_option(_run_options(command), "-e", "--env"):
+        if "=" in item:
             name, _, val = item.partition("=")
             env[name] = val
     return env
+
+
+def container_image_index(command: VllmCommand) -> int | None:
+    """The index of the image among the command's words (vLLM's arguments may start later)."""
+    if command.form not in ("docker", "podman"):
+        return None
+    vals = [w.value for w in command.words]
+    run = next((i for i, v in enumerate(vals) if v == "run"), 0)
+    return _container_image_index(vals, run + 1)
+
+
+def container_image(command: VllmCommand) -> str | None:
+    image = container_image_index(command)
+    return None if image is None else command.words[image].value
+
+
+def container_workdir(command: VllmCommand) -> str | None:
+    found = _container_option(_run_options(command), "-w", "--workdir")
+    return found[-1] if found else None
+
+
+@dataclass(frozen=True)
+class ContainerVolume:
+    """A host path (or a named volume) the container sees at `target`."""
+
+    source: str  # an absolute host path, or a named volume's name
+    target: str
+    read_only: bool = False
+
+    @property
+    def named(self) -> bool:
+        return not self.source.startswith("/")
+
+
+def container_volumes(command: VllmCommand, home: str = "/root") -> list[ContainerVolume]:
+    """`-v SRC:DST[:OPTS]`, `--volume`, `--mount type=bind,source=..,target=..[,readonly]` of a
+    docker/podman command. A leading `~` is the home of the unit's user (`home`): docker does not
+    expand it, but a unit copied from a shell line has it; a bare `-v /dst` is an anonymous volume."""
+    if command.form not in ("docker", "podman"):
+        return []
+    options = _run_options(command)
+    volumes: list[ContainerVolume] = []
+    for spec in _container_option(options, "-v", "--volume"):
+        parts = spec.split(":")
+        if len(parts) < 2:
+            continue
+        source, target = parts[0], parts[1]
+        flags = parts[2].split(",") if len(parts) > 2 else []
+        volumes.append(ContainerVolume(_expand_home(source, home), target, "ro" in flags))
+    for spec in _container_option(options, "--mount"):
+        fields: dict[str, str] = {}
+        for item in spec.split(","):
+            key, eq, value = item.partition("=")
+            fields[key.strip()] = value if eq else "true"
+        target = fields.get("target") or fields.get("destination") or fields.get("dst")
+        source = fields.get("source") or fields.get("src")
+        kind = fields.get("type", "volume")
+        if not target or not source or kind not in ("bind", "volume"):
+            continue
+        read_only = any(fields.get(k, "false") in ("true", "1") for k in ("readonly", "ro"))
+        source = _expand_home(source, home) if kind == "bind" else source
+        volumes.append(ContainerVolume(source, target, read_only))
+    return volumes
+
+
+def _expand_home(source: str, home: str) -> str:
+    if source == "~" or source.startswith("~/"):
+        return home.rstrip("/") + source[1:]
+    return source
+
+
+def host_path(path: str, volumes: Sequence[ContainerVolume]) -> str | None:
+    """The host path of a container path: through the volume with the longest target that holds it
+    (as the container's mount table resolves it); None where no volume holds it. UnitError where a
+    named volume does: ctxmgr reads host paths, and a named volume's place is the engine's business."""
+    best: ContainerVolume | None = None
+    for volume in volumes:
+        target = volume.target.rstrip("/") or "/"
+        inside = path == target or path.startswith(target.rstrip("/") + "/")
+        if inside and (best is None or len(target) >= len(best.target.rstrip("/") or "/")):
+            best = volume
+    if best is None:
+        return None
+    if best.named:
+        raise UnitError(
+            f"{path} is in the container's named volume {best.source!r}: give the model as a bind "
+            "mount (-v /host/path:/container/path) so ctxmgr can read it"
+        )
+    target = best.target.rstrip("/") or "/"
+    rest = path[len(target) :] if target != "/" else path
+    return (best.source.rstrip("/") + rest) or "/"
+
+
+def quadlet_source(unit: ServiceUnit) -> str | None:
+    """The Quadlet file (`.container`, ...) a unit was generated from, where it was: podman's generator
+    writes `SourcePath=` into [Unit] and keeps the source's sections as `[X-Container]` etc."""
+    fragment = unit.files[0]
+    for a in fragment.get_all("Unit", "SourcePath"):
+        if a.value.endswith((".container", ".kube", ".pod", ".network", ".volume", ".image", ".build")):
+            return a.value
+    if any(a.section.startswith("X-Container") for a in fragment.assignments):
+        found = fragment.get_all("Unit", "SourcePath")
+        return found[-1].value if found else f"the .container file behind {unit.name}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -572,7 +721,10 @@ def _container_env_ops(command: VllmCommand, env_changes: Mapping[str, str | Non
     ops: list[WordOp] = []
     pending = dict(env_changes)
     words = command.words
-    for i in range(command.args_start - 1):
+    image = container_image_index(command)
+    if image is None:
+        raise UnitError("ExecStart=: the container command names no image")
+    for i in range(image):
         w = words[i]
         item, prefix = None, ""
         if w.value in ("-e", "--env"):
@@ -591,7 +743,7 @@ def _container_env_ops(command: VllmCommand, env_changes: Mapping[str, str | Non
             ops.append(WordOp(item, "replace", (f"{prefix}{name}={new}",)))
     added = [word for name, new in pending.items() if new is not None for word in ("-e", f"{name}={new}")]
     if added:
-        ops.append(WordOp(command.args_start - 1, "before", tuple(added)))
+        ops.append(WordOp(image, "before", tuple(added)))
     return ops
 
 
@@ -703,25 +855,74 @@ def _continuation_separator(text: str, exec_start: Assignment, at: int) -> str:
 @dataclass(frozen=True)
 class UnitEdit:
     path: Path
-    old_text: str
+    old_text: str  # "" for a drop-in the edit creates
     new_text: str
+    existed: bool = True  # False: `path` is a new drop-in (rolling back removes it)
 
     @property
     def changed(self) -> bool:
         return self.old_text != self.new_text
 
 
+# A package's units: the next upgrade of the package overwrites an edit made there
+VENDOR_UNIT_DIRS = (Path("/usr/lib/systemd/system"), Path("/lib/systemd/system"))
+DROPIN_NAME = "50-ctxmgr.conf"
+
+
+def is_vendor_unit(path: Path | str) -> bool:
+    return Path(path).parent in VENDOR_UNIT_DIRS
+
+
+def override_dropin(unit: ServiceUnit, dropin_dir: Path) -> ServiceUnit:
+    """The unit with a new drop-in in `dropin_dir` that overrides ExecStart= (an empty `ExecStart=`,
+    then the fragment's own ExecStart= copied byte for byte), ready for edit_unit to change in place:
+    systemd's way to change a package's unit so that the package's next upgrade keeps the change."""
+    unit_file, assignment = unit.exec_start()
+    path = dropin_dir / DROPIN_NAME
+    if any(f.path == path for f in unit.files):
+        raise UnitError(f"{path} exists but does not set ExecStart=; refusing to overwrite it")
+    text = (
+        f"# Written by ctxmgr: it overrides ExecStart= of the package's unit {unit_file.path}, which the\n"
+        "# package's next upgrade would overwrite. Roll back with `ctxmgr rollback --service "
+        f"{unit.name.removesuffix('.service')}`,\n"
+        "# or delete this file and run `systemctl daemon-reload`.\n"
+        "[Service]\n"
+        "ExecStart=\n"
+        f"{unit_file.raw(assignment)}\n"
+    )
+    return ServiceUnit(unit.name, (*unit.files, UnitFile.parse(path, text)))
+
+
 def edit_unit(
     unit: ServiceUnit,
     flag_changes: Mapping[str, str | None],
     env_changes: Mapping[str, str | None] | None = None,
+    dropin_dir: Path | None = None,
 ) -> UnitEdit:
     """Set vLLM flags (value None removes a flag) and Environment= items in the file that holds ExecStart.
+
+    With `dropin_dir` (systemd's view, e.g. /etc/systemd/system/NAME.service.d), an ExecStart= held by
+    a package's unit (VENDOR_UNIT_DIRS) is changed through a new drop-in there instead (override_dropin);
+    a unit under /etc or /run, or a drop-in that holds ExecStart=, is edited in place.
 
     Before returning, the candidate is read back as systemd reads it: its ExecStart words must be the
     intended ones and every other directive and comment line byte-identical (UnitError if not)."""
 
+    created = False
+    if (
+        dropin_dir is not None
+        and unit.exec_start()[0] is unit.files[0]
+        and is_vendor_unit(unit.files[0].path)
+    ):
+        unit = override_dropin(unit, dropin_dir)
+        created = True
     unit_file, assignment = unit.exec_start()
+    source = quadlet_source(unit)
+    if source and unit_file is unit.files[0]:
+        raise UnitError(
+            f"{unit.name} is generated by Quadlet from {source}: edit Exec= there and run "
+            "`systemctl daemon-reload` (ctxmgr does not edit Quadlet files)"
+        )
     command = find_vllm_command(assignment.value)
     ops = plan_exec_ops(command, flag_changes)
     if env_changes and command.form in ("docker", "podman"):
@@ -746,6 +947,8 @@ def edit_unit(
     new_text = render("unit.j2", segments=segments)
     env_edit = None if command.form in ("docker", "podman") else env_changes
     _verify_edit(unit_file, assignment, new_text, expected_words(command, ops), env_edit)
+    if created:
+        return UnitEdit(unit_file.path, "", new_text if new_text != text else "", existed=False)
     return UnitEdit(unit_file.path, text, new_text)
 
 
