@@ -8,6 +8,8 @@ since unit copies may hold API keys):
     SERVICE/revisions/NNNN/plan.json      the plan the change was made from (long: kept apart)
     SERVICE/revisions/NNNN/unit           the unit file content this revision installs
     SERVICE/revisions/NNNN/previous       the content it replaced (byte for byte)
+                                          (either is absent where the file is: a drop-in ctxmgr
+                                          created did not exist before, and rolling back removes it)
     SERVICE/revisions/.new-XXXX/          a revision being written; renamed to NNNN once whole
     SERVICE/observations.jsonl            what each watched start of the service logged (the last KEEP)
     SERVICE/last-verify.json              the last verification (unit invocation, restarts, result)
@@ -371,18 +373,31 @@ class ServiceStore:
         raise UsageError(f"{self.service}: there is no revision {number} (see `ctxmgr history`)")
 
     def unit_bytes(self, number: int, which: str = "unit") -> bytes:
-        return (self.revisions_dir / f"{number:04d}" / which).read_bytes()
+        """The bytes, b"" where the revision says the file is absent (file_bytes tells the two apart)."""
+        return self.file_bytes(number, which) or b""
 
-    def new_revision(self, rev: Revision, unit: bytes, previous: bytes) -> Revision:
-        """Write the whole revision under .new-*, then rename it to the next free number."""
+    def file_bytes(self, number: int, which: str = "unit") -> bytes | None:
+        """`unit` or `previous` of a revision; None where the file was (or is to be) absent."""
+        try:
+            return (self.revisions_dir / f"{number:04d}" / which).read_bytes()
+        except FileNotFoundError:
+            if not (self.revisions_dir / f"{number:04d}" / "record.json").is_file():
+                raise
+            return None
+
+    def new_revision(self, rev: Revision, unit: bytes | None, previous: bytes | None) -> Revision:
+        """Write the whole revision under .new-*, then rename it to the next free number. None for
+        `unit` or `previous` leaves that file out: the unit file is (or was) absent, not empty."""
         self.ensure()
         self.remove_partial()
         numbers = [int(e.name) for e in self.revisions_dir.iterdir() if e.name.isdigit()]
         rev.number = max(numbers) + 1 if numbers else 0
         staging = Path(tempfile.mkdtemp(prefix=".new-", dir=self.revisions_dir))
         try:
-            _write_new(staging / "previous", previous)
-            _write_new(staging / "unit", unit)
+            if previous is not None:
+                _write_new(staging / "previous", previous)
+            if unit is not None:
+                _write_new(staging / "unit", unit)
             if rev.plan:
                 _write_new(staging / "plan.json", json.dumps(rev.plan, indent=2).encode())
             _write_new(staging / "record.json", json.dumps(rev.record(), indent=2).encode())
@@ -531,6 +546,21 @@ class ServiceStore:
         return removed
 
     # ---- lock ------------------------------------------------------------------------------
+
+    def writable(self) -> bool:
+        """The service's directory exists and this process may write there."""
+        return self.root.is_dir() and os.access(self.root, os.W_OK | os.X_OK)
+
+    @contextlib.contextmanager
+    def read_lock(self, wait: float = 0.0) -> Iterator[bool]:
+        """The lock for a run that only reads (a dry run): taken where the service's directory exists
+        and is writable, so a dry run never creates the state directory nor needs write access to it.
+        Yields whether the lock is held."""
+        if not self.writable():
+            yield False
+            return
+        with self.lock(wait):
+            yield True
 
     @contextlib.contextmanager
     def lock(self, wait: float = 0.0) -> Iterator[None]:

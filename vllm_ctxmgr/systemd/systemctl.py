@@ -405,24 +405,32 @@ class Systemd:
     def analyze_verify(self, path: str | os.PathLike[str], unit_name: str | None = None) -> list[str]:
         """Problems `systemd-analyze verify` finds in a candidate unit file before it is installed.
 
-        `path` is a file here (not in systemd's view); it is copied under the manager's /run with the
-        unit's name (`unit_name`, default the file's name), since verify takes the unit's name from the
-        file name. Returned lines are the ones about this unit: unknown or misspelt directives, bad
-        values, an ExecStart that is not executable there. Problems in units it merely depends on are
-        left out. An empty list means systemd accepts it.
-        """
+        `path` is a file here (not in systemd's view); see analyze_verify_text."""
         source = Path(path)
-        name = unit_name or source.name
-        if "/" in name or "." not in name:
-            raise SystemdError(f"not a unit name: {name!r}")
         try:
             text = source.read_bytes()
         except OSError as exc:
             raise SystemdError(f"cannot read {source}: {exc.strerror}") from None
-        staging = Path(tempfile.mkdtemp(prefix="ctxmgr-verify-", dir=self.host_path("/run")))
+        return self.analyze_verify_text(text, unit_name or source.name)
+
+    def analyze_verify_text(self, text: bytes, unit_name: str) -> list[str]:
+        """Problems `systemd-analyze verify` finds in a unit's text (fragment and drop-ins merged).
+
+        The text is written to a private directory of the manager's runtime dir (verify_staging_dir),
+        named as the unit, since verify takes the unit's name from the file name; nothing is written
+        to ctxmgr's state directory, so a dry run needs no write access there. Returned lines are the
+        ones about this unit: unknown or misspelt directives, bad values, an ExecStart that is not
+        executable there. Problems in units it merely depends on are left out. An empty list means
+        systemd accepts it.
+        """
+        name = unit_name
+        if "/" in name or "." not in name:
+            raise SystemdError(f"not a unit name: {name!r}")
+        base, inner_base = self.verify_staging_dir()
+        staging = Path(tempfile.mkdtemp(prefix="ctxmgr-verify-", dir=base))
         try:
             (staging / name).write_bytes(text)
-            inner = PurePosixPath("/run") / staging.name / name
+            inner = inner_base / staging.name / name
             result = self._run(
                 "systemd-analyze",
                 "verify",
@@ -435,6 +443,25 @@ class Systemd:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return _verify_problems(result.stderr + result.stdout, name, str(inner), result.returncode)
+
+    def verify_staging_dir(self) -> tuple[Path, PurePosixPath]:
+        """Where a candidate is written for systemd-analyze, here and in the manager's view: its /run
+        (root) or the user's runtime dir under it ($XDG_RUNTIME_DIR), both visible in its mount namespace;
+        for a manager on this host without either, the temporary directory (it sees ours)."""
+        candidates = [PurePosixPath("/run")]
+        runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+        if runtime.startswith("/run/"):
+            candidates.append(PurePosixPath(runtime))
+        for inner in candidates:
+            host = self.host_path(inner)
+            if host.is_dir() and os.access(host, os.W_OK | os.X_OK):
+                return host, inner
+        if str(self.root) == "/":
+            temporary = Path(tempfile.gettempdir())
+            return temporary, PurePosixPath(temporary)
+        raise SystemdError(
+            f"cannot write a candidate unit for systemd-analyze under {self.host_path('/run')}"
+        )
 
     # -- journal --------------------------------------------------------------------------------------
 
