@@ -11,6 +11,7 @@ vllm/config/model.py `_resolve_auto_dtype` does. KV `auto` uses the same dtype.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,8 @@ FULL_LAYER_TYPES = frozenset(
 SLIDING_LAYER_TYPES = frozenset({"sliding_attention"})
 LINEAR_LAYER_TYPES = frozenset({"linear_attention", "mamba"})
 TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config")
+# Gemma-4 text configs (gemma4_text, gemma4_unified_text): each layer has its own head size / KV heads
+GEMMA4_MODEL_TYPES = ("gemma4",)
 
 # --- one HF (text) config, with provenance ---
 
@@ -178,6 +181,8 @@ INTEGER_KEYS: dict[str, tuple[int, int]] = {
     "num_nextn_predict_layers": (0, MAX_LAYERS),
     "mtp_num_hidden_layers": (0, MAX_LAYERS),
     "num_kv_shared_layers": (0, MAX_LAYERS),
+    "global_head_dim": (1, MAX_HEAD_SIZE),
+    "num_global_key_value_heads": _HEADS,
     "sliding_window_pattern": _COUNT,
     "max_window_layers": (0, MAX_LAYERS),
     "full_attention_interval": _COUNT,
@@ -543,7 +548,10 @@ def _layer_types(cfg: HfConfig, num_layers: int) -> list[str] | None:
     """layer_types as transformers derives it for the model types vLLM reads it from."""
     declared = cfg.get("layer_types", fact="layer_types")
     if isinstance(declared, list) and len(declared) >= num_layers:
-        return [str(t) for t in declared[:num_layers]]
+        types = [str(t) for t in declared[:num_layers]]
+        if cfg.model_type.startswith(GEMMA4_MODEL_TYPES) and types:
+            types[-1] = "full_attention"  # Gemma4TextConfig forces the last layer to full attention
+        return types
     model_type = cfg.model_type
     window = cfg.get("sliding_window")
     derived: list[str] | None = None
@@ -552,6 +560,8 @@ def _layer_types(cfg: HfConfig, num_layers: int) -> list[str] | None:
         derived = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
     elif model_type in ("gemma2", "gpt_oss"):
         derived = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
+    elif model_type.startswith(GEMMA4_MODEL_TYPES):
+        derived = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(num_layers)]
     elif model_type in ("gemma3n", "gemma3n_text"):
         derived = ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(num_layers)]
     elif model_type in ("qwen2", "qwen3", "qwen3_moe"):
@@ -644,11 +654,63 @@ def hf_layers(
                 "unknown model type: assumed vLLM slides the layers layer_types marks sliding_attention"
             )
 
+    if model_type.startswith(GEMMA4_MODEL_TYPES) and layer_types is not None:
+        layers = _gemma4_layer_geometry(cfg, layers, layer_types, kv_heads, head_size)
+
     shared = int(cfg.get("num_kv_shared_layers", 0, fact="num_kv_shared_layers") or 0)
     if shared:
         # gemma3n.py: the last num_kv_shared_layers reuse an earlier layer's KV
         layers[num_layers - shared :] = [LayerFacts(LayerKind.NONE)] * shared
     return layers, notes
+
+
+def _gemma4_layer_geometry(
+    cfg: HfConfig, layers: list[LayerFacts], layer_types: list[str], kv_heads: int, head_size: int
+) -> list[LayerFacts]:
+    """Each Gemma-4 layer's own head size and KV heads, as Gemma4TextConfig builds `per_layer_config`.
+
+    vLLM's gemma4.py sizes every layer's Attention from `config.per_layer_config[i]`: the global
+    (full_attention) layers take `global_head_dim` (512 when absent) and, where `attention_k_eq_v`
+    is set, `num_global_key_value_heads`; the sliding layers keep head_dim / num_key_value_heads.
+    An explicit `per_layer_config` table (index -> overrides) wins, as it does in transformers.
+    """
+    explicit = cfg.raw.get("per_layer_config")
+    overrides: dict[int, dict[str, Any]] = {}
+    if isinstance(explicit, dict) and explicit:
+        for key, value in explicit.items():
+            index = _integer(key) if not isinstance(key, str) else (int(key) if key.isdigit() else None)
+            if index is None or not isinstance(value, dict):
+                raise ModelFactsError(
+                    f"{cfg.label}: per_layer_config entry {_shown(key)} is not a layer table"
+                )
+            overrides[index] = value
+        cfg.provenance["per_layer_geometry"] = f"{cfg.label} per_layer_config"
+    else:
+        global_head = cfg.raw.get("global_head_dim", 512)
+        layer = {"head_dim": global_head}
+        global_kv = cfg.raw.get("num_global_key_value_heads")
+        if cfg.raw.get("attention_k_eq_v", False) and global_kv is not None:
+            layer["num_key_value_heads"] = global_kv
+        overrides = {i: layer for i, t in enumerate(layer_types) if t == "full_attention"}
+        where = "global_head_dim" if "global_head_dim" in cfg.raw else "global_head_dim default 512"
+        cfg.provenance["per_layer_geometry"] = f"{cfg.label} {where} on full_attention layers"
+    window_all = cfg.raw.get("use_bidirectional_attention") == "all"
+    out = []
+    for index, layer in enumerate(layers):
+        values = overrides.get(index, {})
+        heads = values.get("num_key_value_heads", kv_heads)
+        size = values.get("head_dim", head_size)
+        for name, value in (("num_key_value_heads", heads), ("head_dim", size)):
+            number = _integer(value)
+            if number is None or not 1 <= number <= (MAX_HEADS if name != "head_dim" else MAX_HEAD_SIZE):
+                raise ModelFactsError(f"{cfg.label}: layer {index} {name} is {_shown(value)}")
+        window = layer.window
+        if window_all and window:
+            window = window // 2 + 1  # Gemma4TextConfig: bidirectional "all" halves the window (+1)
+        out.append(
+            replace(layer, num_kv_heads=int(heads), head_size=int(size), head_size_v=int(size), window=window)
+        )
+    return out
 
 
 def _mla_layers(cfg: HfConfig, num_layers: int, kv_lora_rank: int) -> list[LayerFacts]:
