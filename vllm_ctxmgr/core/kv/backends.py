@@ -26,7 +26,24 @@ FLASHINFER_GDN_CHECKPOINT_ALIGNMENT = 64  # v1/attention/backends/gdn_attn.py
 # state_content_bytes of the DeepSeek sparse-MLA packed formats (mla_attention.py get_kv_cache_spec)
 PACKED_MLA_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
 FP8_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
-KNOWN_KV_DTYPES = ("auto", "bfloat16", "float16", "half", "float32", *FP8_KV_DTYPES, *PACKED_MLA_BYTES)
+# Triton attention packs one fp32 scale after each head's K and after its V (triton_attn.py
+# customize_spec); int4 packs two values per byte, so its head sizes are halved.
+PER_TOKEN_HEAD_KV_DTYPES = ("int4_per_token_head", "int8_per_token_head", "fp8_per_token_head")
+PER_TOKEN_HEAD_SCALE_BYTES = 4  # get_dtype_size(torch.float32)
+# FlashInfer NVFP4: per head and side, head_size/2 bytes of fp4 + head_size/16 fp8 block scales
+# (utils/torch_utils.py nvfp4_kv_cache_full_dim, flashinfer.py customize_spec)
+NVFP4_KV_DTYPES = ("nvfp4", "nvfp4_4over6")
+KNOWN_KV_DTYPES = (
+    "auto",
+    "bfloat16",
+    "float16",
+    "half",
+    "float32",
+    *FP8_KV_DTYPES,
+    *PACKED_MLA_BYTES,
+    *PER_TOKEN_HEAD_KV_DTYPES,
+    *NVFP4_KV_DTYPES,
+)
 
 _EVER_ACCEPTED = frozenset(name for row in RULES if row.name == "kv_cache_dtypes" for name in row.value)
 _DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -36,16 +53,48 @@ def is_quantized_kv_cache(kv_cache_dtype: str) -> bool:
     """fp8 and nvfp4 caches: they pick the sparse-MLA backend and format, and a plan offers the fp8
     alternative (or fp8 for DCP with DSA) only where the cache is not quantized already.
     """
-    return kv_cache_dtype.startswith("fp8") or kv_cache_dtype.startswith("nvfp4")
+    return (
+        kv_cache_dtype.startswith("fp8")
+        or kv_cache_dtype.startswith("nvfp4")
+        or kv_cache_dtype in PER_TOKEN_HEAD_KV_DTYPES
+    )
 
 
 def kv_dtype_bytes(kv_dtype: str) -> int:
     """Element bytes of an explicit --kv-cache-dtype: every fp8 variant and packed MLA format stores one
     byte per element (the packed formats' row size is PACKED_MLA_BYTES, not this).
     """
-    if kv_dtype in PACKED_MLA_BYTES or kv_dtype.startswith("fp8"):
-        return 1
+    if (
+        kv_dtype in PACKED_MLA_BYTES
+        or kv_dtype.startswith("fp8")
+        or kv_dtype in PER_TOKEN_HEAD_KV_DTYPES
+        or kv_dtype in NVFP4_KV_DTYPES
+    ):
+        return 1  # uint8 / int8 storage; the scales are in attention_content_bytes
     return dtype_bytes(kv_dtype)
+
+
+def nvfp4_kv_cache_full_dim(head_size: int) -> int:
+    """vllm.utils.torch_utils.nvfp4_kv_cache_full_dim: fp4 data + fp8 block scales of one head side."""
+    return head_size // 2 + head_size // 16
+
+
+def attention_content_bytes(head_size: int, head_size_v: int, kv_dtype: str) -> int | None:
+    """Bytes one KV head of one token takes where the backend packs scales with it (customize_spec).
+
+    None for the dense formats, whose content is (head_size + head_size_v) x element bytes. FlashInfer
+    gives NVFP4 2 x num_kv_heads slots of one side each; per KV head that is both sides, as here.
+    """
+    if kv_dtype in PER_TOKEN_HEAD_KV_DTYPES:
+        k, v = head_size, head_size_v
+        if kv_dtype == "int4_per_token_head":
+            k, v = k // 2, v // 2
+        return k + v + 2 * PER_TOKEN_HEAD_SCALE_BYTES
+    if kv_dtype in NVFP4_KV_DTYPES:
+        if nvfp4_kv_cache_full_dim(head_size) != nvfp4_kv_cache_full_dim(head_size_v):
+            raise UsageError("vLLM's NVFP4 KV cache does not support different K and V head sizes")
+        return 2 * nvfp4_kv_cache_full_dim(head_size)
+    return None
 
 
 def mla_content_bytes(layer: LayerFacts, kv_dtype: str, kv_bytes: int) -> int:
@@ -183,6 +232,12 @@ def select_attention_backend(
                 return AttentionBackend("FLASHINFER_MLA", 32, 32)
             return AttentionBackend("CUTLASS_MLA", 128, 128)
         return AttentionBackend("TRITON_MLA", 16, 16)
+    if kv_cache_dtype in PER_TOKEN_HEAD_KV_DTYPES:
+        return AttentionBackend("TRITON_ATTN", 16, 16)  # the only backend that lists these dtypes
+    if kv_cache_dtype in NVFP4_KV_DTYPES:
+        if major != 10:
+            raise UsageError(f"--kv-cache-dtype {kv_cache_dtype} needs FlashInfer on SM100 (Blackwell)")
+        return AttentionBackend("FLASHINFER", 16, 16)
     if major == 10:
         return AttentionBackend("FLASHINFER", 16, 16)
     return AttentionBackend("FLASH_ATTN", 16, 16)
@@ -214,6 +269,8 @@ def backend_kv_cache_dtype(
         raise UsageError("nvfp4_ds_mla needs SM100 (Blackwell)")
     if kv_dtype in PACKED_MLA_BYTES and not facts.is_mla:
         raise UsageError(f"--kv-cache-dtype {kv_dtype} exists only for MLA models")
+    if facts.is_mla and (kv_dtype in PER_TOKEN_HEAD_KV_DTYPES or kv_dtype in NVFP4_KV_DTYPES):
+        raise UsageError(f"--kv-cache-dtype {kv_dtype}: not modelled by ctxmgr for MLA models")
     return kv_dtype
 
 

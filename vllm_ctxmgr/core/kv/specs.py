@@ -14,7 +14,12 @@ from dataclasses import dataclass
 
 from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, StateFacts, dtype_bytes
 from vllm_ctxmgr.core.hardware import Platform
-from vllm_ctxmgr.core.kv.backends import PACKED_MLA_BYTES, AttentionBackend, mla_content_bytes
+from vllm_ctxmgr.core.kv.backends import (
+    PACKED_MLA_BYTES,
+    AttentionBackend,
+    attention_content_bytes,
+    mla_content_bytes,
+)
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.errors import UsageError
 
@@ -317,12 +322,16 @@ def layer_specs(
             if kind == LayerKind.SLIDING:
                 raise UsageError("vLLM does not support decode context parallel with sliding-window layers")
             _check_gqa_dcp(layer, args)
+        # each layer's own geometry (Gemma-4's global layers differ from its sliding ones), and the
+        # scales a quantized format packs with each head (backends.attention_content_bytes)
+        head_size_v = layer.head_size_v or layer.head_size
         common = dict(
             block_size=block_size,
             num_kv_heads=kv_heads_per_gpu(layer.num_kv_heads, tp, index),
             head_size=layer.head_size,
-            head_size_v=layer.head_size_v or layer.head_size,
+            head_size_v=head_size_v,
             dtype_bytes=kv_bytes,
+            state_content_bytes=attention_content_bytes(layer.head_size, head_size_v, kv_dtype),
         )
         if kind == LayerKind.SLIDING:
             if not layer.window:
