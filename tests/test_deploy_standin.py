@@ -319,3 +319,28 @@ def test_calibration_compares_with_the_utilisation_really_applied() -> None:
     applied = calibration(plan, observation, metrics, applied_utilization=0.9)
     assert applied["predicted_num_gpu_blocks"] == at_090 and applied["error_percent"] == 0
     assert applied["predicted_at_gpu_memory_utilization"] == 0.9
+
+
+def test_a_dry_run_needs_no_write_access_to_the_state_directory(sandbox, install_unit, workdir) -> None:  # type: ignore[no-untyped-def]
+    """Issue 8 item 6: a dry run took the lock (creating the state directory) and wrote its candidate
+    there. With a state directory that cannot be created (its parent is a file), it still plans,
+    verifies and prints the diff."""
+    name = "vllm-it-dry-ro"
+    _unit, _port, path = start_service(sandbox, install_unit, workdir, name)
+    before = path.read_bytes()
+    blocker = workdir / "not-a-directory"
+    blocker.write_text("a file where the state directory's parent would be\n")
+    state = blocker / "state"
+    code, data, err = ctxmgr(sandbox, state, "set-context", "100000", "--service", name, *offline_gpu_args(),
+                             "--dry-run", "--json")  # fmt: skip
+    assert code == 0, err
+    assert data["result"] == "dry-run" and data["changed"] is True and data["dry_run"] is True
+    assert "+    --max-model-len 100000" in data["diff"]
+    assert blocker.read_text().startswith("a file") and path.read_bytes() == before
+    # an existing state directory is not written by a dry run either: no lock file where none was
+    state = workdir / "state"
+    (state / name).mkdir(parents=True)
+    code, data, err = ctxmgr(sandbox, state, "set-context", "100000", "--service", name, *offline_gpu_args(),
+                             "--dry-run", "--json")  # fmt: skip
+    assert code == 0 and data["result"] == "dry-run", err
+    assert sorted(p.name for p in (state / name).iterdir()) == ["lock"]  # the lock only, nothing else

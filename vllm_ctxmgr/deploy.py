@@ -46,7 +46,7 @@ from vllm_ctxmgr.probe import cache_config_info, probe, wait_until_serving
 from vllm_ctxmgr.service import ServiceView, read_service, view_from_unit
 from vllm_ctxmgr.store import Revision, ServiceStore, State, Step, atomic_write, crash_point
 from vllm_ctxmgr.systemd.names import unit_name
-from vllm_ctxmgr.systemd.systemctl import Systemd
+from vllm_ctxmgr.systemd.systemctl import Systemd, new_problems
 from vllm_ctxmgr.systemd.unit import (
     ServiceUnit,
     UnitFile,
@@ -132,6 +132,7 @@ class ChangeResult:
     calibration: dict[str, Any] = field(default_factory=dict)  # predicted vs observed KV capacity
     timings: dict[str, float] = field(default_factory=dict)
     pending_recovery: int | None = None  # a revision an interrupted run left: a real run recovers it first
+    warnings: list[str] = field(default_factory=list)  # verify findings the unit had before the change
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -162,8 +163,8 @@ class Change:
 
     store: ServiceStore
     rev: Revision
-    old: bytes  # the unit as it was (the revision's `previous`)
-    new: bytes  # the unit this revision installs
+    old: bytes | None  # the unit as it was (the revision's `previous`); None: the file did not exist
+    new: bytes | None  # the unit this revision installs; None: the file is removed (a drop-in ctxmgr made)
     command: str = ""  # the ctxmgr command walking it: set-context | rollback | recover
 
     def enter(self, state: State, note: str = "") -> None:
@@ -237,6 +238,8 @@ class Deployer:
     listen_timeout: float = 120.0  # from vLLM's ready line to /health answering
     exit_wait: float = 20.0  # how long a failed vLLM may take to exit by itself before the restore
     last_metrics: dict[str, str] = field(default_factory=dict)
+    read_only: bool = False  # a dry run: observations stay in memory (unsaved_observations)
+    unsaved_observations: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def unit(self) -> str:
@@ -244,8 +247,22 @@ class Deployer:
 
     # ---- the common restart path -----------------------------------------------------------
 
-    def _install(self, path: Path, data: bytes) -> None:
-        atomic_write(self.systemd.host_path(path), data)
+    def _install(self, path: Path, data: bytes | None) -> None:
+        """Write the unit file, or remove it (None: a drop-in ctxmgr created goes). Creating or removing
+        a file changes the unit's DropInPaths: systemd is reloaded so that what it reports is current."""
+        host = self.systemd.host_path(path)
+        existed = host.exists()
+        if data is None:
+            host.unlink(missing_ok=True)
+            if host.parent.name.endswith(".d"):
+                with contextlib.suppress(OSError):
+                    host.parent.rmdir()  # only when empty: the directory ctxmgr made for it
+        else:
+            if not host.parent.exists():
+                host.parent.mkdir(mode=0o755, parents=True)
+            atomic_write(host, data)
+        if existed != (data is not None):
+            self.systemd.daemon_reload()
 
     def restart_and_watch(self, view: ServiceView) -> Any:
         """daemon-reload, restart, watch the journal until vLLM serves (and /health answers) or fails."""
@@ -323,7 +340,10 @@ class Deployer:
             configured_kv_cache_memory_bytes=effective_args(view.args).kv_cache_memory_bytes,
             ok=verdict.ok,
         )
-        self.store.add_observation(obs)
+        if self.read_only:
+            self.unsaved_observations.append(obs)
+        else:
+            self.store.add_observation(obs)
 
     # ---- applying a new unit, with automatic rollback --------------------------------------
 
@@ -370,7 +390,7 @@ class Deployer:
         self.on_step(f"installing {path} (revision {rev.number})")
         change.enter(State.INSTALLED, f"installing {path}")
         self._install(path, change.new)
-        view = view_from_unit(self._loaded_unit_with(path, change.new.decode()), self.systemd.root)
+        view = view_from_unit(self._loaded_unit_with(path, change.new), self.systemd.root)
         change.enter(State.RESTARTING, f"daemon-reload; restart {self.unit}; following its journal")
         started = time.monotonic()
         try:
@@ -440,11 +460,12 @@ class Deployer:
                 return
             time.sleep(0.3)
 
-    def _restore(self, path: Path, old: bytes) -> tuple[bool, str]:
-        """Put `old` back byte for byte, restart, and prove it serves again at its own context."""
+    def _restore(self, path: Path, old: bytes | None) -> tuple[bool, str]:
+        """Put `old` back byte for byte (or remove a drop-in that did not exist), restart, and prove it
+        serves again at its own context."""
         self._install(path, old)
         try:
-            view = view_from_unit(self._loaded_unit_with(path, old.decode()), self.systemd.root)
+            view = view_from_unit(self._loaded_unit_with(path, old), self.systemd.root)
             verdict, probe_result = self.restart_and_check(view, None, False)
         except CtxmgrError as exc:
             return False, exc.message
@@ -455,10 +476,16 @@ class Deployer:
         self.on_step(f"{self.service} is serving again with its previous unit")
         return True, ""
 
-    def _loaded_unit_with(self, path: Path, text: str) -> ServiceUnit:
+    def _loaded_unit_with(self, path: Path, data: bytes | None) -> ServiceUnit:
+        """The unit as systemd will load it with `path` holding `data` (None: without that file)."""
         current = read_service(self.systemd, self.service).unit
-        files = tuple(UnitFile.parse(f.path, text) if f.path == path else f for f in current.files)
-        return ServiceUnit(current.name, files)
+        files = [f for f in current.files if f.path != path or data is not None]
+        files = [
+            UnitFile.parse(f.path, data.decode()) if data is not None and f.path == path else f for f in files
+        ]
+        if data is not None and all(f.path != path for f in files):
+            files.append(UnitFile.parse(path, data.decode()))
+        return ServiceUnit(current.name, tuple(files))
 
     # ---- recovery of a run that was killed -------------------------------------------------
 
@@ -498,14 +525,13 @@ class Deployer:
         change = Change(
             self.store,
             rev,
-            old=self.store.unit_bytes(rev.number, "previous"),
-            new=self.store.unit_bytes(rev.number, "unit"),
+            old=self.store.file_bytes(rev.number, "previous"),
+            new=self.store.file_bytes(rev.number, "unit"),
             command="recover",
         )
         result = _result_for(rev, "recover")
         path = Path(rev.unit_path)
-        host_path = self.systemd.host_path(path)
-        installed = host_path.read_bytes() if host_path.exists() else b""
+        installed = _read_installed(self.systemd, path)
         state = self.systemd.state(self.unit)
         active = state.active_state == "active" and state.sub_state == "running"
         with signals_fail(change):
@@ -534,7 +560,7 @@ class Deployer:
             change.enter(State.ROLLING_BACK, note)
             if installed != change.old:
                 self._install(Path(rev.unit_path), change.old)
-                self.systemd.daemon_reload()
+                self.systemd.daemon_reload()  # (again, where _install reloaded already: harmless)
             rev.reason = f"{interrupted}; it was undone (nothing had restarted the service)"
             change.enter(State.ROLLED_BACK, "the previous unit is installed and its process still serves")
             result.result, result.reason = "rolled-back", rev.reason
@@ -546,6 +572,18 @@ class Deployer:
             rev.reason = result.reason
             self.store.save(rev)
         return result
+
+
+def _read_installed(systemd: Systemd, path: Path) -> bytes | None:
+    """The unit file's bytes now; None where it does not exist."""
+    try:
+        return systemd.host_path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _text(data: bytes | None) -> str:
+    return "" if data is None else data.decode()
 
 
 def _describe(rev: Revision) -> str:
@@ -588,8 +626,8 @@ def _pending_dry_run(deployer: Deployer, action: str) -> ChangeResult | None:
     if rev is None:
         return None
     path = Path(rev.unit_path)
-    installed = deployer.systemd.host_path(path).read_bytes()
-    previous = deployer.store.unit_bytes(rev.number, "previous")
+    installed = _read_installed(deployer.systemd, path)
+    previous = deployer.store.file_bytes(rev.number, "previous")
     result = ChangeResult(
         deployer.service,
         action,
@@ -602,7 +640,7 @@ def _pending_dry_run(deployer: Deployer, action: str) -> ChangeResult | None:
         gpu_memory_utilization=rev.previous_gpu_memory_utilization,
         previous_gpu_memory_utilization=rev.gpu_memory_utilization,
         unit_path=str(path),
-        diff=unified_diff(installed.decode(), previous.decode(), str(path)),
+        diff=unified_diff(_text(installed), _text(previous), str(path)),
     )
     result.reason = (
         f"dry run: revision {rev.number} ({_describe(rev)}) was left {rev.state} by an interrupted run; "
@@ -615,118 +653,134 @@ def _pending_dry_run(deployer: Deployer, action: str) -> ChangeResult | None:
 def set_context(deployer: Deployer, request: SetContextRequest) -> ChangeResult:
     """Plan, render, record, install, restart, watch, probe; roll back on any failure."""
 
+    store = deployer.store
+    # a dry run reads: it takes the lock only where the state directory exists and is writable, and
+    # writes nothing there (observations stay in memory, the candidate goes to the manager's /run)
+    lock = store.read_lock(request.lock_wait) if request.dry_run else store.lock(request.lock_wait)
+    read_only = deployer.read_only
+    deployer.read_only = read_only or request.dry_run
+    try:
+        with lock:
+            return _set_context_locked(deployer, request)
+    finally:
+        deployer.read_only = read_only
+
+
+def _set_context_locked(deployer: Deployer, request: SetContextRequest) -> ChangeResult:
     store, systemd = deployer.store, deployer.systemd
-    with store.lock(request.lock_wait):
-        if request.dry_run:
-            pending = _pending_dry_run(deployer, "set-context")
-            if pending is not None:
-                return pending
-        else:
-            deployer.recover_if_needed()
-        view = read_service(systemd, deployer.service)
-        learned = learn_from_running_instance(deployer, view)
-        observations = observations_from_store(store.observations())
-        pids = tuple(systemd.unit_processes(view.name))
-        planning = replace(
-            request.planning or PlanRequest(request.context),
-            context=request.context,
-            fixed_gpu_memory_utilization=request.gpu_memory_utilization,
+    if request.dry_run:
+        pending = _pending_dry_run(deployer, "set-context")
+        if pending is not None:
+            return pending
+    else:
+        deployer.recover_if_needed()
+    view = read_service(systemd, deployer.service)
+    learned = learn_from_running_instance(deployer, view)
+    observations = observations_from_store(store.observations() + deployer.unsaved_observations)
+    pids = tuple(systemd.unit_processes(view.name))
+    planning = replace(
+        request.planning or PlanRequest(request.context),
+        context=request.context,
+        fixed_gpu_memory_utilization=request.gpu_memory_utilization,
+    )
+    plan = plan_for(view.args, planning, pids, observations)
+    if learned:
+        plan = replace(plan, notes=(learned, *plan.notes))
+    result = ChangeResult(
+        deployer.service,
+        "set-context",
+        "planned",
+        False,
+        previous_max_model_len=view.args.max_model_len,
+        previous_gpu_memory_utilization=view.args.gpu_memory_utilization,
+        max_model_len=plan.max_model_len,
+        gpu_memory_utilization=plan.gpu_memory_utilization,
+        plan=plan.to_json(),
+        unit_path=str(view.unit_path),
+    )
+    if (
+        not plan.feasible
+        and view.args.max_model_len == request.context
+        and request.gpu_memory_utilization is None
+    ):
+        result.result = "unchanged"
+        result.reason = (
+            f"{deployer.service} already has max_model_len {request.context}: nothing changed, nothing "
+            "restarted"
         )
-        plan = plan_for(view.args, planning, pids, observations)
-        if learned:
-            plan = replace(plan, notes=(learned, *plan.notes))
-        result = ChangeResult(
-            deployer.service,
-            "set-context",
-            "planned",
-            False,
-            previous_max_model_len=view.args.max_model_len,
-            previous_gpu_memory_utilization=view.args.gpu_memory_utilization,
-            max_model_len=plan.max_model_len,
-            gpu_memory_utilization=plan.gpu_memory_utilization,
-            plan=plan.to_json(),
-            unit_path=str(view.unit_path),
-        )
-        if (
-            not plan.feasible
-            and view.args.max_model_len == request.context
-            and request.gpu_memory_utilization is None
-        ):
-            result.result = "unchanged"
-            result.reason = (
-                f"{deployer.service} already has max_model_len {request.context}: nothing changed, nothing "
-                "restarted"
+        result.suggestion = f"note: the plan says it does not fit with ctxmgr's margin: {plan.reason}"
+        return result
+    if not plan.feasible and not request.force:
+        result.result, result.exit_code = "infeasible", EXIT_INFEASIBLE
+        result.reason = plan.reason
+        best = next((a for a in plan.alternatives if a.feasible), None)
+        result.suggestion = f"largest context that fits: {plan.max_context}"
+        if best is not None and (best.max_context != plan.max_context or best.env_changes):
+            how = [f"{k} {v}" for k, v in best.flag_changes.items()]
+            how += [f"Environment={k}={v}" for k, v in best.env_changes.items()]
+            result.suggestion += f"; or {best.description}" + (f" ({' '.join(how)})" if how else "")
+        return result
+    flag_changes = dict(plan.flag_changes)
+    flag_changes["--max-model-len"] = str(request.context)
+    already_there = view.args.max_model_len == request.context
+    if request.gpu_memory_utilization is None and (
+        already_there or _current_utilization_suffices(view.args, plan)
+    ):
+        # change only what must change: a utilisation that already holds the target stays, and
+        # asking for the context the unit already has restarts nothing (the plan's view is a warning)
+        if already_there and "--gpu-memory-utilization" in flag_changes:
+            result.suggestion = (
+                f"the plan would use gpu_memory_utilization {plan.gpu_memory_utilization} "
+                "for its margin; "
+                "pass --gpu-memory-utilization to change it"
             )
-            result.suggestion = f"note: the plan says it does not fit with ctxmgr's margin: {plan.reason}"
-            return result
-        if not plan.feasible and not request.force:
-            result.result, result.exit_code = "infeasible", EXIT_INFEASIBLE
-            result.reason = plan.reason
-            best = next((a for a in plan.alternatives if a.feasible), None)
-            result.suggestion = f"largest context that fits: {plan.max_context}"
-            if best is not None and (best.max_context != plan.max_context or best.env_changes):
-                how = [f"{k} {v}" for k, v in best.flag_changes.items()]
-                how += [f"Environment={k}={v}" for k, v in best.env_changes.items()]
-                result.suggestion += f"; or {best.description}" + (f" ({' '.join(how)})" if how else "")
-            return result
-        flag_changes = dict(plan.flag_changes)
-        flag_changes["--max-model-len"] = str(request.context)
-        already_there = view.args.max_model_len == request.context
-        if request.gpu_memory_utilization is None and (
-            already_there or _current_utilization_suffices(view.args, plan)
-        ):
-            # change only what must change: a utilisation that already holds the target stays, and
-            # asking for the context the unit already has restarts nothing (the plan's view is a warning)
-            if already_there and "--gpu-memory-utilization" in flag_changes:
-                result.suggestion = (
-                    f"the plan would use gpu_memory_utilization {plan.gpu_memory_utilization} "
-                    "for its margin; "
-                    "pass --gpu-memory-utilization to change it"
-                )
-            flag_changes.pop("--gpu-memory-utilization", None)
-            result.gpu_memory_utilization = view.args.gpu_memory_utilization
-        if request.gpu_memory_utilization is not None:
-            flag_changes["--gpu-memory-utilization"] = f"{request.gpu_memory_utilization:g}"
-            result.gpu_memory_utilization = request.gpu_memory_utilization
-        edit = edit_unit(view.unit, flag_changes, plan.env_changes)
-        result.diff = unified_diff(edit.old_text, edit.new_text, str(edit.path), view.secrets)
-        if not edit.changed:
-            result.result = "unchanged"
-            result.reason = (
-                f"{deployer.service} already has max_model_len {request.context}"
-                + (
-                    f" and gpu_memory_utilization {view.args.gpu_memory_utilization:g}"
-                    if view.args.gpu_memory_utilization
-                    else ""
-                )
-                + ": nothing to change, nothing restarted"
+        flag_changes.pop("--gpu-memory-utilization", None)
+        result.gpu_memory_utilization = view.args.gpu_memory_utilization
+    if request.gpu_memory_utilization is not None:
+        flag_changes["--gpu-memory-utilization"] = f"{request.gpu_memory_utilization:g}"
+        result.gpu_memory_utilization = request.gpu_memory_utilization
+    edit = edit_unit(view.unit, flag_changes, plan.env_changes, systemd.unit_dir / f"{view.name}.d")
+    result.diff = unified_diff(edit.old_text, edit.new_text, str(edit.path), view.secrets)
+    result.unit_path = str(edit.path)
+    if not edit.changed:
+        result.result = "unchanged"
+        result.reason = (
+            f"{deployer.service} already has max_model_len {request.context}"
+            + (
+                f" and gpu_memory_utilization {view.args.gpu_memory_utilization:g}"
+                if view.args.gpu_memory_utilization
+                else ""
             )
-            return result
-        problems = verify_candidate(systemd, store, view, edit.path, edit.new_text)
-        if problems:
-            raise UnitError(f"the new unit does not pass systemd-analyze verify: {problems[0]}")
-        if request.dry_run:
-            result.result = "dry-run"
-            result.reason = "dry run: nothing was written or restarted"
-            return result
-        old, new = edit.old_text.encode(), edit.new_text.encode()
-        _ensure_baseline(store, view, old)
-        rev = _planned(
-            deployer,
-            unit_path=str(edit.path),
-            max_model_len=request.context,
-            gpu_memory_utilization=result.gpu_memory_utilization,
-            previous_max_model_len=view.args.max_model_len,
-            previous_gpu_memory_utilization=view.args.gpu_memory_utilization,
-            vllm_version=view.args.vllm_version,
-            plan=result.plan,
+            + ": nothing to change, nothing restarted"
         )
-        applied = deployer.apply(
-            Change(store, rev, old, new, "set-context"), request.probe_tokens, request.long_probe
-        )
-        applied.plan, applied.diff = result.plan, result.diff
-        store.prune()
-        return applied
+        return result
+    problems, inherited = verify_candidate(systemd, view, edit.path, edit.new_text)
+    result.warnings = [f"systemd-analyze verify (the unit had it before): {p}" for p in inherited]
+    if problems:
+        raise UnitError(f"the new unit does not pass systemd-analyze verify: {problems[0]}")
+    if request.dry_run:
+        result.result = "dry-run"
+        result.reason = "dry run: nothing was written or restarted"
+        return result
+    old = edit.old_text.encode() if edit.existed else None
+    new = edit.new_text.encode()
+    _ensure_baseline(store, view, edit.path, old)
+    rev = _planned(
+        deployer,
+        unit_path=str(edit.path),
+        max_model_len=request.context,
+        gpu_memory_utilization=result.gpu_memory_utilization,
+        previous_max_model_len=view.args.max_model_len,
+        previous_gpu_memory_utilization=view.args.gpu_memory_utilization,
+        vllm_version=view.args.vllm_version,
+        plan=result.plan,
+    )
+    applied = deployer.apply(
+        Change(store, rev, old, new, "set-context"), request.probe_tokens, request.long_probe
+    )
+    applied.plan, applied.diff, applied.warnings = result.plan, result.diff, result.warnings
+    store.prune()
+    return applied
 
 
 def _planned(deployer: Deployer, **fields: Any) -> Revision:
@@ -754,24 +808,30 @@ def _current_utilization_suffices(args: ServeArgs, plan: Any) -> bool:
 
 
 def verify_candidate(
-    systemd: Systemd, store: ServiceStore, view: ServiceView, path: Path, text: str
-) -> list[str]:
-    """`systemd-analyze verify` on the unit as it would load: the fragment plus its drop-ins, one edited."""
+    systemd: Systemd, view: ServiceView, path: Path, text: str
+) -> tuple[list[str], list[str]]:
+    """`systemd-analyze verify` on the unit as it would load (the fragment plus its drop-ins, one edited
+    or added) and, where it finds anything, on the unit as it loads now: (what the change adds, what
+    the unit had already). A harmless finding the unit already had (a deprecated MemoryLimit=, an
+    ExecStartPre= binary missing on this host) must not block every change."""
+
+    def merged(pieces: list[str]) -> bytes:
+        return "\n".join(p if p.endswith("\n") else p + "\n" for p in pieces).encode()
+
     pieces = [text if f.path == path else f.text for f in view.unit.files]
-    merged = "\n".join(p if p.endswith("\n") else p + "\n" for p in pieces)
-    store.ensure()
-    candidate_dir = store.root / "candidate"
-    candidate_dir.mkdir(mode=0o700, exist_ok=True)
-    candidate = candidate_dir / view.name
-    atomic_write(candidate, merged.encode(), mode=0o600)
-    try:
-        return systemd.analyze_verify(candidate, view.name)
-    finally:
-        candidate.unlink(missing_ok=True)
+    if all(f.path != path for f in view.unit.files):
+        pieces.append(text)  # a new drop-in: after the others (its ExecStart= is the last one)
+    found = systemd.analyze_verify_text(merged(pieces), view.name)
+    if not found:
+        return [], []
+    current = systemd.analyze_verify_text(merged([f.text for f in view.unit.files]), view.name)
+    added = new_problems(found, current)
+    return added, [p for p in found if p not in added]
 
 
-def _ensure_baseline(store: ServiceStore, view: ServiceView, current: bytes) -> None:
-    """The first change to a service records the unit as found, so `rollback --to 0` can return to it."""
+def _ensure_baseline(store: ServiceStore, view: ServiceView, path: Path, current: bytes | None) -> None:
+    """The first change to a service records the unit file it changes as found (None: a drop-in that
+    does not exist yet), so `rollback --to 0` can return to it."""
     if store.revisions():
         return
     now = time.time()
@@ -781,7 +841,7 @@ def _ensure_baseline(store: ServiceStore, view: ServiceView, current: bytes) -> 
             number=0,
             service=store.service,
             state=State.BASELINE,
-            unit_path=str(view.unit_path),
+            unit_path=str(path),
             created=now,
             finished=now,
             max_model_len=view.args.max_model_len,
@@ -802,7 +862,7 @@ def rollback(
 ) -> ChangeResult:
     """Install an earlier revision's unit through the same restart / watch / probe path."""
     store, systemd = deployer.store, deployer.systemd
-    with store.lock(lock_wait):
+    with store.read_lock(lock_wait) if dry_run else store.lock(lock_wait):
         if dry_run:
             pending = _pending_dry_run(deployer, "rollback")
             if pending is not None:
@@ -825,8 +885,8 @@ def rollback(
             target = store.get(to)
         view = read_service(systemd, deployer.service)
         path = Path(target.unit_path)
-        old = systemd.host_path(path).read_bytes()
-        new = store.unit_bytes(target.number, "unit")
+        old = _read_installed(systemd, path)
+        new = store.file_bytes(target.number, "unit")
         result = ChangeResult(
             deployer.service,
             "rollback",
@@ -838,7 +898,7 @@ def rollback(
             gpu_memory_utilization=target.gpu_memory_utilization,
             unit_path=str(path),
         )
-        result.diff = unified_diff(old.decode(), new.decode(), str(path), view.secrets)
+        result.diff = unified_diff(_text(old), _text(new), str(path), view.secrets)
         if old == new:
             result.reason = (
                 f"{deployer.service} already runs the unit of revision {target.number}: nothing to do"

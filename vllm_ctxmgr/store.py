@@ -559,15 +559,16 @@ class ServiceStore:
         if not self.writable():
             yield False
             return
-        with self.lock(wait):
+        with self.lock(wait, create=False):
             yield True
 
     @contextlib.contextmanager
-    def lock(self, wait: float = 0.0) -> Iterator[None]:
+    def lock(self, wait: float = 0.0, create: bool = True) -> Iterator[None]:
         """One ctxmgr run per service: wait up to `wait` seconds, then refuse naming the holder.
         Only the holder writes (and at the end clears) the lock file: a run that is refused leaves
-        the holder's line for the next one to read."""
-        self.ensure()
+        the holder's line for the next one to read. `create`: make the state directories first."""
+        if create:
+            self.ensure()
         path = self.root / "lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         deadline = time.monotonic() + wait
