@@ -222,3 +222,10 @@ def test_hostile_or_broken_config_files_are_one_line_errors(tmp_path: Path) -> N
     with pytest.raises(CtxmgrError, match="names no model"):
         (etc / "empty.yaml").write_text("port: 8001\n")
         view_from_unit(unit_with("/opt/vllm/bin/vllm serve --config /etc/vllm/empty.yaml"), tmp_path)
+
+
+def test_an_api_key_in_the_yaml_is_the_probes_key_and_masked(tmp_path: Path) -> None:
+    installed_config(tmp_path, "model: m/x\napi-key: sk-yaml-0123456789\n", "k.yaml")
+    view = view_from_unit(unit_with("/opt/vllm/bin/vllm serve --config /etc/vllm/k.yaml"), tmp_path)
+    assert view.api_key == "sk-yaml-0123456789"
+    assert "sk-yaml-0123456789" in view.secrets
