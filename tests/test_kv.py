@@ -520,4 +520,5 @@ def test_checkpoint_kv_cache_scheme_replaces_auto() -> None:
 
 def test_unmodelled_kv_dtype_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="not modelled"):
-        kv_cache_layout(tiny_llama(), ServeArgs("tiny", kv_cache_dtype="int8_per_token_head"), H200)
+        # int8_per_token_head is planned now (tests/test_layer_geometry.py); turboquant is still refused
+        kv_cache_layout(tiny_llama(), ServeArgs("tiny", kv_cache_dtype="turboquant_k8v4"), H200)

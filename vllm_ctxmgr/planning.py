@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, uniform_gpus
+from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, platform_for, uniform_gpus
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan, parse_vllm_version
@@ -200,6 +201,7 @@ class PlanRequest:
     max_gpu_memory_utilization: float = 0.95
     fixed_gpu_memory_utilization: float | None = None  # the operator's choice, not the planner's
     concurrency: int = 1  # requests of the full context the KV cache must hold at once
+    cuda_version: str | None = None  # CUDA runtime of the unit's vLLM ("12.8"); None: unknown
 
 
 def stored_observations(state_dir: Path | str, unit: str) -> list[Observation]:
@@ -241,7 +243,20 @@ def plan_for(
         service_pids=service_pids,
         cpu=cpu,
     )
+    if request.cuda_version is not None and not cpu:
+        platform = platform_for(gpu_state, cpu)
+        options = replace(
+            options, platform=replace(platform, cuda_runtime_major=cuda_runtime_major(request.cuda_version))
+        )
     return make_plan(model_facts, args, gpu_state, options, tuple(observations))
+
+
+def cuda_runtime_major(version: str) -> int:
+    """The major of a CUDA runtime version as torch writes it (torch.version.cuda, "12.8" / "13.0")."""
+    match = re.fullmatch(r"\s*(\d{1,3})\.(\d{1,3})(?:\.\d{1,5})?\s*", version)
+    if match is None:
+        raise UsageError(f"--cuda-version {version!r}: expected X.Y, e.g. 12.8 or 13.0")
+    return int(match.group(1))
 
 
 def plan_verdict(plan: Plan) -> str:

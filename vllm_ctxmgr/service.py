@@ -309,6 +309,36 @@ def installed_vllm_version(argv0: str, root: Path | None = None) -> str | None:
     return found.get("vllm")
 
 
+# torch/version.py is a few hundred bytes; a bounded read keeps a FIFO or a huge file from hanging ctxmgr
+TORCH_VERSION_MAX_BYTES = 1 << 16
+
+
+def installed_cuda_version(argv0: str, root: Path | None = None) -> str | None:
+    """The CUDA runtime the unit's vLLM runs on: `cuda = "12.8"` in its venv's torch/version.py.
+
+    It decides backends (FlashInfer GDN prefill on SM10x/12x only with CUDA >= 13). The file is read as
+    text, bounded, never imported (importing torch costs seconds and runs the venv's code). None where
+    the unit's interpreter is not in a venv ctxmgr can see, or torch is a CPU build (`cuda = None`).
+    """
+    path = Path(argv0)
+    if not path.is_absolute() or path.parent.name != "bin":
+        return None
+    prefix = path.parent.parent
+    host_prefix = (root / str(prefix).lstrip("/")) if root and str(root) != "/" else prefix
+    for version_file in sorted(host_prefix.glob("lib/python3*/site-packages/torch/version.py")):
+        try:
+            if not stat.S_ISREG(version_file.stat().st_mode):
+                continue
+            with version_file.open("rb") as handle:
+                text = handle.read(TORCH_VERSION_MAX_BYTES).decode("utf-8", "replace")
+        except OSError:
+            continue
+        match = re.search(r"""^cuda\s*(?::\s*[\w\[\]|. ]+)?=\s*['"](\d+\.\d+)['"]""", text, re.MULTILINE)
+        if match:
+            return match.group(1)
+    return None
+
+
 def container_vllm_version(image: str) -> str | None:
     """`docker.io/vllm/vllm-openai:v0.11.0` -> "0.11.0", from the tag of an image that says vllm (tags
     such as `latest` or `nightly` say nothing; another image's tag is not vLLM's version)."""

@@ -338,6 +338,13 @@ def gpu_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 help="Plan by this vLLM's rules (default: the version the unit runs, else the newest known).",
             ),
             click.option(
+                "--cuda-version",
+                default=None,
+                metavar="X.Y",
+                help="CUDA runtime of the vLLM the unit runs (its torch's, e.g. 12.8): it picks backends "
+                "(FlashInfer GDN prefill on SM10x/12x only from 13). Default: read from the unit's venv.",
+            ),
+            click.option(
                 "--allow-long", is_flag=True, help="Allow a context above the model's derived maximum."
             ),
             click.option(

@@ -101,6 +101,15 @@ LINEAR_LAYER_TYPES = frozenset({"linear_attention", "mamba"})
 TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config")
 # Gemma-4 text configs (gemma4_text, gemma4_unified_text): each layer has its own head size / KV heads
 GEMMA4_MODEL_TYPES = ("gemma4",)
+# DeepSeek-V4's compressed sparse attention (vLLM 0.33 vllm/models/deepseek_v4, registry.py; per-layer
+# compress ratios in transformers_utils/deepseek_v4_utils.py get_compress_ratios): its pages hold one
+# state per `ratio` tokens beside a sliding window, which ctxmgr does not model; read as plain MLA it
+# would be planned wrong, so it is refused by name.
+DEEPSEEK_V4_MODEL_TYPES = frozenset({"deepseek_v4", "deepseek_v41"})
+DEEPSEEK_V4_ARCHITECTURES = frozenset(
+    {"DeepseekV4ForCausalLM", "DeepseekV4ForConditionalGeneration", "DeepseekV41ForCausalLM"}
+)
+DEEPSEEK_V4_REFUSED = "DeepSeek-V4's compressed sparse attention is not modelled"
 
 # --- one HF (text) config, with provenance ---
 
@@ -330,6 +339,13 @@ def _hf_facts(
     config_path = directory / "config.json"
     model_type = _text_model_type(raw, text)
     cfg = HfConfig(text, model_type, label)
+    architectures = raw.get("architectures") or text.get("architectures") or ()
+    if (
+        model_type in DEEPSEEK_V4_MODEL_TYPES
+        or DEEPSEEK_V4_ARCHITECTURES.intersection(architectures)
+        or any(key in text for key in ("compress_ratios", "compress_rates"))
+    ):
+        raise ModelFactsError(f"{config_path}: {DEEPSEEK_V4_REFUSED}")
     notes: list[str] = []
     if model_type and cfg.defaults is None:
         notes.append(f"model_type {model_type!r} is unknown to transformers here; read config.json only")
