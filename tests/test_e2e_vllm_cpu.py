@@ -194,6 +194,8 @@ def test_set_context_applies_is_idempotent_and_refuses_above_max_position_embedd
     assert (data["previous_max_model_len"], data["max_model_len"]) == (1024, 2048)
     # planned for the CPU build it found in the venv, with the KV budget VLLM_CPU_KVCACHE_SPACE gives
     plan = data["plan"]
+    # started by hand, not by ctxmgr: its journal's start was read before the plan
+    assert any("learned from the running instance" in note for note in plan["notes"])
     assert plan["platform"]["device_type"] == "cpu" and plan["vllm_version"] == "0.32.0"
     assert plan["feasible"] is True and plan["kv_cache_memory_bytes"] == 1 << 30
     assert plan["derived_max_model_len"] == vllm_cpu.TINY_MAX_POSITION_EMBEDDINGS
@@ -377,7 +379,9 @@ def test_ctxmgr_killed_mid_restart_is_recovered_byte_for_byte(
     assert not wait_until_serving(served.base_url, time.monotonic() + 0.5)
     run.send_signal(signal.SIGKILL)
     run.wait()
-    assert json.loads(record.read_text())["state"] == "in-progress"
+    killed = json.loads(record.read_text())
+    assert killed["state"] == "restarting"  # the record names the step ctxmgr was killed in
+    assert [step["state"] for step in killed["steps"]][-1] == "restarting"
     assert served.path.read_bytes() != before
 
     code, data, err = ctxmgr(
@@ -407,3 +411,70 @@ def test_ctxmgr_killed_mid_restart_is_recovered_byte_for_byte(
     assert served.main_pid() == pid
     leftovers = orphaned_followers(served.unit)
     assert leftovers == [], f"the killed run left `journalctl --follow` running: {leftovers}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 4. A unit that keeps vLLM's flags in an EnvironmentFile ($VLLM_ARGS split into words as systemd splits
+#    it), and a SIGTERM (what Ansible's async timeout and systemd send) while the new unit starts
+
+
+def test_an_environment_file_unit_plans_from_its_words_and_a_sigterm_mid_restart_rolls_back(
+    sandbox: Sandbox, install_unit: InstallUnit, tiny_model: Path, state_dir: Path
+) -> None:
+    env_file = state_dir.parent / "vllm.env"
+    env_file.write_text('# flags as operators keep them\nVLLM_ARGS="--max-model-len 1024 --max-num-seqs 4"\n')
+    port = free_port()
+    text = vllm_cpu.unit_text(tiny_model, port, 1024, kv_space_gib=1)
+    text = text.replace("--max-model-len 1024", "$VLLM_ARGS").replace(
+        "[Service]\n", f"[Service]\nEnvironmentFile=-/nonexistent/vllm.local\nEnvironmentFile={env_file}\n"
+    )
+    served = start_served(sandbox, install_unit, "vllm-e2e-envfile", text, port)
+    assert served.served_max_model_len() == 1024  # vLLM got the words systemd split out of $VLLM_ARGS
+    code, plan, err = ctxmgr(sandbox, state_dir, "plan", "2048", "--service", served.name, "--json")
+    assert code == EXIT_OK, err
+    assert plan["flag_changes"]["--max-model-len"] == "2048"
+    assert not [w for w in plan["warnings"] if "running vLLM" in w]  # the argv read is the argv it got
+    before = served.path.read_bytes()
+    old_pid = served.main_pid()
+    run = subprocess.Popen(
+        ctxmgr_argv(
+            sandbox,
+            state_dir,
+            "set-context",
+            "2048",
+            "--service",
+            served.name,
+            "--yes",
+            "--json",
+            "--timeout",
+            str(CTXMGR_START_TIMEOUT_S),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and run.poll() is None:
+            if (
+                served.main_pid() not in (old_pid, "0")
+                and b"--max-model-len 2048" in served.path.read_bytes()
+            ):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the restart did not begin within 60 s (ctxmgr exit code {run.poll()})")
+        time.sleep(2.0)  # vLLM with the new unit is loading
+        run.send_signal(signal.SIGTERM)
+        out, err_bytes = run.communicate(timeout=CTXMGR_RUN_TIMEOUT_S)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    data = json.loads(out)
+    assert run.returncode == EXIT_ERROR, err_bytes.decode()
+    assert data["result"] == "rolled-back" and "SIGTERM" in data["reason"]
+    assert served.path.read_bytes() == before  # byte for byte, $VLLM_ARGS and all
+    assert sandbox.systemd.is_active(served.unit)
+    assert served.served_max_model_len() == 1024
+    last = history(sandbox, state_dir, served)[-1]
+    assert (last["state"], last["max_model_len"]) == ("rolled-back", 2048)

@@ -30,8 +30,7 @@ from tests.support.demo import (
 from tests.support.sandbox import Sandbox
 from vllm_ctxmgr.cli.main import main
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuProcess, GpuState
-from vllm_ctxmgr.store import Revision
-from vllm_ctxmgr.verify import (
+from vllm_ctxmgr.core.verdict import (
     DEGRADED,
     FAILED,
     OK,
@@ -39,9 +38,10 @@ from vllm_ctxmgr.verify import (
     VerifyFacts,
     decide,
     record,
-    rollback_target,
     service_memory,
 )
+from vllm_ctxmgr.store import Revision
+from vllm_ctxmgr.verify import rollback_target
 
 REPO = Path(__file__).resolve().parent.parent
 TOTAL = int(SEED_GPU_GIB * GIB)  # what `--gpu-memory 95.6GiB` gives the planner
@@ -269,10 +269,11 @@ def test_a_unit_edited_outside_ctxmgr_and_an_interrupted_change_are_degraded(
 
 def test_vllms_own_memory_growing_in_the_same_process_is_degraded(plan_200k: dict[str, Any]) -> None:
     facts = make_facts(plan_200k)
-    last = {**(facts.last_verify or {}), "gpus": [{"index": 0, "service_bytes": VLLM_HOLDS - 3 * GIB}]}
+    grown = plan_200k["gpus"][0]["margin"]["bytes"] + GIB  # more than the plan's margin
+    last = {**(facts.last_verify or {}), "gpus": [{"index": 0, "service_bytes": VLLM_HOLDS - grown}]}
     result = decide(replace(facts, last_verify=last))
     assert result.result == DEGRADED
-    before, now = (VLLM_HOLDS - 3 * GIB) / GIB, VLLM_HOLDS / GIB
+    before, now = (VLLM_HOLDS - grown) / GIB, VLLM_HOLDS / GIB
     assert result.reasons == [
         f"GPU 0: vLLM's own memory grew from {before:.2f} GiB to {now:.2f} GiB since the last verification "
         "of the same process"
