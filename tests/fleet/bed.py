@@ -358,7 +358,9 @@ backend {BACKEND}
     option httpchk GET /health
     http-check expect status 200
     http-response set-header X-Served-By %s
-    default-server inter 300ms fall 2 rise 2
+    # fall 4 at 300 ms: a host that stopped is out within ~1.2 s, but a 2-core machine that stalls
+    # the health check for a second (CI's, under load) does not mark a healthy host down
+    default-server inter 300ms fall 4 rise 2
 {servers}
 """
         )
