@@ -177,8 +177,8 @@ ALLOWED = {
     "deploy": {"core", "masking", "nvml", "planning", "probe", "service", "store", "systemd", "vllm_log"},
     "verify": {"core", "deploy", "planning", "probe", "service", "store", "systemd", "vllm_log"},
     "schedule": {"metrics", "service", "store", "systemd"},
-    "status": {"schedule", "service", "store", "systemd", "verify"},
-    "metrics": {"verify"},
+    "status": {"report", "schedule", "service", "store", "systemd", "verify"},
+    "metrics": {"core"},
     "report": {"core"},
 }
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from vllm_ctxmgr.core.verdict import DEGRADED, OK, Verification
 from vllm_ctxmgr.errors import UsageError
 from vllm_ctxmgr.metrics import write_textfile
-from vllm_ctxmgr.verify import DEGRADED, OK, Verification
 
 GIB = 1 << 30
 

@@ -22,13 +22,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vllm_ctxmgr.core.verdict import RESULTS
 from vllm_ctxmgr.errors import UsageError
-from vllm_ctxmgr.verify import RESULTS
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from vllm_ctxmgr.verify import Verification
+    from vllm_ctxmgr.core.verdict import Verification
 
 PREFIX = "ctxmgr_verify"
 

@@ -1,4 +1,4 @@
-"""Human and JSON views of facts, GPUs, plans and changes. No I/O beyond returning strings."""
+"""Human and JSON views of facts, GPUs, plans, changes and verifications. No I/O: strings only."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 from vllm_ctxmgr.core.facts import LayerKind, ModelFacts, derived_max_model_len
 from vllm_ctxmgr.core.hardware import GIB, GpuState
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
+from vllm_ctxmgr.core.verdict import Verification
 from vllm_ctxmgr.core.vllm_versions import rules_line
 
 
@@ -299,3 +300,26 @@ def history_text(service: str, rows: list[dict[str, Any]]) -> str:
             f"{row['revision']:>4}  {when}  {action:12} {row['state']:15} {context:>9} {util:>5}  {reason}"
         )
     return "\n".join(out)
+
+
+def verification_text(v: Verification) -> str:
+    """One headline (the journal's summary line), then a line per reason and note."""
+    parts = []
+    if v.max_model_len is not None:
+        parts.append(f"max_model_len {v.max_model_len}")
+    if v.probe_latency_s is not None:
+        parts.append(f"probe {v.probe_latency_s:.2f} s")
+    if v.kv_cache_tokens is not None:
+        parts.append(f"KV cache {v.kv_cache_tokens:,} tokens")
+    if v.margin_bytes is not None:
+        parts.append(f"margin {gib(v.margin_bytes)}")
+    if v.vllm_version:
+        parts.append(f"vLLM {v.vllm_version}")
+    lines = [f"{v.service}: {v.result}" + (f" ({', '.join(parts)})" if parts else "")]
+    lines += [f"  {v.result}: {reason}" for reason in v.reasons]
+    lines += [f"  note: {note}" for note in v.notes]
+    if v.action:
+        lines.append(
+            f"  on failure: {v.action.get('kind')}: {v.action.get('result')}: {v.action.get('reason', '')}"
+        )
+    return "\n".join(lines)
