@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.errors import ModelFactsError, UsageError
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.planning import PlanRequest, plan_for
-from vllm_ctxmgr.service import installed_cuda_version
+from vllm_ctxmgr.service import installed_cuda_version, view_from_unit
+from vllm_ctxmgr.systemd.unit import ServiceUnit
 
 MODELS = Path(__file__).resolve().parent.parent / "examples" / "models"
 GEMMA4_12B = MODELS / "gemma-4-12b"
@@ -179,6 +181,24 @@ def test_cuda_version_read_from_the_units_venv_torch(tmp_path: Path) -> None:
     assert installed_cuda_version("vllm", tmp_path) is None  # not a venv path
     (site / "version.py").write_text("cuda: Optional[str] = None\n")  # a CPU build of torch
     assert installed_cuda_version("/opt/vllm/bin/python3", tmp_path) is None
+
+
+def test_a_unit_is_planned_with_its_own_venvs_cuda_runtime(tmp_path: Path) -> None:
+    """The unit's venv says CUDA 12.8: the plan takes it without --cuda-version (the flag still wins)."""
+    site = tmp_path / "opt/vllm/lib/python3.12/site-packages/torch"
+    site.mkdir(parents=True)
+    (site / "version.py").write_text("cuda: Optional[str] = '12.8'\n")
+    unit_file = tmp_path / "vllm-qwen3-next.service"
+    model = QWEN3_NEXT
+    unit_file.write_text(f"[Service]\nExecStart=/opt/vllm/bin/vllm serve {model} -tp 2\n")
+    view = view_from_unit(ServiceUnit.load_with_dropins(unit_file), tmp_path)
+    assert view.args.cuda_version == "12.8"
+    request = PlanRequest(
+        32768, gpu_memory=int(95.6 * GIB), gpu_count=2, gpu_name="NVIDIA RTX PRO 6000 Blackwell"
+    )
+    from_venv = plan_for(view.args, request)
+    flag = plan_for(view.args, replace(request, cuda_version="13.0"))
+    assert from_venv.layout.block_size != flag.layout.block_size  # 12.8 and 13.0 lay blocks out apart
 
 
 # --- DeepSeek-V4: refused by name, not read as plain MLA -------------------------------------------

@@ -243,11 +243,10 @@ def plan_for(
         service_pids=service_pids,
         cpu=cpu,
     )
-    if request.cuda_version is not None and not cpu:
+    cuda = request.cuda_version or args.cuda_version  # the flag, else what the unit's venv's torch says
+    if cuda is not None and not cpu:
         platform = platform_for(gpu_state, cpu)
-        options = replace(
-            options, platform=replace(platform, cuda_runtime_major=cuda_runtime_major(request.cuda_version))
-        )
+        options = replace(options, platform=replace(platform, cuda_runtime_major=cuda_runtime_major(cuda)))
     return make_plan(model_facts, args, gpu_state, options, tuple(observations))
 
 

@@ -102,9 +102,11 @@ def view_from_unit(unit: ServiceUnit, root: Path = Path("/")) -> ServiceView:
         image = container_image(command) or ""
         version = container_vllm_version(image)
         args = replace(args, **_host_side(args.model, args.env, volumes))
+        cuda = None
     else:
         version = installed_vllm_version(command.words[0].value, root)
-    args = replace(args, vllm_version=version, config_file=config_file, notes=tuple(notes))
+        cuda = installed_cuda_version(command.words[0].value, root)
+    args = replace(args, vllm_version=version, cuda_version=cuda, config_file=config_file, notes=tuple(notes))
     host = args.host or "127.0.0.1"
     if host in ("0.0.0.0", "", "*"):
         host = "127.0.0.1"
