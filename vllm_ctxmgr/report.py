@@ -248,6 +248,7 @@ def change_text(result: Any) -> str:
         out.append(f"decisive line: {result.decisive_line}")
     if result.suggestion:
         out.append(f"{'note' if result.result == 'unchanged' else 'what to try'}: {result.suggestion}")
+    out.extend(f"warning: {warning}" for warning in getattr(result, "warnings", ()))
     if result.observation:
         obs = result.observation
         facts = [
