@@ -8,14 +8,10 @@ from dataclasses import asdict
 from typing import Any
 
 from vllm_ctxmgr.core.facts import LayerKind, ModelFacts, derived_max_model_len
-from vllm_ctxmgr.core.hardware import GIB, GpuState
+from vllm_ctxmgr.core.hardware import GpuState, gib
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.verdict import Verification
 from vllm_ctxmgr.core.vllm_versions import rules_line
-
-
-def gib(n: float | int | None, digits: int = 2) -> str:
-    return "?" if n is None else f"{n / GIB:.{digits}f} GiB"
 
 
 def _layer_summary(model: ModelFacts) -> list[str]:

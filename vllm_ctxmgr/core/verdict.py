@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState
+from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, gib
 from vllm_ctxmgr.core.plan import (
     DEFAULT_MARGIN_MIN_BYTES,
     StoredPlan,
@@ -154,11 +154,6 @@ class Verification:
 
 # ---------------------------------------------------------------------------------------------
 # The pure decision
-
-
-def gib(value: float | int | None) -> str:
-    """Bytes in the GiB the reasons speak (report.gib is the texts' own, with a precision)."""
-    return "?" if value is None else f"{value / GIB:.2f} GiB"
 
 
 def service_memory(
