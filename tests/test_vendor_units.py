@@ -189,6 +189,8 @@ def test_a_package_unit_is_changed_by_a_dropin_and_rolled_back_by_removing_it(  
     # the baseline records that the drop-in did not exist: not an empty file
     baseline = state / "vllm-vendor" / "revisions" / "0000"
     assert not (baseline / "unit").exists() and not (state / "vllm-vendor/revisions/0001/previous").exists()
+    verify = run_ctxmgr(sandbox.pid, state, "verify", "--service", unit, "--json")
+    assert not [r for r in verify.data["reasons"] if "none of the revisions" in r], verify.data
 
     run = run_ctxmgr(sandbox.pid, state, "rollback", "--service", unit, "--yes", "--json")
     assert run.code == 0, run.stdout + run.stderr
@@ -196,6 +198,9 @@ def test_a_package_unit_is_changed_by_a_dropin_and_rolled_back_by_removing_it(  
     assert not sandbox.systemd.host_path(f"/run/systemd/system/{unit}.d").exists()
     assert sandbox.systemd.show(unit, "DropInPaths")["DropInPaths"] == ""
     assert fragment.read_bytes() == before and _served(port) == 8192
+    # back at the baseline, which is the drop-in's absence: verify knows the unit as ctxmgr found it
+    verify = run_ctxmgr(sandbox.pid, state, "verify", "--service", unit, "--json")
+    assert not [r for r in verify.data["reasons"] if "none of the revisions" in r], verify.data
 
 
 def test_a_dropin_ctxmgr_created_is_removed_by_recover_after_a_kill(

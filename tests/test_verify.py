@@ -308,10 +308,14 @@ def test_rollback_target_is_the_newest_other_revision_that_verified() -> None:
     units = {0: b"a", 1: b"b", 2: b"c", 3: b"b", 4: b"d"}
     revisions = [rev(0, "baseline"), rev(1, "final", True), rev(2, "final"), rev(3, "final", True),
                  rev(4, "rolled-back")]  # fmt: skip
+
     # revision 2 passed a scheduled verification; 3 installs the same unit as 1 and is current
-    target = rollback_target(revisions, [2], current=3, current_unit=b"b", unit_bytes=units.__getitem__)
+    def installed(r: Revision) -> bool:
+        return units[r.number] == b"b"
+
+    target = rollback_target(revisions, [2], current=3, installed=installed)
     assert target is not None and target.number == 2
-    target = rollback_target(revisions, [], current=3, current_unit=b"b", unit_bytes=units.__getitem__)
+    target = rollback_target(revisions, [], current=3, installed=installed)
     assert target is not None and target.number == 0  # the unit as ctxmgr found it
 
 

@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
@@ -145,14 +146,22 @@ def _served_max_model_len(base_url: str, api_key: str | None, timeout: float) ->
         return None
 
 
-def installed_revision(store: ServiceStore, revisions: Sequence[Revision], unit_bytes: bytes) -> int | None:
-    """The newest good revision whose unit is byte for byte the one installed now."""
+def is_installed(systemd: Systemd, store: ServiceStore, rev: Revision) -> bool:
+    """The revision's file is on disk as it recorded it: byte for byte, or absent where it recorded
+    none (a package unit's baseline has no drop-in; a drop-in change's baseline is its absence)."""
+    path = systemd.host_path(Path(rev.unit_path))
+    try:
+        installed = path.read_bytes() if path.exists() else None
+        return store.file_bytes(rev.number, "unit") == installed
+    except OSError:
+        return False
+
+
+def installed_revision(systemd: Systemd, store: ServiceStore, revisions: Sequence[Revision]) -> int | None:
+    """The newest good revision that is installed now."""
     for rev in reversed(revisions):
-        if rev.state not in (FINAL, BASELINE):
-            continue
-        with contextlib.suppress(OSError):
-            if store.unit_bytes(rev.number, "unit") == unit_bytes:
-                return rev.number
+        if rev.state in (FINAL, BASELINE) and is_installed(systemd, store, rev):
+            return rev.number
     return None
 
 
@@ -166,7 +175,7 @@ def gather(
     unit = unit_facts(systemd, view.name)
     notes: list[str] = []
     revisions = store.revisions()
-    current = installed_revision(store, revisions, systemd.host_path(view.unit_path).read_bytes())
+    current = installed_revision(systemd, store, revisions)
     stored = store.observations()
     last_start = stored[-1] if stored else None
 
@@ -280,8 +289,8 @@ def verify_service(
 
 
 def rollback_target(
-    revisions: Sequence[Revision], verified: Sequence[int], current: int | None, current_unit: bytes,
-    unit_bytes: Callable[[int], bytes],
+    revisions: Sequence[Revision], verified: Sequence[int], current: int | None,
+    installed: Callable[[Revision], bool],
 ) -> Revision | None:  # fmt: skip
     """The newest good revision other than the installed one that passed a verification (its apply's
     probe or a scheduled one), or the unit as ctxmgr found it."""
@@ -291,9 +300,8 @@ def rollback_target(
             continue
         if not (rev.verified or rev.number in verified_set or rev.state == BASELINE):
             continue
-        with contextlib.suppress(OSError):
-            if unit_bytes(rev.number) == current_unit:
-                continue
+        if installed(rev):
+            continue
         return rev
     return None
 
@@ -330,12 +338,10 @@ def _act(
 
     deployer = Deployer(systemd, store, service, on_step=on_step, start_timeout=timeout)
     if how == "rollback":
-        view = read_service(systemd, service)
         revisions = store.revisions()
         verified = (store.read_json(LAST_VERIFY) or {}).get("verified_revisions", [])
-        current_unit = systemd.host_path(view.unit_path).read_bytes()
         target = rollback_target(
-            revisions, verified, facts.current_revision, current_unit, lambda n: store.unit_bytes(n, "unit")
+            revisions, verified, facts.current_revision, lambda rev: is_installed(systemd, store, rev)
         )
         if target is not None:
             on_step(f"rolling {service} back to revision {target.number}, the last one that verified")
