@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ctxmgr.errors import LockedError
+from vllm_ctxmgr.errors import LockedError, UsageError
 from vllm_ctxmgr.store import (
     PENDING,
     TRANSITIONS,
@@ -234,3 +234,11 @@ def test_leftovers_of_killed_runs_are_removed(store: ServiceStore, tmp_path: Pat
     assert other.exists() and fresh.exists()  # a live run elsewhere may be using it
     assert (unit_dir / "vllm-glm5.service").read_bytes() == UNIT
     assert len(removed) == 3
+
+
+@pytest.mark.parametrize("name", ["..", ".", "...service", "..service", "a/b", "", "x" * 300])
+def test_a_service_name_that_would_be_a_path_is_refused_by_the_store_too(name: str, tmp_path: Path) -> None:
+    """Issue 9 item 1, defence in depth: the CLI resolves names first; the store never takes a path."""
+    with pytest.raises(UsageError):
+        ServiceStore(tmp_path / "state", name)
+    assert not (tmp_path / "state").exists()

@@ -341,9 +341,12 @@ class ServiceStore:
     """One service's revisions, observations and lock."""
 
     def __init__(self, state_dir: Path | str, service: str, keep: int = KEEP) -> None:
-        if not re.fullmatch(r"[A-Za-z0-9:_.@\\-]+", service):
+        # the CLI hands over systemd's canonical name (systemd/names.py); this is the last line of
+        # defence for a path component: systemd's characters only, and never "." or ".."
+        stem = service.removesuffix(".service")
+        if not re.fullmatch(r"[A-Za-z0-9:_.@\\-]{1,255}", service) or set(stem) <= {"."}:
             raise UsageError(f"{service!r} is not a valid unit name")
-        self.service = service.removesuffix(".service")
+        self.service = stem
         self.root = Path(state_dir) / self.service
         self.revisions_dir = self.root / "revisions"
         self.keep = keep

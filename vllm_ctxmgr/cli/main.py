@@ -84,7 +84,8 @@ from vllm_ctxmgr.systemd.unit import ServiceUnit
     "--unit-dir",
     envvar="CTXMGR_UNIT_DIR",
     default=None,
-    help="Where ctxmgr installs the units it creates (timers). Default /etc/systemd/system.",
+    help="Where ctxmgr installs the units it creates: verify timers, and the drop-in that overrides a "
+    "package's unit (under /usr/lib). Default /etc/systemd/system.",
 )
 @click.version_option(package_name="vllm-ctxmgr")
 @click.pass_context
