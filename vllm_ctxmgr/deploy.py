@@ -111,6 +111,9 @@ def watch_start(
 
 @dataclass
 class ChangeResult:
+    """What one command did to a service, in the shape --json prints (the automation contract)
+    and the text report reads."""
+
     service: str
     action: str  # set-context | rollback | recover
     result: str  # unchanged | applied | dry-run | rolled-back | rollback-failed | infeasible
@@ -135,6 +138,7 @@ class ChangeResult:
     warnings: list[str] = field(default_factory=list)  # verify findings the unit had before the change
 
     def to_json(self) -> dict[str, Any]:
+        """Plain JSON types for --json; cli.common adds `command` and `dry_run` around them."""
         return asdict(self)
 
 
@@ -228,6 +232,9 @@ def signals_fail(change: Change) -> Iterator[None]:
 
 @dataclass
 class Deployer:
+    """One service's systemd, store, timeouts and printers, shared by set-context, rollback,
+    recover and verify so each restarts, watches and probes the same way."""
+
     systemd: Systemd
     store: ServiceStore
     service: str
@@ -243,6 +250,7 @@ class Deployer:
 
     @property
     def unit(self) -> str:
+        """The canonical `NAME.service` that systemctl and the journal are asked about."""
         return unit_name(self.service)
 
     # ---- the common restart path -----------------------------------------------------------
@@ -298,6 +306,8 @@ class Deployer:
         return verdict
 
     def probe_view(self, view: ServiceView, probe_tokens: int | None, long_probe: bool) -> Any:
+        """Probe at the max_model_len the unit sets, so a vLLM serving another context fails; with
+        none (or -1, "auto") only the context vLLM reports is exercised."""
         expected = (
             view.args.max_model_len if view.args.max_model_len and view.args.max_model_len > 0 else None
         )
@@ -609,6 +619,9 @@ def _applied_utilization(rev: Revision) -> float | None:
 
 @dataclass
 class SetContextRequest:
+    """What the user asked of set-context, beyond the service: the CLI fills it, set_context
+    carries it through the plan and the change."""
+
     context: int
     gpu_memory_utilization: float | None = None  # the user's choice instead of the planner's
     probe_tokens: int | None = None
@@ -925,6 +938,8 @@ def rollback(
 
 
 def history(store: ServiceStore) -> list[dict[str, Any]]:
+    """Every revision as plain rows for `ctxmgr history` (text and --json), for a person auditing
+    changes; plans and unit bytes stay in the store."""
     rows = []
     for rev in store.revisions():
         rows.append(

@@ -199,6 +199,8 @@ def atomic_leftovers(directory: Path, name: str) -> list[Path]:
 
 
 def glob_escape(text: str) -> str:
+    """Bracket glob's `*`, `?` and `[` (as glob.escape does), so atomic_leftovers matches only the
+    temporaries of the file it names and never removes another file's."""
     return re.sub(r"([*?\[])", r"[\1]", text)
 
 
@@ -211,11 +213,15 @@ class Step:
     note: str = ""
 
     def record(self) -> dict[str, Any]:
+        """The step as record.json keeps it: an ISO time a person reads, not epoch seconds."""
         return {"state": str(self.state), "time": iso(self.time), "note": self.note}
 
 
 @dataclass
 class Revision:
+    """One change of a unit as recorded: what `history` shows, what `recover` resumes from and what
+    `rollback` restores; epoch floats in memory, ISO 8601 in record.json."""
+
     number: int
     service: str
     state: State
@@ -326,6 +332,8 @@ def _user() -> str:
 
 
 def ctxmgr_version() -> str | None:
+    """The installed ctxmgr's version for the record, so a record another version wrote can be told
+    apart; None when run from a source tree without package metadata."""
     try:
         return metadata.version("vllm-ctxmgr")
     except metadata.PackageNotFoundError:
@@ -352,6 +360,8 @@ class ServiceStore:
         self.keep = keep
 
     def ensure(self) -> None:
+        """Make the state directories root-only (0700), and tighten ones that exist: the unit copies
+        in revisions may hold API keys."""
         for directory in (self.root.parent, self.root, self.revisions_dir):
             directory.mkdir(mode=0o700, exist_ok=True, parents=True)
         os.chmod(self.root, 0o700)
@@ -370,6 +380,7 @@ class ServiceStore:
         return sorted(found, key=lambda rev: rev.number)
 
     def get(self, number: int) -> Revision:
+        """A revision by number; a missing one is the user's error (exit 2) pointing at `history`."""
         for rev in self.revisions():
             if rev.number == number:
                 return rev
@@ -414,6 +425,8 @@ class ServiceStore:
         return rev
 
     def save(self, rev: Revision) -> None:
+        """Rewrite a recorded revision's record.json atomically: a kill mid-write leaves the previous
+        state readable for `recover`."""
         directory = self.revisions_dir / f"{rev.number:04d}"
         atomic_write(directory / "record.json", json.dumps(rev.record(), indent=2).encode(), mode=0o600)
 
@@ -484,6 +497,8 @@ class ServiceStore:
     # ---- observations ----------------------------------------------------------------------
 
     def add_observation(self, data: dict[str, Any]) -> None:
+        """Append one watched start for the planner to learn from, then trim to the last `keep` so
+        the file stays small."""
         self.ensure()
         path = self.root / "observations.jsonl"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -494,6 +509,8 @@ class ServiceStore:
             atomic_write(path, b"".join(lines[-self.keep :]), mode=0o600)
 
     def observations(self) -> list[dict[str, Any]]:
+        """The stored starts, oldest first; a torn line (a kill during the append) is skipped rather
+        than failing every later plan."""
         path = self.root / "observations.jsonl"
         if not path.is_file():
             return []
@@ -504,10 +521,12 @@ class ServiceStore:
         return out
 
     def write_json(self, name: str, data: dict[str, Any]) -> None:
+        """A per-service record (last-verify.json) written atomically and root-only, like revisions."""
         self.ensure()
         atomic_write(self.root / name, json.dumps(data, indent=2, sort_keys=True).encode(), mode=0o600)
 
     def read_json(self, name: str) -> dict[str, Any] | None:
+        """A per-service record, or None where it is absent or not JSON: read as never written."""
         path = self.root / name
         if not path.is_file():
             return None

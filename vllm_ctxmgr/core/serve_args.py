@@ -13,6 +13,9 @@ from vllm_ctxmgr.errors import UsageError
 
 @dataclass(frozen=True)
 class ServeArgs:
+    """The engine arguments that size vLLM's KV cache, as the unit sets them; None where the unit
+    leaves one to vLLM, so the planner applies that vLLM version's default, never a guess."""
+
     model: str
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
