@@ -26,7 +26,7 @@ PACKAGE = REPO / "vllm_ctxmgr"
 PURE_STDLIB = {"__future__", "collections", "dataclasses", "enum", "fractions", "functools", "itertools",
                "json", "math", "re", "typing"}  # fmt: skip
 # the edges: one concern each; none may reach up into the orchestrator or the CLI
-EDGES = ("model_files", "systemd", "vllm_log", "probe", "nvml", "store")
+EDGES = ("model_files", "systemd", "vllm_log", "probe", "nvml", "store", "files")
 
 
 def module_name(path: Path) -> str:
@@ -166,13 +166,14 @@ ALLOWED = {
     "errors": set(),
     "core": {"core"},
     "masking": set(),
-    "model_files": {"core"},
-    "systemd": {"core", "masking"},
+    "files": set(),
+    "model_files": {"core", "files"},
+    "systemd": {"core", "files", "masking"},
     "vllm_log": {"core"},
     "probe": {"masking"},
     "nvml": {"core"},
     "store": set(),
-    "service": {"core", "masking", "systemd"},
+    "service": {"core", "files", "masking", "systemd"},
     "planning": {"core", "model_files", "nvml", "store"},
     "deploy": {"core", "masking", "nvml", "planning", "probe", "service", "store", "systemd", "vllm_log"},
     "verify": {"core", "deploy", "planning", "probe", "service", "store", "systemd", "vllm_log"},

@@ -97,11 +97,11 @@ def test_plan_unit_refuses_a_fifo_and_an_oversized_file_without_hanging(workdir:
     fifo = workdir / "vllm-fifo.service"
     os.mkfifo(fifo)
     code, err = plan_unit(fifo)
-    assert code == 2 and f"unit file {fifo} is not a regular file" in err
+    assert code == 2 and f"unit file {fifo}: a FIFO, expected a regular file" in err
     big = workdir / "vllm-big.service"
     big.write_text(_unit_text(workdir) + ("# padding\n" * 500_000))
     code, err = plan_unit(big)
-    assert code == 2 and "is larger than 4194304 bytes" in err
+    assert code == 2 and "more than the 4 MiB it may have" in err
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import stat
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from vllm_ctxmgr import files
 from vllm_ctxmgr.core.serve_args import (
     ServeArgs,
     config_file_arg,
@@ -174,20 +175,9 @@ def read_vllm_config(path: Path, root: Path = Path("/")) -> object:
     most VLLM_CONFIG_MAX_BYTES, opened without blocking."""
     host = root / str(path).lstrip("/") if str(root) != "/" else path
     try:
-        fd = os.open(host, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        data = files.read_regular(host, VLLM_CONFIG_MAX_BYTES, what="vLLM config", error=UsageError)
     except FileNotFoundError:
         raise UsageError(f"vLLM config {path}: no such file (vLLM would refuse to start)") from None
-    except OSError as exc:
-        raise UsageError(f"vLLM config {path} cannot be read: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UsageError(f"vLLM config {path} is not a regular file")
-        data = os.read(fd, VLLM_CONFIG_MAX_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > VLLM_CONFIG_MAX_BYTES:
-        raise UsageError(f"vLLM config {path} is larger than {VLLM_CONFIG_MAX_BYTES} bytes")
     import yaml
 
     try:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import json
 import os
 import pwd
@@ -194,14 +195,8 @@ def _write_new(path: Path, data: bytes) -> None:
 def atomic_leftovers(directory: Path, name: str) -> list[Path]:
     """The temporary files atomic_write leaves beside `name` when the process is killed mid-write."""
     with contextlib.suppress(OSError):
-        return sorted(directory.glob(f".{glob_escape(name)}.*.ctxmgr-tmp"))
+        return sorted(directory.glob(f".{glob.escape(name)}.*.ctxmgr-tmp"))
     return []
-
-
-def glob_escape(text: str) -> str:
-    """Bracket glob's `*`, `?` and `[` (as glob.escape does), so atomic_leftovers matches only the
-    temporaries of the file it names and never removes another file's."""
-    return re.sub(r"([*?\[])", r"[\1]", text)
 
 
 @dataclass

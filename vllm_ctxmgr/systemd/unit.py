@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_ctxmgr import files
 from vllm_ctxmgr.core.serve_args import canonical_flag
 from vllm_ctxmgr.errors import UnitError
 from vllm_ctxmgr.masking import mask
@@ -323,32 +323,12 @@ def read_environment_file(value: str, root: Path = Path("/")) -> dict[str, str]:
 def _read_bounded(
     host: Path, path: Path, what: str = "EnvironmentFile", limit: int = ENV_FILE_MAX_BYTES
 ) -> str:
-    """A regular file of at most `limit` bytes, as UTF-8: O_NONBLOCK and fstat first, so a FIFO or a
-    device given as a file is refused instead of hanging ctxmgr or reading for ever."""
+    """A regular file of at most `limit` bytes, as UTF-8 (vllm_ctxmgr.files: a FIFO or a device given
+    as a file is refused instead of hanging ctxmgr or reading for ever)."""
     try:
-        fd = os.open(host, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        data = files.read_regular(host, limit, what=what, error=UnitError)
     except FileNotFoundError:
         raise UnitError(f"{what} {path}: no such file") from None
-    except OSError as exc:
-        raise UnitError(f"{what} {path} cannot be read: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UnitError(f"{what} {path} is not a regular file")
-        if info.st_size > limit:
-            raise UnitError(f"{what} {path} is larger than {limit} bytes")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, limit + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        data = b"".join(chunks)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise UnitError(f"{what} {path} is larger than {limit} bytes")
     try:
         return data.decode()
     except UnicodeDecodeError:
