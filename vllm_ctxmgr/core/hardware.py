@@ -12,10 +12,10 @@ from vllm_ctxmgr.errors import UsageError
 GIB = 1 << 30
 
 
-
 def gib(n: float | int | None, digits: int = 2) -> str:
     """Bytes as vLLM's own log lines write them (GiB, two decimals): plans, reasons and texts agree."""
     return "?" if n is None else f"{n / GIB:.{digits}f} GiB"
+
 
 @dataclass(frozen=True)
 class GpuProcess:
