@@ -8,12 +8,12 @@ CTXMGR_REQUIRE_SYSTEMD=1 (CI): then they fail, so a broken runner cannot pass by
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.support.require import require
 from tests.support.sandbox import Sandbox, sandbox_available
 from vllm_ctxmgr.errors import SystemdError
 from vllm_ctxmgr.systemd.systemctl import Systemd
@@ -31,12 +31,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def require_sandbox() -> None:
     """Skip (or fail, under CTXMGR_REQUIRE_SYSTEMD=1) when no sandbox can run here."""
-    reason = sandbox_available()
-    if reason is None:
-        return
-    if os.environ.get("CTXMGR_REQUIRE_SYSTEMD") == "1":
-        pytest.fail(f"CTXMGR_REQUIRE_SYSTEMD=1 but the systemd sandbox cannot run: {reason}")
-    pytest.skip(f"systemd sandbox unavailable: {reason}")
+    require(sandbox_available(), "the systemd sandbox")
 
 
 @pytest.fixture(scope="session")

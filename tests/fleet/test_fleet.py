@@ -25,6 +25,7 @@ from tests.fleet.bed import (
     fleet_available,
     roll_out,
 )
+from tests.support.require import require
 
 pytestmark = pytest.mark.systemd
 TARGET = 200_000
@@ -35,18 +36,9 @@ TARGET = 200_000
 FAILURE_ON_H2 = {"h2": {"CTXMGR_STANDIN_MAX_POSITION": "100000"}}
 
 
-def require_fleet() -> None:
-    reason = fleet_available()
-    if reason is None:
-        return
-    if os.environ.get("CTXMGR_REQUIRE_SYSTEMD") == "1":
-        pytest.fail(f"CTXMGR_REQUIRE_SYSTEMD=1 but the fleet bed cannot run: {reason}")
-    pytest.skip(f"fleet bed unavailable: {reason}")
-
-
 @pytest.fixture(scope="module")
 def bed() -> Iterator[FleetBed]:
-    require_fleet()
+    require(fleet_available(), "the fleet bed")
     directory = REPO_ROOT / ".cache" / "fleet" / f"t{os.getpid()}"
     tarball = build_collection(directory / "build")
     fleet = FleetBed.up(directory)
