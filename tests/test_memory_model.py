@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vllm_ctxmgr.core.budget import margin_bytes, requested_bytes
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, Platform
 from vllm_ctxmgr.core.memory import (
     cudagraph_capture_sizes,
@@ -19,7 +20,7 @@ from vllm_ctxmgr.core.memory import (
     non_kv_memory,
     sampler_bytes,
 )
-from vllm_ctxmgr.core.plan import PlanOptions, make_plan, margin_bytes, requested_bytes
+from vllm_ctxmgr.core.plan import PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.vllm_log.watcher import observe_start

@@ -10,23 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from vllm_ctxmgr.core.budget import default_gpu_memory_utilization, kv_budget_at_utilization, margin_bytes
 from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuProcess, GpuState, platform_for
 from vllm_ctxmgr.core.kv.layout import kv_cache_layout
 from vllm_ctxmgr.core.kv.specs import cdiv
 from vllm_ctxmgr.core.observations import Observation
-from vllm_ctxmgr.core.plan import (
-    PLAN_SCHEMA,
-    Plan,
-    PlanOptions,
-    StoredPlan,
-    default_gpu_memory_utilization,
-    kv_budget_at_utilization,
-    make_plan,
-    margin_bytes,
-    parse_vllm_version,
-)
+from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
+from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA, StoredPlan
 from vllm_ctxmgr.core.serve_args import ServeArgs
+from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, UsageError
 from vllm_ctxmgr.report import plan_text
 

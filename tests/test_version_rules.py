@@ -12,16 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from vllm_ctxmgr.core.budget import cuda_graphs_in_budget, default_gpu_memory_utilization
 from vllm_ctxmgr.core.facts import ModelFacts
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, Platform
 from vllm_ctxmgr.core.kv.layout import kv_cache_layout
-from vllm_ctxmgr.core.plan import (
-    PlanOptions,
-    cuda_graphs_in_budget,
-    default_gpu_memory_utilization,
-    make_plan,
-    supports_auto_max_model_len,
-)
+from vllm_ctxmgr.core.plan import PlanOptions, make_plan, supports_auto_max_model_len
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.core.vllm_versions import NEWEST_VLLM, RULES, rule, rule_row
 from vllm_ctxmgr.errors import UsageError

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from vllm_ctxmgr import store as st
+from vllm_ctxmgr.core.budget import default_gpu_memory_utilization, kv_budget_at_utilization
 from vllm_ctxmgr.core.hardware import GIB
-from vllm_ctxmgr.core.plan import default_gpu_memory_utilization, kv_budget_at_utilization, parse_vllm_version
 from vllm_ctxmgr.core.serve_args import ServeArgs
+from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.errors import (
     EXIT_ERROR,
     EXIT_INFEASIBLE,

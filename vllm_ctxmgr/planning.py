@@ -16,8 +16,9 @@ from typing import Any
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, platform_for, uniform_gpus
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.observations import Observation
-from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan, parse_vllm_version
+from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import ServeArgs
+from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.errors import EXIT_INFEASIBLE, CtxmgrError, UsageError
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.nvml import gpus_from_file, read_nvml

@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_ctxmgr.core.budget import cuda_graphs_in_budget, default_gpu_memory_utilization
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
-from vllm_ctxmgr.core.plan import cuda_graphs_in_budget, default_gpu_memory_utilization, parse_vllm_version
 from vllm_ctxmgr.core.verdict import UnitFacts, Verification, VerifyFacts, decide, record
+from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.deploy import Deployer, rollback
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.planning import gather_gpus, is_cpu_deployment

@@ -16,8 +16,8 @@ from typing import Any, NoReturn
 import click
 
 from vllm_ctxmgr import report
-from vllm_ctxmgr.core.plan import parse_vllm_version
 from vllm_ctxmgr.core.serve_args import human_readable_int
+from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.deploy import ChangeResult, Deployer
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError, VerifyExit
 from vllm_ctxmgr.store import ServiceStore

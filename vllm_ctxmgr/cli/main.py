@@ -34,8 +34,8 @@ from vllm_ctxmgr.cli.common import (
     handle_errors,
     systemd_for,
 )
-from vllm_ctxmgr.core.plan import parse_vllm_version
 from vllm_ctxmgr.core.serve_args import READ_FLAGS, ServeArgs, parse_serve_argv, split_flags
+from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.deploy import (
     ChangeResult,
     SetContextRequest,

@@ -274,6 +274,8 @@ ROPE_RULES_0_33_SINCE: tuple[int, int, int] = (0, 12, 0)
 # vLLM's fallback when the config names no maximum length.
 DEFAULT_MAX_MODEL_LEN = 2048
 NO_LENGTH_KEY = "default"
+# vLLM lets a --max-model-len above the derived maximum through only with this set to 1
+ALLOW_LONG_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 
 
 def _key_limit(facts: ModelFacts) -> tuple[float, str]:

@@ -39,97 +39,52 @@ whole blocks (up to round_up(target, block_size x DCP) tokens cost the same memo
 
 A target above the model's derived maximum is refused (`feasible=False`, with the allow-long
 alternative) unless `allow_long`; the CLI turns an infeasible plan into exit code 3.
+
+This module is the entry point (make_plan, PlanOptions, Plan) and the per-GPU evaluation. Around it:
+core/budget.py (vLLM's KV-budget arithmetic, shared with the readers of stored plans),
+core/calibration.py (earlier starts), core/alternatives.py (what would help when the target does not
+fit) and core/plan_record.py (the stored plan's schema and reader).
 """
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, TypedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 from vllm_ctxmgr.core import facts as facts_module
-from vllm_ctxmgr.core.facts import LayerKind, ModelFacts
+from vllm_ctxmgr.core.alternatives import Alternative, Search, Trial, find_alternatives
+from vllm_ctxmgr.core.budget import (
+    DEFAULT_MARGIN_FRACTION,
+    DEFAULT_MARGIN_MIN_BYTES,
+    MIB,
+    cuda_graphs_in_budget,
+    default_gpu_memory_utilization,
+    explicit_budget,
+    kv_budget_at_utilization,
+    kv_needed_bytes,
+    margin_bytes,
+    requested_bytes,
+)
+from vllm_ctxmgr.core.calibration import Observed, observed_memory
+from vllm_ctxmgr.core.facts import ALLOW_LONG_ENV, ModelFacts
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, Platform, platform_for
-from vllm_ctxmgr.core.kv.backends import is_quantized_kv_cache
 from vllm_ctxmgr.core.kv.layout import KVCacheLayout, kv_cache_layout
-from vllm_ctxmgr.core.kv.specs import cdiv, round_up
+from vllm_ctxmgr.core.kv.specs import round_up
 from vllm_ctxmgr.core.memory import NonKvMemory, margin_widening, non_kv_memory
 from vllm_ctxmgr.core.observations import Observation
+from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA, FigureRecord, PlanRecord, VllmRuleRecord
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.core.vllm_versions import NEWEST_VLLM, VllmVersion, known_version, rule, rules_in_force
-from vllm_ctxmgr.errors import CtxmgrError, UsageError
+from vllm_ctxmgr.errors import UsageError
 
-MIB = 1 << 20
 DEFAULT_MAX_GPU_MEMORY_UTILIZATION = 0.95
-DEFAULT_MARGIN_FRACTION = 0.02
-DEFAULT_MARGIN_MIN_BYTES = 512 * MIB
-SMALL_BATCH_TOKENS = 2048
-ALLOW_LONG_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
-PLAN_SCHEMA = 1  # PlanRecord["schema"]: bump when a stored plan's keys change meaning
-
-
-def default_gpu_memory_utilization(vllm_version: VllmVersion) -> float:
-    """CacheConfig's default (rule default_gpu_memory_utilization: 0.9, 0.92 from 0.20.0)."""
-    return rule("default_gpu_memory_utilization", vllm_version)
-
-
-def cuda_graphs_in_budget(vllm_version: VllmVersion, args: ServeArgs) -> bool:
-    """Is the CUDA-graph estimate subtracted from the KV budget (rule cudagraph_estimate_in_budget)?
-
-    Never before 0.18; with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 in 0.18-0.19; unless =0 from 0.20.
-    """
-    when = rule("cudagraph_estimate_in_budget", vllm_version)
-    if args.enforce_eager or when == "never":
-        return False
-    env = args.env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1" if when == "default" else "0")
-    return env not in ("0", "false", "False", "")
-
-
-def requested_bytes(total_bytes: int, utilization: float) -> int:
-    """What vLLM asks of a GPU at `utilization`: ceil(total x u) (gpu_worker.determine_available_memory)."""
-    return math.ceil(total_bytes * utilization)
-
-
-def margin_bytes(
-    total_bytes: int,
-    fraction: float = DEFAULT_MARGIN_FRACTION,
-    min_bytes: int = DEFAULT_MARGIN_MIN_BYTES,
-) -> int:
-    """The KV budget a plan keeps spare on a GPU beyond one request: max(512 MiB, 2% of its memory).
-
-    One rule for the planner and for `ctxmgr verify`, which checks a running service against the
-    margin its plan kept; see the module docstring for why 2% and 512 MiB.
-    """
-    return max(min_bytes, int(total_bytes * fraction))
-
-
-def kv_budget_at_utilization(
-    observed_budget: int, observed_requested: int, total_bytes: int, utilization: float
-) -> int:
-    """The KV budget at another utilisation u: observed budget + ceil(total x u) - requested then.
-
-    vLLM's non-KV memory (weights, activation peak, non-torch, CUDA graphs) does not depend on the
-    utilisation, so the budget moves byte for byte with what vLLM asks for. `observed_requested` is
-    ceil(total x u_observed) of the start that logged (or planned) `observed_budget`.
-    """
-    return observed_budget + requested_bytes(total_bytes, utilization) - observed_requested
 
 
 def supports_auto_max_model_len(vllm_version: VllmVersion) -> bool:
     """`--max-model-len auto` / -1 (rule auto_max_model_len: from 0.14.0)."""
     return rule("auto_max_model_len", vllm_version)
-
-
-def parse_vllm_version(text: str | None) -> VllmVersion | None:
-    """'0.32.0+cpu', 'v0.11.0' -> (0, 32, 0)."""
-    if not text:
-        return None
-    match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
-    if not match:
-        return None
-    return tuple(int(part) for part in match.groups(default="0"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -219,43 +174,6 @@ class GpuMemory:
             data[name] = getattr(self, name).to_json()
         data["max_gpu_memory_utilization"] = self.max_gpu_memory_utilization
         return data
-
-
-@dataclass(frozen=True)
-class Alternative:
-    """Another way to reach (or approach) the target, with its own numbers."""
-
-    name: str
-    description: str
-    flag_changes: dict[str, str]
-    env_changes: dict[str, str]
-    feasible: bool
-    max_context: int
-    gpu_memory_utilization: float | None
-    kv_cache_dtype: str
-    kv_bytes_per_gpu: int
-    kv_bytes_per_token_per_gpu: int
-    verdict: str
-    needs_gpus: int = 0  # GPUs it needs beyond those the service sees
-    rank: int = 0
-
-    def to_json(self) -> dict:
-        """One entry of PlanRecord["alternatives"]: another way to the target, with its flags and figures."""
-        return {
-            "rank": self.rank,
-            "name": self.name,
-            "description": self.description,
-            "feasible": self.feasible,
-            "max_context": self.max_context,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
-            "kv_cache_dtype": self.kv_cache_dtype,
-            "kv_bytes_per_gpu": self.kv_bytes_per_gpu,
-            "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
-            "flag_changes": dict(self.flag_changes),
-            "env_changes": dict(self.env_changes),
-            "verdict": self.verdict,
-            "needs_gpus": self.needs_gpus,
-        }
 
 
 @dataclass(frozen=True)
@@ -367,26 +285,6 @@ class Plan:
         }
 
 
-# --------------------------------------------------------------------------------------------------
-# The stored plan: its schema and the readers' accessors
-# --------------------------------------------------------------------------------------------------
-
-
-class FigureRecord(TypedDict):
-    """A Figure in a stored plan: bytes (None where unknown) and where they came from."""
-
-    bytes: int | None
-    source: str
-
-
-class VllmRuleRecord(TypedDict):
-    """One version rule a stored plan followed: its name, the release it holds since, its value."""
-
-    rule: str
-    since: str
-    value: Any
-
-
 def _json_value(value: Any) -> Any:
     """A rule value as plain JSON (tuples become lists)."""
     if isinstance(value, tuple):
@@ -394,265 +292,6 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: _json_value(item) for key, item in value.items()}
     return value
-
-
-class PlatformRecord(TypedDict):
-    """The platform a stored plan was made for: Platform without its batch-default inputs."""
-
-    device_type: str
-    compute_capability: tuple[int, int] | list[int] | None
-    device_name: str | None
-
-
-class PlanRecord(TypedDict):
-    """`Plan.to_json()`: what `ctxmgr plan --json` prints and each revision stores as its plan.
-
-    Stored plans are read back (verify, deploy's calibration) long after the planner that wrote
-    them, so the keys are declared here once and read through `StoredPlan`, not by string at each
-    reader. `schema` is PLAN_SCHEMA; plans stored before the field existed have schema 1's keys.
-    `gpus` holds `GpuMemory.to_json()` entries (every figure a FigureRecord), `layout` is
-    `KVCacheLayout.summary(max_model_len)`, `alternatives` `Alternative.to_json()` entries,
-    `capacity` `KVCapacity.to_json()` entries (kv_cache_tokens / max_concurrency: their minimum).
-    `kv_bytes_per_gpu` is one request; the GPU lines' kv_needed is `concurrency` requests.
-    """
-
-    schema: int
-    feasible: bool
-    reason: str
-    verdict: str
-    max_model_len: int
-    gpu_memory_utilization: float | None
-    max_context: int
-    kv_bytes_per_gpu: int
-    kv_bytes_per_token_per_gpu: int
-    kv_cache_memory_bytes: int | None
-    null_block_bytes: int
-    concurrency: int
-    kv_cache_tokens: int | None
-    max_concurrency: float | None
-    capacity: list[dict[str, Any]]
-    derived_max_model_len: int | None
-    derived_max_model_len_key: str | None
-    vllm_version: str
-    vllm_rules: list[VllmRuleRecord]
-    platform: PlatformRecord
-    gpus: list[dict[str, Any]]
-    flag_changes: dict[str, str]
-    env_changes: dict[str, str]
-    alternatives: list[dict[str, Any]]
-    warnings: list[str]
-    notes: list[str]
-    layout: dict[str, Any]
-
-
-def _record_bytes(entry: Mapping[str, Any], name: str) -> int | None:
-    figure = entry.get(name)
-    if isinstance(figure, Mapping):
-        value = figure.get("bytes")
-        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-    return None
-
-
-def _record_int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-@dataclass(frozen=True)
-class StoredPlan:
-    """A PlanRecord read back from a revision, with typed accessors for what its readers need.
-
-    Tolerant of a missing or partial record (a revision written without a plan answers None), not
-    of a record from a newer ctxmgr whose keys may mean something else.
-    """
-
-    record: Mapping[str, Any]
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any] | None) -> StoredPlan:
-        """Refuses a newer ctxmgr's record (its keys may mean other things); none or an old one: schema 1."""
-        data = data or {}
-        schema = data.get("schema", 1)
-        if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
-            raise CtxmgrError(f"the stored plan has no valid schema ({schema!r})")
-        if schema > PLAN_SCHEMA:
-            raise CtxmgrError(
-                f"the stored plan has schema {schema}; this ctxmgr reads up to {PLAN_SCHEMA}: upgrade ctxmgr"
-            )
-        return cls(data)
-
-    @property
-    def schema(self) -> int:
-        """PLAN_SCHEMA of the ctxmgr that stored the plan; 1 for plans stored before the key existed."""
-        return int(self.record.get("schema", 1))
-
-    @property
-    def gpus(self) -> list[Mapping[str, Any]]:
-        """The plan's GPU lines (GpuMemory.to_json()), in rank order."""
-        lines = self.record.get("gpus") or []
-        return [line for line in lines if isinstance(line, Mapping)]
-
-    @staticmethod
-    def figure(line: Mapping[str, Any], name: str) -> int | None:
-        """One GPU line's figure in bytes ("kv_budget", "margin", ...), None where unknown."""
-        return _record_bytes(line, name)
-
-    @property
-    def max_model_len(self) -> int | None:
-        """The --max-model-len planned: the plan's margins hold only while the unit still runs it."""
-        return _record_int(self.record.get("max_model_len"))
-
-    @property
-    def gpu_memory_utilization(self) -> float | None:
-        """The utilisation planned: a unit that runs another has its KV budgets moved from this one."""
-        value = self.record.get("gpu_memory_utilization")
-        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-    @property
-    def kv_cache_memory_bytes(self) -> int | None:
-        """The explicit KV budget planned (--kv-cache-memory-bytes): it does not move with utilisation."""
-        return _record_int(self.record.get("kv_cache_memory_bytes"))
-
-    @property
-    def kv_bytes_per_token_per_gpu(self) -> int | None:
-        """Marginal KV bytes per token: turns a logged KV budget into tokens where vLLM logged none."""
-        return _record_int(self.record.get("kv_bytes_per_token_per_gpu"))
-
-    @property
-    def layout(self) -> Mapping[str, Any]:
-        """The plan's KVCacheLayout.summary; {} for a plan stored without one."""
-        layout = self.record.get("layout")
-        return layout if isinstance(layout, Mapping) else {}
-
-    @property
-    def bytes_per_block(self) -> int | None:
-        """One pool block (= the null block) on the GPU that needs the most."""
-        return _record_int(self.record.get("null_block_bytes")) or _record_int(
-            self.layout.get("bytes_per_block")
-        )
-
-    @property
-    def block_size(self) -> int | None:
-        """Tokens per KV block the plan assumed (the attention backend's); None without a layout."""
-        return _record_int(self.layout.get("block_size"))
-
-    @property
-    def margins(self) -> list[int]:
-        """The margin the plan kept on each GPU (0s of an explicit budget left out)."""
-        return [m for m in (_record_bytes(line, "margin") for line in self.gpus) if m]
-
-    def min_kv_budget_bytes(self, at_utilization: float | None = None) -> int | None:
-        """The smallest planned KV budget over the GPUs (the binding one: vLLM takes the min over workers).
-
-        `at_utilization` moves each GPU's budget to the utilisation the unit really runs with (not
-        for an explicit --kv-cache-memory-bytes budget, which does not move). Without GPU lines:
-        the explicit budget, if the plan set one.
-        """
-        explicit = self.kv_cache_memory_bytes
-        planned_u = self.gpu_memory_utilization
-        budgets = []
-        for line in self.gpus:
-            budget = _record_bytes(line, "kv_budget")
-            if budget is None:
-                continue
-            total, requested = _record_bytes(line, "total"), _record_bytes(line, "requested")
-            if (
-                at_utilization is not None
-                and not explicit
-                and planned_u is not None
-                and abs(at_utilization - planned_u) > 1e-9
-                and total
-                and requested
-            ):
-                budget = kv_budget_at_utilization(budget, requested, total, at_utilization)
-            budgets.append(budget)
-        return min(budgets) if budgets else explicit
-
-
-# --------------------------------------------------------------------------------------------------
-# Observations
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Observed:
-    """What an earlier start of the same service tells about non-KV memory."""
-
-    available_kv: int | None  # the KV budget it had, at `utilization`
-    utilization: float | None
-    budget_source: str
-    weights: int | None
-    cuda_graphs: int | None
-    estimated_max_model_len: int | None
-    requested_at_start: int | None = None  # ceil(total x u) at that start, where its total is known
-
-
-def _applicable(obs: Observation, version: VllmVersion, platform: Platform) -> bool:
-    observed_version = parse_vllm_version(obs.vllm_version)
-    if observed_version is not None and observed_version[:3] != tuple(version[:3]):
-        return False
-    if obs.gpu_name and platform.device_name and not platform.is_cpu and obs.gpu_name != platform.device_name:
-        return False  # another GPU model: its memory figures say nothing about this one
-    return obs.platform is None or (obs.platform.upper() == "CPU") == platform.is_cpu
-
-
-def _observed(
-    observations: Sequence[Observation], layout: KVCacheLayout, version: VllmVersion, platform: Platform
-) -> tuple[_Observed | None, list[str]]:
-    notes: list[str] = []
-    usable = [obs for obs in observations if _applicable(obs, version, platform)]
-    if len(usable) < len(observations):
-        notes.append(
-            f"ignored {len(observations) - len(usable)} earlier start(s) of another vLLM version or device"
-        )
-    if not usable:
-        return None, notes
-    with_budget = [
-        obs
-        for obs in usable
-        if obs.kv_cache_memory_bytes is None
-        and (obs.available_kv_gib is not None or obs.estimated_max_model_len or obs.num_gpu_blocks)
-    ]
-    latest = with_budget[-1] if with_budget else usable[-1]
-    u_obs = latest.gpu_memory_utilization or default_gpu_memory_utilization(version)
-    available: int | None = None
-    source = ""
-    estimated = None
-    if latest in with_budget:
-        if latest.estimated_max_model_len:
-            # the failed check: needed(est) <= available - one block < needed(est + 1)
-            estimated = latest.estimated_max_model_len
-            available = layout.check_needed_bytes(estimated) + layout.null_block_reserve()
-            source = f"vllm log (estimated maximum model length {estimated})"
-        elif latest.num_gpu_blocks is not None:
-            # exact to one block: vLLM made floor(budget / bytes_per_block) blocks
-            available = latest.num_gpu_blocks * layout.bytes_per_block + layout.bytes_per_block // 2
-            source = "vllm metrics (num_gpu_blocks)"
-        elif latest.available_kv_gib is not None:
-            available = int(latest.available_kv_gib * GIB)
-            source = "vllm log"
-        notes.append(f"KV budget from an earlier start at gpu_memory_utilization {u_obs:.2f}: {source}")
-    weights = next(
-        (int(o.model_loading_gib * GIB) for o in reversed(usable) if o.model_loading_gib is not None), None
-    )
-    graphs = next(
-        (int(o.cuda_graph_gib * GIB) for o in reversed(usable) if o.cuda_graph_gib is not None), None
-    )
-    if available is None and weights is None and graphs is None:
-        return None, notes
-    requested_at_start = (
-        math.ceil(latest.total_memory_gib * GIB * u_obs)
-        if available is not None and latest.total_memory_gib is not None
-        else None
-    )
-    return _Observed(
-        available,
-        u_obs if available is not None else None,
-        source,
-        weights,
-        graphs,
-        estimated,
-        requested_at_start,
-    ), notes
 
 
 # --------------------------------------------------------------------------------------------------
@@ -672,7 +311,7 @@ class _Gpu:
     non_torch: Figure
     cuda_graphs: Figure
     graphs_in_budget: bool
-    observed: _Observed | None
+    observed: Observed | None
     margin: int
 
     @property
@@ -723,7 +362,7 @@ class _Gpu:
         return self.has_observed_budget or self.weights.bytes is not None
 
 
-def _weights(facts: ModelFacts, options: PlanOptions, observed: _Observed | None, ranks: int) -> Figure:
+def _weights(facts: ModelFacts, options: PlanOptions, observed: Observed | None, ranks: int) -> Figure:
     """Per-GPU weights: as vLLM logged them, else the option, else the model files split over the ranks."""
     if observed is not None and observed.weights is not None:
         return Figure(observed.weights, "vllm log")
@@ -763,7 +402,7 @@ def _gpu_models(
     gpus: GpuState,
     options: PlanOptions,
     layout: KVCacheLayout,
-    observed: _Observed | None,
+    observed: Observed | None,
     warnings: list[str],
 ) -> list[_Gpu]:
     tp, pp, dp = args.tensor_parallel_size, args.pipeline_parallel_size, args.data_parallel_size
@@ -849,11 +488,6 @@ class _Outcome:
     budget: int | None = None  # the KV budget when there are no GPU lines (explicit or logged)
 
 
-def _kv_needed(layout: KVCacheLayout, target: int, stage: int, requests: int) -> int:
-    """What vLLM's check needs on a worker of `stage`: `requests` x one request (+ the null block, 0.29+)."""
-    return layout.check_needed_bytes(target, stage, requests) + layout.null_block_reserve(stage)
-
-
 def _stage_min(gpus: list[_Gpu], layout: KVCacheLayout, value: Callable[[_Gpu], int]) -> list[int]:
     """Per pipeline stage, the smallest of `value(gpu)` over that stage's GPUs."""
     return [
@@ -871,7 +505,7 @@ def _line(
     margin: int,
     requests: int,
 ) -> GpuMemory:
-    kv_needed = _kv_needed(layout, target, gpu.stage, requests)
+    kv_needed = kv_needed_bytes(layout, target, gpu.stage, requests)
     if gpu.has_observed_budget:
         assert gpu.observed is not None
         non_kv = Figure(gpu.non_kv(), "vllm log")
@@ -907,35 +541,24 @@ def _line(
     )
 
 
-def _explicit_budget(args: ServeArgs, platform: Platform) -> tuple[int | None, str]:
-    """An exact KV budget: on the CPU build VLLM_CPU_KVCACHE_SPACE (GiB) overrides the flag."""
-    space = args.env.get("VLLM_CPU_KVCACHE_SPACE")
-    if platform.is_cpu and space:
-        try:
-            return int(space) * GIB, "VLLM_CPU_KVCACHE_SPACE"
-        except ValueError:
-            raise UsageError(f"VLLM_CPU_KVCACHE_SPACE={space!r} is not a whole number of GiB") from None
-    if args.kv_cache_memory_bytes is not None:
-        return args.kv_cache_memory_bytes, "--kv-cache-memory-bytes"
-    return None, ""
-
-
 def _evaluate(
     layout: KVCacheLayout,
     args: ServeArgs,
     gpus: list[_Gpu] | None,
     options: PlanOptions,
     platform: Platform,
-    observed: _Observed | None,
+    observed: Observed | None,
     target: int,
     upper: int,
     same_config: bool,
 ) -> _Outcome:
     """Does `target` fit on these GPUs, at which utilisation, and what is the most that fits?"""
     current_u = args.gpu_memory_utilization or default_gpu_memory_utilization(options.vllm_version)
-    explicit, explicit_source = _explicit_budget(args, platform)
+    explicit, explicit_source = explicit_budget(args, platform)
     requests = options.concurrency
-    need_by_stage = [_kv_needed(layout, target, s, requests) for s in range(layout.pipeline_parallel_size)]
+    need_by_stage = [
+        kv_needed_bytes(layout, target, s, requests) for s in range(layout.pipeline_parallel_size)
+    ]
 
     if not gpus:
         budget: int | None = explicit
@@ -1053,7 +676,7 @@ def _evaluate_explicit(
     holds (what vLLM's estimate would say), whatever the GPUs could hold instead.
     """
     requests = options.concurrency
-    needed = max(_kv_needed(layout, target, s, requests) for s in range(layout.pipeline_parallel_size))
+    needed = max(kv_needed_bytes(layout, target, s, requests) for s in range(layout.pipeline_parallel_size))
     kv_bytes = explicit if layout.fits(target, explicit, requests) else round_up(needed, MIB)
     room = [g.free_at_start - g.non_kv() - g.margin for g in gpus]
     fits_physically = all(kv_bytes <= r for r in room)
@@ -1105,7 +728,7 @@ class _Context:
     gpus: GpuState | None
     options: PlanOptions
     platform: Platform
-    observed: _Observed | None
+    observed: Observed | None
     derived: int | None
     target: int
 
@@ -1159,6 +782,19 @@ def _flag_changes(args: ServeArgs, outcome: _Outcome, target: int, options: Plan
     return changes
 
 
+def _trial(ctx: _Context, args: ServeArgs, target: int, allow_long: bool, gpus: GpuState | None) -> Trial:
+    """core/alternatives.py's evaluation of a candidate: `args` at `target`, not the plan's own flags."""
+    layout, outcome, _ = _run(ctx, args, target, allow_long, same_config=False, gpus=gpus)
+    return Trial(
+        layout=layout,
+        feasible=outcome.feasible,
+        verdict=outcome.verdict,
+        utilization=outcome.utilization,
+        max_context=outcome.max_context,
+        flag_changes=_flag_changes(args, outcome, target, ctx.options),
+    )
+
+
 def make_plan(
     facts: ModelFacts,
     args: ServeArgs,
@@ -1192,7 +828,7 @@ def make_plan(
         warnings.append(unknown_version)
 
     base_layout = kv_cache_layout(facts, args, platform, version)
-    observed, observation_notes = _observed(observations, base_layout, version, platform)
+    observed, observation_notes = observed_memory(observations, base_layout, version, platform)
     notes.extend(observation_notes)
     ctx = _Context(facts, args, gpus, options, platform, observed, derived, target)
 
@@ -1251,7 +887,11 @@ def make_plan(
     plan_flags = _flag_changes(args, outcome, target, options) if feasible else {}
     alternatives: tuple[Alternative, ...] = ()
     if not feasible:
-        alternatives = _alternatives(ctx, layout, outcome, refused)
+        evaluate = partial(_trial, ctx)
+        search = Search(
+            facts, args, gpus, platform, derived, target, options.allow_long, options.concurrency, evaluate
+        )
+        alternatives = find_alternatives(search, layout, outcome.max_context, refused)
     return Plan(
         concurrency=options.concurrency,
         capacity=_capacity(layout, outcome, target),
@@ -1326,250 +966,3 @@ def _capacity(layout: KVCacheLayout, outcome: _Outcome, target: int) -> tuple[KV
         ]
         engines.append(capacity(tuple(line.index for line in lines), budgets))
     return tuple(engines)
-
-
-# --------------------------------------------------------------------------------------------------
-# Alternatives
-# --------------------------------------------------------------------------------------------------
-
-_PREFERENCE = {
-    "max-num-batched-tokens": 1,
-    "kv-cache-memory-bytes": 2,
-    "fp8-kv-cache": 3,
-    "decode-context-parallel": 4,
-    "tensor-parallel": 5,
-    "shorter-context": 9,
-    "allow-long": 10,  # last: positions past the trained length are a quality risk
-}
-
-
-def _alternative(
-    ctx: _Context,
-    name: str,
-    description: str,
-    args: ServeArgs,
-    extra_flags: dict[str, str],
-    target: int | None = None,
-    allow_long: bool | None = None,
-    gpus: GpuState | None = None,
-    extra_env: dict[str, str] | None = None,
-    needs_gpus: int = 0,
-) -> Alternative | None:
-    target = target or ctx.target
-    allow = ctx.options.allow_long if allow_long is None else allow_long
-    try:
-        layout, outcome, _ = _run(ctx, args, target, allow, same_config=False, gpus=gpus)
-    except UsageError:
-        return None  # vLLM would reject this configuration for this model
-    refused = ctx.derived is not None and target > ctx.derived and not allow
-    env: dict[str, str] = dict(extra_env or {})
-    if ctx.derived is not None and target > ctx.derived and allow:
-        env[ALLOW_LONG_ENV] = "1"
-    flags = {**extra_flags, **_flag_changes(args, outcome, target, ctx.options)}
-    return Alternative(
-        name=name,
-        description=description,
-        flag_changes=flags,
-        env_changes=env,
-        feasible=outcome.feasible and not refused,
-        max_context=outcome.max_context,
-        gpu_memory_utilization=outcome.utilization,
-        kv_cache_dtype=layout.kv_cache_dtype,
-        kv_bytes_per_gpu=layout.bytes_needed(target),
-        kv_bytes_per_token_per_gpu=layout.bytes_per_token(),
-        verdict=outcome.verdict,
-        needs_gpus=needs_gpus,
-    )
-
-
-def _more_gpus(gpus: GpuState | None, count: int) -> GpuState | None:
-    """The service's GPUs, repeated when the host shows fewer than `count` (same model, same tenants)."""
-    if gpus is None or not gpus.gpus:
-        return gpus
-    chosen = list(gpus.gpus[:count])
-    while len(chosen) < count:
-        template = gpus.gpus[len(chosen) % len(gpus.gpus)]
-        chosen.append(replace(template, index=len(chosen), processes=()))
-    return GpuState(tuple(chosen), gpus.source, gpus.driver_version)
-
-
-def _alternatives(
-    ctx: _Context, layout: KVCacheLayout, outcome: _Outcome, refused: bool
-) -> tuple[Alternative, ...]:
-    args, facts = ctx.args, ctx.facts
-    found: list[Alternative | None] = []
-    tp = args.tensor_parallel_size
-
-    if refused:
-        allow_long = _alternative(
-            ctx,
-            "allow-long",
-            f"serve past the derived maximum with {ALLOW_LONG_ENV}=1 (RoPE positions beyond training)",
-            args,
-            {},
-            allow_long=True,
-        )
-        shorter = min(outcome.max_context, ctx.derived or outcome.max_context)
-        if shorter > 0:
-            found.append(
-                _alternative(
-                    ctx, "shorter-context", f"the derived maximum: {shorter} tokens", args, {}, shorter
-                )
-            )
-        if allow_long is not None and allow_long.feasible:
-            return _ranked([*found, allow_long])
-        found.append(allow_long)
-        ctx = replace(
-            ctx, options=replace(ctx.options, allow_long=True)
-        )  # memory alternatives past the limit
-
-    explicit, source = _explicit_budget(args, ctx.platform)
-    if explicit is not None and (ctx.gpus is None or ctx.platform.is_cpu):
-        needed = max(
-            _kv_needed(layout, ctx.target, s, ctx.options.concurrency)
-            for s in range(layout.pipeline_parallel_size)
-        )
-        if source == "VLLM_CPU_KVCACHE_SPACE":
-            space = str(cdiv(needed, GIB))
-            raised = replace(args, env={**args.env, "VLLM_CPU_KVCACHE_SPACE": space})
-            found.append(
-                _alternative(
-                    ctx,
-                    "kv-cache-memory-bytes",
-                    f"a {space} GiB KV cache (host memory not checked)",
-                    raised,
-                    {},
-                    extra_env={"VLLM_CPU_KVCACHE_SPACE": space},
-                )
-            )
-        else:
-            raised = replace(args, kv_cache_memory_bytes=round_up(needed, MIB))
-            found.append(
-                _alternative(
-                    ctx,
-                    "kv-cache-memory-bytes",
-                    "a larger explicit KV budget (memory not checked)",
-                    raised,
-                    {},
-                )
-            )
-
-    bounded = any(
-        not group.grows_with_context and group.kind in ("sliding", "chunked") for group in layout.groups
-    )
-    if bounded and layout.max_num_batched_tokens > SMALL_BATCH_TOKENS:
-        small = replace(
-            args,
-            max_num_batched_tokens=SMALL_BATCH_TOKENS,
-            max_num_seqs=min(args.max_num_seqs, SMALL_BATCH_TOKENS) if args.max_num_seqs else None,
-        )
-        flags = {"--max-num-batched-tokens": str(SMALL_BATCH_TOKENS)}
-        if small.max_num_seqs != args.max_num_seqs:
-            flags["--max-num-seqs"] = str(small.max_num_seqs)
-        found.append(
-            _alternative(
-                ctx,
-                "max-num-batched-tokens",
-                "smaller prefill batches: sliding-window layers hold the window plus the tokens in flight",
-                small,
-                flags,
-            )
-        )
-
-    if ctx.gpus is not None and args.kv_cache_memory_bytes is None and not ctx.platform.is_cpu:
-        needed = max(
-            _kv_needed(layout, ctx.target, s, ctx.options.concurrency)
-            for s in range(layout.pipeline_parallel_size)
-        )
-        exact = replace(args, kv_cache_memory_bytes=round_up(needed, MIB))
-        alt = _alternative(
-            ctx,
-            "kv-cache-memory-bytes",
-            "give the KV cache an exact budget instead of a utilisation fraction (skips the cap)",
-            exact,
-            {},
-        )
-        if alt is not None and alt.feasible:
-            found.append(alt)
-
-    has_attention = any(g.grows_with_context or g.kind in ("sliding", "chunked") for g in layout.groups)
-    if has_attention and not is_quantized_kv_cache(layout.kv_cache_dtype):
-        found.append(
-            _alternative(
-                ctx,
-                "fp8-kv-cache",
-                "fp8 KV cache: half the bytes of bf16 (fp8_ds_mla for DeepSeek sparse attention)",
-                replace(args, kv_cache_dtype="fp8"),
-                {"--kv-cache-dtype": "fp8"},
-            )
-        )
-
-    if tp > 1 and args.decode_context_parallel_size == 1:
-        dcp_args: ServeArgs | None = None
-        if facts.is_mla:
-            dcp_args = replace(args, decode_context_parallel_size=tp)
-            if facts.has_indexer and not is_quantized_kv_cache(layout.kv_cache_dtype):
-                dcp_args = replace(dcp_args, kv_cache_dtype="fp8")
-        else:
-            kv_heads = next((lf.num_kv_heads for lf in facts.layers if lf.kind == LayerKind.FULL), 0)
-            if kv_heads and tp // kv_heads >= 2:
-                dcp_args = replace(args, decode_context_parallel_size=tp // kv_heads)
-        if dcp_args is not None:
-            flags = {"--decode-context-parallel-size": str(dcp_args.decode_context_parallel_size)}
-            if dcp_args.kv_cache_dtype != args.kv_cache_dtype:
-                flags["--kv-cache-dtype"] = dcp_args.kv_cache_dtype
-            found.append(
-                _alternative(
-                    ctx,
-                    "decode-context-parallel",
-                    "decode context parallel: each rank keeps 1/DCP of the tokens instead of a full replica",
-                    dcp_args,
-                    flags,
-                )
-            )
-
-    more_tp = replace(args, tensor_parallel_size=tp * 2)
-    ranks_needed = more_tp.tensor_parallel_size * args.pipeline_parallel_size * args.data_parallel_size
-    have = len(ctx.gpus.gpus) if ctx.gpus is not None else 0
-    description = f"tensor parallel {tp * 2}: weights and KV heads spread over twice the GPUs"
-    if ctx.gpus is not None and have < ranks_needed:
-        description += f" (needs {ranks_needed} GPUs; this service sees {have})"
-    found.append(
-        _alternative(
-            ctx,
-            "tensor-parallel",
-            description,
-            more_tp,
-            {"--tensor-parallel-size": str(tp * 2)},
-            gpus=_more_gpus(ctx.gpus, ranks_needed),
-            needs_gpus=max(0, ranks_needed - have) if ctx.gpus is not None else 0,
-        )
-    )
-
-    if outcome.max_context > 0 and not refused:
-        shorter = outcome.max_context
-        found.append(
-            _alternative(
-                ctx,
-                "shorter-context",
-                f"the longest context that fits: {shorter} tokens",
-                args,
-                {},
-                target=shorter,
-            )
-        )
-    return _ranked(found)
-
-
-def _ranked(found: Sequence[Alternative | None]) -> tuple[Alternative, ...]:
-    """Feasible on the GPUs the service has first, then by how little they change, then by context."""
-    ranked = sorted(
-        (alt for alt in found if alt is not None),
-        key=lambda alt: (
-            not alt.feasible,
-            alt.needs_gpus > 0,
-            _PREFERENCE.get(alt.name, 8),
-            -alt.max_context,
-        ),
-    )
-    return tuple(replace(alt, rank=i + 1) for i, alt in enumerate(ranked))

@@ -26,14 +26,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, gib
-from vllm_ctxmgr.core.plan import (
+from vllm_ctxmgr.core.budget import (
     DEFAULT_MARGIN_MIN_BYTES,
-    StoredPlan,
     kv_budget_at_utilization,
     margin_bytes,
     requested_bytes,
 )
+from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, gib
+from vllm_ctxmgr.core.plan_record import StoredPlan
 
 OK = "ok"
 DEGRADED = "degraded"

@@ -13,6 +13,7 @@ the log, or only shape log text); they are here so the docs table is complete.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -466,3 +467,13 @@ def _short(value: Any) -> str:
     if isinstance(value, dict):
         return ",".join(f"{key}:{item}" for key, item in value.items())
     return str(value)
+
+
+def parse_vllm_version(text: str | None) -> VllmVersion | None:
+    """'0.32.0+cpu', 'v0.11.0' -> (0, 32, 0)."""
+    if not text:
+        return None
+    match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
+    if not match:
+        return None
+    return tuple(int(part) for part in match.groups(default="0"))

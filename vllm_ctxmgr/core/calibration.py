@@ -1,0 +1,103 @@
+"""What earlier starts of the same service tell the planner about its non-KV memory.
+
+vLLM logs the KV budget it found ("Available KV cache memory"), the weights and CUDA graphs of a
+start, or the estimated maximum model length of a failed one. An earlier start of the same vLLM
+version on the same device replaces core/memory.py's estimates with those figures; core/plan.py's
+docstring says how a logged budget moves to another utilisation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vllm_ctxmgr.core.budget import default_gpu_memory_utilization
+from vllm_ctxmgr.core.hardware import GIB, Platform
+from vllm_ctxmgr.core.kv.layout import KVCacheLayout
+from vllm_ctxmgr.core.observations import Observation
+from vllm_ctxmgr.core.vllm_versions import VllmVersion, parse_vllm_version
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What an earlier start of the same service tells about non-KV memory."""
+
+    available_kv: int | None  # the KV budget it had, at `utilization`
+    utilization: float | None
+    budget_source: str
+    weights: int | None
+    cuda_graphs: int | None
+    estimated_max_model_len: int | None
+    requested_at_start: int | None = None  # ceil(total x u) at that start, where its total is known
+
+
+def _applicable(obs: Observation, version: VllmVersion, platform: Platform) -> bool:
+    """Same vLLM release, same GPU model, same kind of device: its figures hold here."""
+    observed_version = parse_vllm_version(obs.vllm_version)
+    if observed_version is not None and observed_version[:3] != tuple(version[:3]):
+        return False
+    if obs.gpu_name and platform.device_name and not platform.is_cpu and obs.gpu_name != platform.device_name:
+        return False  # another GPU model: its memory figures say nothing about this one
+    return obs.platform is None or (obs.platform.upper() == "CPU") == platform.is_cpu
+
+
+def observed_memory(
+    observations: Sequence[Observation], layout: KVCacheLayout, version: VllmVersion, platform: Platform
+) -> tuple[Observed | None, list[str]]:
+    """The latest applicable start's KV budget, weights and CUDA graphs; notes: what was used, ignored."""
+    notes: list[str] = []
+    usable = [obs for obs in observations if _applicable(obs, version, platform)]
+    if len(usable) < len(observations):
+        notes.append(
+            f"ignored {len(observations) - len(usable)} earlier start(s) of another vLLM version or device"
+        )
+    if not usable:
+        return None, notes
+    with_budget = [
+        obs
+        for obs in usable
+        if obs.kv_cache_memory_bytes is None
+        and (obs.available_kv_gib is not None or obs.estimated_max_model_len or obs.num_gpu_blocks)
+    ]
+    latest = with_budget[-1] if with_budget else usable[-1]
+    u_obs = latest.gpu_memory_utilization or default_gpu_memory_utilization(version)
+    available: int | None = None
+    source = ""
+    estimated = None
+    if latest in with_budget:
+        if latest.estimated_max_model_len:
+            # the failed check: needed(est) <= available - one block < needed(est + 1)
+            estimated = latest.estimated_max_model_len
+            available = layout.check_needed_bytes(estimated) + layout.null_block_reserve()
+            source = f"vllm log (estimated maximum model length {estimated})"
+        elif latest.num_gpu_blocks is not None:
+            # exact to one block: vLLM made floor(budget / bytes_per_block) blocks
+            available = latest.num_gpu_blocks * layout.bytes_per_block + layout.bytes_per_block // 2
+            source = "vllm metrics (num_gpu_blocks)"
+        elif latest.available_kv_gib is not None:
+            available = int(latest.available_kv_gib * GIB)
+            source = "vllm log"
+        notes.append(f"KV budget from an earlier start at gpu_memory_utilization {u_obs:.2f}: {source}")
+    weights = next(
+        (int(o.model_loading_gib * GIB) for o in reversed(usable) if o.model_loading_gib is not None), None
+    )
+    graphs = next(
+        (int(o.cuda_graph_gib * GIB) for o in reversed(usable) if o.cuda_graph_gib is not None), None
+    )
+    if available is None and weights is None and graphs is None:
+        return None, notes
+    requested_at_start = (
+        math.ceil(latest.total_memory_gib * GIB * u_obs)
+        if available is not None and latest.total_memory_gib is not None
+        else None
+    )
+    return Observed(
+        available,
+        u_obs if available is not None else None,
+        source,
+        weights,
+        graphs,
+        estimated,
+        requested_at_start,
+    ), notes

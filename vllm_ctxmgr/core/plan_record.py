@@ -1,0 +1,203 @@
+"""A stored plan: PlanRecord (the schema `Plan.to_json()` writes) and StoredPlan (its typed reader).
+
+Its own module because a stored plan is read back (verify, deploy's calibration, core.verdict) long
+after the planner that wrote it: the readers need the keys and their meaning, not the planner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from vllm_ctxmgr.core.budget import kv_budget_at_utilization
+from vllm_ctxmgr.errors import CtxmgrError
+
+PLAN_SCHEMA = 1  # PlanRecord["schema"]: bump when a stored plan's keys change meaning
+
+
+class FigureRecord(TypedDict):
+    """A Figure in a stored plan: bytes (None where unknown) and where they came from."""
+
+    bytes: int | None
+    source: str
+
+
+class VllmRuleRecord(TypedDict):
+    """One version rule a stored plan followed: its name, the release it holds since, its value."""
+
+    rule: str
+    since: str
+    value: Any
+
+
+class PlatformRecord(TypedDict):
+    """The platform a stored plan was made for: Platform without its batch-default inputs."""
+
+    device_type: str
+    compute_capability: tuple[int, int] | list[int] | None
+    device_name: str | None
+
+
+class PlanRecord(TypedDict):
+    """`Plan.to_json()`: what `ctxmgr plan --json` prints and each revision stores as its plan.
+
+    Stored plans are read back (verify, deploy's calibration) long after the planner that wrote
+    them, so the keys are declared here once and read through `StoredPlan`, not by string at each
+    reader. `schema` is PLAN_SCHEMA; plans stored before the field existed have schema 1's keys.
+    `gpus` holds `GpuMemory.to_json()` entries (every figure a FigureRecord), `layout` is
+    `KVCacheLayout.summary(max_model_len)`, `alternatives` `Alternative.to_json()` entries,
+    `capacity` `KVCapacity.to_json()` entries (kv_cache_tokens / max_concurrency: their minimum).
+    `kv_bytes_per_gpu` is one request; the GPU lines' kv_needed is `concurrency` requests.
+    """
+
+    schema: int
+    feasible: bool
+    reason: str
+    verdict: str
+    max_model_len: int
+    gpu_memory_utilization: float | None
+    max_context: int
+    kv_bytes_per_gpu: int
+    kv_bytes_per_token_per_gpu: int
+    kv_cache_memory_bytes: int | None
+    null_block_bytes: int
+    concurrency: int
+    kv_cache_tokens: int | None
+    max_concurrency: float | None
+    capacity: list[dict[str, Any]]
+    derived_max_model_len: int | None
+    derived_max_model_len_key: str | None
+    vllm_version: str
+    vllm_rules: list[VllmRuleRecord]
+    platform: PlatformRecord
+    gpus: list[dict[str, Any]]
+    flag_changes: dict[str, str]
+    env_changes: dict[str, str]
+    alternatives: list[dict[str, Any]]
+    warnings: list[str]
+    notes: list[str]
+    layout: dict[str, Any]
+
+
+def _record_bytes(entry: Mapping[str, Any], name: str) -> int | None:
+    figure = entry.get(name)
+    if isinstance(figure, Mapping):
+        value = figure.get("bytes")
+        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    return None
+
+
+def _record_int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class StoredPlan:
+    """A PlanRecord read back from a revision, with typed accessors for what its readers need.
+
+    Tolerant of a missing or partial record (a revision written without a plan answers None), not
+    of a record from a newer ctxmgr whose keys may mean something else.
+    """
+
+    record: Mapping[str, Any]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> StoredPlan:
+        """Refuses a newer ctxmgr's record (its keys may mean other things); none or an old one: schema 1."""
+        data = data or {}
+        schema = data.get("schema", 1)
+        if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
+            raise CtxmgrError(f"the stored plan has no valid schema ({schema!r})")
+        if schema > PLAN_SCHEMA:
+            raise CtxmgrError(
+                f"the stored plan has schema {schema}; this ctxmgr reads up to {PLAN_SCHEMA}: upgrade ctxmgr"
+            )
+        return cls(data)
+
+    @property
+    def schema(self) -> int:
+        """PLAN_SCHEMA of the ctxmgr that stored the plan; 1 for plans stored before the key existed."""
+        return int(self.record.get("schema", 1))
+
+    @property
+    def gpus(self) -> list[Mapping[str, Any]]:
+        """The plan's GPU lines (GpuMemory.to_json()), in rank order."""
+        lines = self.record.get("gpus") or []
+        return [line for line in lines if isinstance(line, Mapping)]
+
+    @staticmethod
+    def figure(line: Mapping[str, Any], name: str) -> int | None:
+        """One GPU line's figure in bytes ("kv_budget", "margin", ...), None where unknown."""
+        return _record_bytes(line, name)
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The --max-model-len planned: the plan's margins hold only while the unit still runs it."""
+        return _record_int(self.record.get("max_model_len"))
+
+    @property
+    def gpu_memory_utilization(self) -> float | None:
+        """The utilisation planned: a unit that runs another has its KV budgets moved from this one."""
+        value = self.record.get("gpu_memory_utilization")
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    @property
+    def kv_cache_memory_bytes(self) -> int | None:
+        """The explicit KV budget planned (--kv-cache-memory-bytes): it does not move with utilisation."""
+        return _record_int(self.record.get("kv_cache_memory_bytes"))
+
+    @property
+    def kv_bytes_per_token_per_gpu(self) -> int | None:
+        """Marginal KV bytes per token: turns a logged KV budget into tokens where vLLM logged none."""
+        return _record_int(self.record.get("kv_bytes_per_token_per_gpu"))
+
+    @property
+    def layout(self) -> Mapping[str, Any]:
+        """The plan's KVCacheLayout.summary; {} for a plan stored without one."""
+        layout = self.record.get("layout")
+        return layout if isinstance(layout, Mapping) else {}
+
+    @property
+    def bytes_per_block(self) -> int | None:
+        """One pool block (= the null block) on the GPU that needs the most."""
+        return _record_int(self.record.get("null_block_bytes")) or _record_int(
+            self.layout.get("bytes_per_block")
+        )
+
+    @property
+    def block_size(self) -> int | None:
+        """Tokens per KV block the plan assumed (the attention backend's); None without a layout."""
+        return _record_int(self.layout.get("block_size"))
+
+    @property
+    def margins(self) -> list[int]:
+        """The margin the plan kept on each GPU (0s of an explicit budget left out)."""
+        return [m for m in (_record_bytes(line, "margin") for line in self.gpus) if m]
+
+    def min_kv_budget_bytes(self, at_utilization: float | None = None) -> int | None:
+        """The smallest planned KV budget over the GPUs (the binding one: vLLM takes the min over workers).
+
+        `at_utilization` moves each GPU's budget to the utilisation the unit really runs with (not
+        for an explicit --kv-cache-memory-bytes budget, which does not move). Without GPU lines:
+        the explicit budget, if the plan set one.
+        """
+        explicit = self.kv_cache_memory_bytes
+        planned_u = self.gpu_memory_utilization
+        budgets = []
+        for line in self.gpus:
+            budget = _record_bytes(line, "kv_budget")
+            if budget is None:
+                continue
+            total, requested = _record_bytes(line, "total"), _record_bytes(line, "requested")
+            if (
+                at_utilization is not None
+                and not explicit
+                and planned_u is not None
+                and abs(at_utilization - planned_u) > 1e-9
+                and total
+                and requested
+            ):
+                budget = kv_budget_at_utilization(budget, requested, total, at_utilization)
+            budgets.append(budget)
+        return min(budgets) if budgets else explicit
