@@ -206,7 +206,10 @@ class StartWatcher:
     """
 
     grace_s: float = 3.0
-    exit_grace_s: float = 1.0
+    # a process that prints its error and exits at once (argparse) can have its stderr reach the
+    # journal follower after systemd's own "Main process exited" line; 1 s was seen to be too short
+    # on a loaded 2-core machine, and the wait costs only failed starts, which take minutes anyway
+    exit_grace_s: float = 3.0
     timeout_s: float | None = None
     baseline_nrestarts: int | None = None
     await_start: bool = False
