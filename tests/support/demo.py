@@ -7,6 +7,7 @@ unit still reads `.../bin/vllm serve MODEL ...` because a tiny `bin/vllm` wrappe
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -27,12 +28,19 @@ def make_vllm_wrapper(directory: Path, python: str | None = None) -> Path:
     bin_dir = directory / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     wrapper = bin_dir / "vllm"
-    wrapper.write_text(
+    text = (
         f"#!{python or sys.executable}\n"
         "import runpy\n"
         'runpy.run_module("tests.support.standin", run_name="__main__")\n'
     )
-    wrapper.chmod(0o755)
+    if wrapper.exists() and wrapper.read_text() == text:
+        return wrapper
+    # Written beside and renamed over: a stand-in still exec'ing the old file (a unit restarting on
+    # another fleet host) makes an in-place write fail with ETXTBSY ("Text file busy").
+    partial = bin_dir / f".vllm.{os.getpid()}"
+    partial.write_text(text)
+    partial.chmod(0o755)
+    os.replace(partial, wrapper)
     return wrapper
 
 
