@@ -26,6 +26,7 @@ def gpus_from_file(path: str | Path) -> GpuState:
                     GpuProcess(int(p["pid"]), str(p.get("name", "")), p.get("used_bytes"))
                     for p in g.get("processes", [])
                 ),
+                reserved_bytes=int(g.get("reserved_bytes", 0)),
             )
             for g in data["gpus"]
         )
@@ -54,9 +55,17 @@ def read_nvml() -> GpuState:
     try:
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
         gpus = []
+        notes: list[str] = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            total, reserved, free, used = _memory(pynvml, handle)
+            if reserved is None:
+                reserved = 0
+                if not notes:
+                    notes.append(
+                        "this driver's NVML does not report the memory it reserves (nvmlMemory_v2); "
+                        "totals are nvidia-smi's, about 0.5-0.8 GiB above what CUDA and vLLM see"
+                    )
             try:
                 cc = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
             except pynvml.NVMLError:
@@ -65,17 +74,32 @@ def read_nvml() -> GpuState:
                 GpuInfo(
                     index=index,
                     name=_text(pynvml.nvmlDeviceGetName(handle)),
-                    total_bytes=int(mem.total),
-                    free_bytes=int(mem.free),
-                    used_bytes=int(mem.used),
+                    total_bytes=total - reserved,
+                    free_bytes=free,
+                    used_bytes=used,
                     uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
                     compute_capability=cc,  # type: ignore[arg-type]
                     processes=_processes(pynvml, handle),
+                    reserved_bytes=reserved,
                 )
             )
-        return GpuState(tuple(gpus), "nvml", driver)
+        return GpuState(tuple(gpus), "nvml", driver, tuple(notes))
     finally:
         pynvml.nvmlShutdown()
+
+
+def _memory(pynvml, handle) -> tuple[int, int | None, int, int]:  # type: ignore[no-untyped-def]
+    """(total, reserved, free, used) in bytes. nvmlMemory_v2 (drivers >= 510) splits the driver's own
+    reserve out of `used`; CUDA's total (cudaMemGetInfo, vLLM's `total_memory`) is NVML's total less
+    that reserve: on an A100-SXM4-80GB 81920 - 763 = 81157 MiB where two vLLM starts at utilisations
+    0.25 and 0.5 imply 81152 (tests/data/public-logs). v1 counts the reserve as used: reserved None.
+    """
+    try:
+        mem = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        return int(mem.total), int(mem.reserved), int(mem.free), int(mem.used)
+    except (pynvml.NVMLError, AttributeError, TypeError):
+        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        return int(mem.total), None, int(mem.free), int(mem.used)
 
 
 def _processes(pynvml, handle) -> tuple[GpuProcess, ...]:  # type: ignore[no-untyped-def]

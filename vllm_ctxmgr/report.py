@@ -91,10 +91,12 @@ def gpus_text(state: GpuState) -> str:
         out.append(
             f"  GPU {gpu.index}: {gpu.name}  total {gib(gpu.total_bytes)}  used {gib(gpu.used_bytes)}  "
             f"free {gib(gpu.free_bytes)}"
+            + (f"  (+{gib(gpu.reserved_bytes)} reserved by the driver)" if gpu.reserved_bytes else "")
         )
         for proc in gpu.processes:
             used = gib(proc.used_bytes) if proc.used_bytes is not None else "?"
             out.append(f"      pid {proc.pid:>7}  {used:>10}  {proc.name[:80]}")
+    out.extend(f"  note: {note}" for note in state.notes)
     return "\n".join(out)
 
 

@@ -32,6 +32,11 @@ class GpuProcess:
 class GpuInfo:
     """One GPU as NVML, a `ctxmgr gpus --json` file or --gpu-memory reports it: the memory a plan
     divides, and the compute capability that picks vLLM's backend (None: guessed from the name).
+
+    `total_bytes` is the total CUDA reports (cudaMemGetInfo, what vLLM multiplies by
+    gpu_memory_utilization), not nvidia-smi's: NVML's total also counts `reserved_bytes`, the memory
+    the driver keeps for itself (nvidia-smi -q: "Reserved"; 0.5-0.8 GiB on an 80 GB card), which no
+    CUDA context can use.
     """
 
     index: int
@@ -42,6 +47,7 @@ class GpuInfo:
     uuid: str = ""
     compute_capability: tuple[int, int] | None = None
     processes: tuple[GpuProcess, ...] = ()
+    reserved_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,7 @@ class GpuState:
             "source": self.source,
             "driver_version": self.driver_version,
             "gpus": [asdict(g) for g in self.gpus],
+            "notes": list(self.notes),
         }
 
 
