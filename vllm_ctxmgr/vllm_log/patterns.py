@@ -577,6 +577,15 @@ PATTERNS: tuple[LinePattern, ...] = (
         meaning="tokens the KV cache holds (first of 0.11's two lines)",
     ),
     _p(
+        "num_gpu_blocks",
+        "fact",
+        r"^Engine \d+: vllm cache_config_info with initialization after num_gpu_blocks is: "
+        r"(?P<num_gpu_blocks>\d+)",
+        source="0.10 v1/metrics/loggers.py:L142 (LoggingStatLogger.log_engine_initialized)",
+        seen="public_gpu_lines.tsv (dennislee22/vLLM-benchmarking, 0.10.1.1)",
+        meaning="the KV cache's block count, exact (what /metrics reports as num_gpu_blocks)",
+    ),
+    _p(
         "max_concurrency",
         "fact",
         r"^Maximum concurrency for (?P<max_model_len>[\d,]+) tokens per request: "
@@ -712,6 +721,7 @@ _INT_FIELDS = frozenset(
         "max_model_len",
         "estimated_max_model_len",
         "kv_cache_tokens",
+        "num_gpu_blocks",
         "restart_counter",
         "exit_status",
         "percent",
@@ -734,12 +744,17 @@ _JOURNAL_PREFIX = re.compile(
     r"^(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?|[A-Z][a-z]{2} [ \d]\d "
     r"\d\d:\d\d:\d\d(?:\.\d+)?) \S+ [^\s\[:]+(?:\[\d+\])?: ?"
 )
+# An engine over Ray nests the worker's prefix in the engine's: "(EngineCore_0 pid=1159) (RayWorkerWrapper
+# pid=345, ip=10.42.11.243) INFO ...": the innermost process is the one that logged the line.
 _VLLM_PREFIX = re.compile(
-    r"^(?:\((?P<process>[\w.-]+) pid=(?P<pid>\d+)\) ?)?"
+    r"^(?:\([\w.-]+ pid=\d+\) (?=\())?"
+    r"(?:\((?P<process>[\w.-]+) pid=(?P<pid>\d+)(?:, ip=[\w.:-]+)?\) ?)?"
     r"(?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
     r"\[?(?P<fileinfo>[\w./-]+:\d+)\] ?)?"
 )
 _UVICORN_PREFIX = re.compile(r"^(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):\s+")
+# Ray's log deduplication appends this to a line other workers printed too
+_RAY_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\].*$")
 
 
 def journal_message(line: str) -> str:
@@ -760,6 +775,7 @@ def parse_line(line: str) -> ParsedLine:
     elif uvicorn := _UVICORN_PREFIX.match(text):
         level = uvicorn.group(0).split(":")[0]
         text = text[uvicorn.end() :]
+    text = _RAY_REPEATED.sub("", text)
     return ParsedLine(message=text.strip(), process=process, pid=pid, level=level, fileinfo=fileinfo)
 
 

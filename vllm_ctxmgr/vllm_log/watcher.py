@@ -80,6 +80,8 @@ class _ObservationBuilder:
             self._set_once("kv_cache_tokens", data.get("kv_cache_tokens"))
         if "max_concurrency" in data:
             self._set_once("max_concurrency", data["max_concurrency"])
+        if name == "num_gpu_blocks":
+            self._set_once("num_gpu_blocks", data["num_gpu_blocks"])
         if name == "model_loading_took":
             self._set_once("model_loading_gib", data["model_loading_gib"])
         if name == "estimated_cuda_graph_memory":
