@@ -104,10 +104,19 @@ def view_from_unit(unit: ServiceUnit, root: Path = Path("/")) -> ServiceView:
         version = container_vllm_version(image)
         args = replace(args, **_host_side(args.model, args.env, volumes))
         cuda = None
+        flashinfer = True if is_vllm_image(image) else None  # vLLM's images ship FlashInfer
     else:
         version = installed_vllm_version(command.words[0].value, root)
         cuda = installed_cuda_version(command.words[0].value, root)
-    args = replace(args, vllm_version=version, cuda_version=cuda, config_file=config_file, notes=tuple(notes))
+        flashinfer = installed_flashinfer(command.words[0].value, root)
+    args = replace(
+        args,
+        vllm_version=version,
+        cuda_version=cuda,
+        flashinfer_installed=flashinfer,
+        config_file=config_file,
+        notes=tuple(notes),
+    )
     host = args.host or "127.0.0.1"
     if host in ("0.0.0.0", "", "*"):
         host = "127.0.0.1"
@@ -329,6 +338,22 @@ def installed_cuda_version(argv0: str, root: Path | None = None) -> str | None:
         if match:
             return match.group(1)
     return None
+
+
+def installed_flashinfer(argv0: str, root: Path | None = None) -> bool | None:
+    """Whether the unit's venv has FlashInfer (its dist-info or package directory): vLLM 0.10-0.11 then
+    samples with it, which changes the profile run's sampler peak. None where there is no venv to see.
+    """
+    path = Path(argv0)
+    if not path.is_absolute() or path.parent.name != "bin":
+        return None
+    prefix = path.parent.parent
+    host_prefix = (root / str(prefix).lstrip("/")) if root and str(root) != "/" else prefix
+    site = sorted(host_prefix.glob("lib/python3*/site-packages"))
+    if not site:
+        return None
+    patterns = ("flashinfer/__init__.py", "flashinfer_python-*.dist-info")
+    return any(any(directory.glob(pattern)) for directory in site for pattern in patterns)
 
 
 def container_vllm_version(image: str) -> str | None:

@@ -20,12 +20,15 @@ Each term below mirrors the vLLM code that allocates it (0.33 sources unless a v
   not in it, so it is an estimate.
 - dummy sampler pass: `compute_logits` returns [num_reqs, vocab] in the model dtype (gathered to the
   whole vocabulary on every TP rank); `Sampler.forward` casts it to float32; the dummy metadata sets
-  top_k = vocab - 1 and top_p = 0.9 on every row, so top-k/top-p run on the whole matrix. Up to
-  0.16 that is `apply_top_k_top_p` in PyTorch (sort: float32 values + int64 indices, a float32
-  softmax, a bool mask); from 0.17 a Triton kernel masks in place. Then `forward_native` takes a
-  float32 softmax and `random_sample` float32 exponential noise. num_reqs = min(max_num_seqs,
-  max_num_batched_tokens) (`_dummy_run` splits the tokens over at most max_num_seqs requests).
-  The tensor sizes are exact; which tensors are alive together is read from the code, not measured.
+  top_k = vocab - 1 and top_p = 0.9 on every row, so top-k/top-p run on the whole matrix. Which
+  kernel does it is `TopKTopPSampler`'s choice (see `uses_flashinfer_sampler`): FlashInfer's
+  `top_k_top_p_sampling_from_logits` masks into a new float32 tensor and takes a float32 softmax of
+  it; otherwise, up to 0.16, `apply_top_k_top_p` in PyTorch (sort: float32 values + int64 indices, a
+  float32 softmax, a bool mask), and from 0.17 a Triton kernel that masks in place, then
+  `forward_native`'s float32 softmax and `random_sample`'s float32 exponential noise. num_reqs =
+  min(max_num_seqs, max_num_batched_tokens) (`_dummy_run` splits the tokens over at most max_num_seqs
+  requests). The tensor sizes are exact; which tensors are alive together is read from the code, and
+  two public 0.10 starts on an A100 (tests/data/public-logs) leave 0.04 GiB beside FlashInfer's pass.
 - CUDA graphs (vLLM >= 0.18 measures them in `profile_cudagraph_memory`): per capture mode, the first
   (largest) capture's memory plus (n - 1) x the second capture's; FULL and PIECEWISE share one pool,
   so the largest first capture counts once. Here the first capture is the forward activation at the
@@ -53,8 +56,10 @@ from vllm_ctxmgr.core.kv.backends import VllmVersion
 MIB = 1 << 20
 CUDA_CONTEXT_ESTIMATE = 512 * MIB  # CUDA context + cuBLAS handles on a Hopper-class GPU
 NCCL_ESTIMATE = 512 * MIB  # NCCL communicators and buffers, more than one rank
-NON_TORCH_ESTIMATE = 256 * MIB  # cuBLAS/cuBLASLt workspaces allocated outside torch's pool
-NON_TORCH_TP_ESTIMATE = 256 * MIB  # custom all-reduce IPC buffers with TP > 1
+# cuBLAS/cuBLASLt workspaces allocated outside torch's pool: public 0.10 starts on A100s leave about
+# 0.04 GiB (one GPU) and 0.19 GiB (TP 4 over Ray, no custom all-reduce) beside the sampler's pass
+NON_TORCH_ESTIMATE = 128 * MIB
+NON_TORCH_TP_ESTIMATE = 128 * MIB  # NCCL's lazily made buffers and custom all-reduce IPC buffers, TP > 1
 ACTIVATION_FLOOR = 256 * MIB  # what a tiny model's profile run still reserves (allocator segments)
 ACTIVATION_FALLBACK = 2 * GIB  # no hidden_size: the model's shapes are unknown
 CUDA_GRAPH_FALLBACK = 1 * GIB  # no layer count or shapes to size graphs by
@@ -172,10 +177,37 @@ def forward_activation_bytes(facts: ModelFacts, tokens: int, tp: int) -> int | N
     return tokens * width * _dtype_bytes(facts)
 
 
-def sampler_bytes_per_element(facts: ModelFacts, version: VllmVersion) -> int:
+def uses_flashinfer_sampler(
+    version: VllmVersion, platform: Platform, env: dict[str, str], installed: bool | None
+) -> bool:
+    """TopKTopPSampler.__init__'s choice on this version (v1/sample/ops/topk_topp_sampler.py).
+
+    0.10-0.11: FlashInfer whenever it is installed, unless VLLM_USE_FLASHINFER_SAMPLER=0; 0.12-0.20:
+    only with VLLM_USE_FLASHINFER_SAMPLER=1; from 0.21 by default again (envs.py's default turned
+    True; FlashInfer is a dependency), on SM 8.0 and up. `installed` None (a venv ctxmgr cannot
+    see): taken as not installed, the choice whose pass costs more.
+    """
+    if not platform.is_cuda:
+        return False
+    flag = env.get("VLLM_USE_FLASHINFER_SAMPLER")
+    setting = None if flag is None else flag.strip() not in ("0", "", "false", "False")
+    if setting is False:
+        return False
+    if version < (0, 12):
+        return bool(installed)
+    if version < (0, 21):
+        return setting is True and installed is not False
+    capability = platform.compute_capability
+    return capability is None or capability >= (8, 0)
+
+
+def sampler_bytes_per_element(facts: ModelFacts, version: VllmVersion, flashinfer: bool = False) -> int:
     """Bytes alive per logit at the dummy sampler pass's peak (see the module docstring)."""
     model_logits = _dtype_bytes(facts)
     float32_logits = 4
+    if flashinfer:
+        # top_k_mask_logits writes a new float32 tensor; its softmax is another
+        return model_logits + float32_logits + 4 + 4
     if version < (0, 17):
         # apply_top_k_top_p (PyTorch): sort values f32 + indices i64, softmax f32, top-p mask bool
         return model_logits + float32_logits + 4 + 8 + 4 + 1
@@ -183,13 +215,15 @@ def sampler_bytes_per_element(facts: ModelFacts, version: VllmVersion) -> int:
     return model_logits + float32_logits + 4 + 4
 
 
-def sampler_bytes(facts: ModelFacts, num_reqs: int, version: VllmVersion) -> int | None:
+def sampler_bytes(
+    facts: ModelFacts, num_reqs: int, version: VllmVersion, flashinfer: bool = False
+) -> int | None:
     """`_dummy_sampler_run`'s peak over num_reqs x vocab_size logits; None without a vocab_size, so
     the pass is left out rather than guessed.
     """
     if not facts.vocab_size:
         return None
-    return num_reqs * facts.vocab_size * sampler_bytes_per_element(facts, version)
+    return num_reqs * facts.vocab_size * sampler_bytes_per_element(facts, version, flashinfer)
 
 
 def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, platform: Platform) -> list[int]:
@@ -230,6 +264,7 @@ def non_kv_memory(
     world_size: int,
     enforce_eager: bool,
     last_pipeline_stage: bool = True,
+    flashinfer_sampler: bool = False,
 ) -> NonKvMemory:
     """The non-KV terms of one GPU, each with the vLLM code it mirrors and its spread."""
     tp = max(1, tensor_parallel_size)
@@ -243,14 +278,15 @@ def non_kv_memory(
         forward_term = Term.estimate(
             forward, f"estimate (_dummy_run of {max_num_batched_tokens} tokens)", ACTIVATION_SPREAD
         )
-    sampled = sampler_bytes(facts, num_reqs, version) if last_pipeline_stage else 0
+    sampled = sampler_bytes(facts, num_reqs, version, flashinfer_sampler) if last_pipeline_stage else 0
     if sampled is None:
         sampler_term = Term.estimate(0, "estimate (vocab_size unknown: sampler pass not counted)", 0)
     else:
         sampler_term = Term.estimate(
             sampled,
             f"estimate (_dummy_sampler_run: {num_reqs} x {facts.vocab_size} logits, "
-            f"{sampler_bytes_per_element(facts, version)} B each)",
+            f"{sampler_bytes_per_element(facts, version, flashinfer_sampler)} B each"
+            f"{', FlashInfer' if flashinfer_sampler else ''})",
             SAMPLER_SPREAD,
         )
     non_torch = NON_TORCH_ESTIMATE + (NON_TORCH_TP_ESTIMATE if tp > 1 else 0)

@@ -72,7 +72,7 @@ from vllm_ctxmgr.core.facts import ALLOW_LONG_ENV, ModelFacts
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, Platform, platform_for
 from vllm_ctxmgr.core.kv.layout import KVCacheLayout, kv_cache_layout
 from vllm_ctxmgr.core.kv.specs import round_up
-from vllm_ctxmgr.core.memory import NonKvMemory, margin_widening, non_kv_memory
+from vllm_ctxmgr.core.memory import NonKvMemory, margin_widening, non_kv_memory, uses_flashinfer_sampler
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA, FigureRecord, PlanRecord, VllmRuleRecord
 from vllm_ctxmgr.core.serve_args import ServeArgs
@@ -469,6 +469,9 @@ def _non_kv_estimate(
         world_size=world,
         enforce_eager=args.enforce_eager,
         last_pipeline_stage=last_stage,
+        flashinfer_sampler=uses_flashinfer_sampler(
+            options.vllm_version, platform, args.env, args.flashinfer_installed
+        ),
     )
 
 

@@ -41,6 +41,7 @@ class ServeArgs:
     env: dict[str, str] = field(default_factory=dict)  # the unit's Environment= (VLLM_*, CUDA_*)
     vllm_version: str | None = None  # of the vLLM the unit runs, where it can be read ("0.32.0+cpu")
     cuda_version: str | None = None  # the CUDA runtime of its torch ("12.8"), where it can be read
+    flashinfer_installed: bool | None = None  # in its venv or image; None where that cannot be seen
     config_file: str | None = None  # vLLM's `--config FILE` (YAML), as the command names it
     notes: tuple[str, ...] = ()  # what the planner should tell about how these arguments were read
 

@@ -1,0 +1,137 @@
+"""Three public vLLM 0.10.1.1 starts on A100 80GB GPUs (dennislee22/vLLM-benchmarking, quoted in
+tests/data/public-logs): what they teach the planner's uncalibrated terms, and that a plan calibrated
+from them is exact to the block.
+
+- Qwen2-7B-Instruct on one GPU at utilisations 0.25 and 0.5 (5,867 and 29,053 blocks);
+- gpt-oss-120b over Ray, TP 4, one GPU per node (nested log prefixes, Ray's "[repeated Nx]").
+The accuracy figures themselves are printed by benchmarks/calibration_logs.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, Platform
+from vllm_ctxmgr.core.memory import sampler_bytes, uses_flashinfer_sampler
+from vllm_ctxmgr.core.plan import PlanOptions, make_plan
+from vllm_ctxmgr.core.serve_args import parse_serve_argv
+from vllm_ctxmgr.model_files.load import load_model_facts
+from vllm_ctxmgr.service import installed_flashinfer
+from vllm_ctxmgr.vllm_log.patterns import parse_line
+from vllm_ctxmgr.vllm_log.watcher import observe_start
+
+ROOT = Path(__file__).resolve().parent.parent
+PUBLIC = ROOT / "tests" / "data" / "public-logs"
+MIB = 1 << 20
+A100_NVML_TOTAL, A100_RESERVED = 81920 * MIB, 763 * MIB  # nvidia-smi -q of an A100-SXM4-80GB
+QWEN_PAGE_BYTES = 16 * 28 * 2 * 4 * 128 * 2  # block_size x layers x (K, V) x KV heads x head_dim x bf16
+A100 = Platform("cuda", (8, 0), "NVIDIA A100-SXM4-80GB", A100_NVML_TOTAL - A100_RESERVED)
+
+
+def _lines(name: str) -> list[str]:
+    return [
+        line for line in (PUBLIC / name).read_text(encoding="utf-8").splitlines() if not line.startswith("#")
+    ]
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model = tmp_path_factory.mktemp("qwen2-7b")
+    shutil.copyfile(PUBLIC / "config-qwen2-7b-instruct.json", model / "config.json")
+    return model
+
+
+def test_ray_nested_prefixes_name_the_worker_and_lose_the_dedup_note() -> None:
+    line = next(line for line in _lines("gpt-oss-120b-4xa100-0.10.1.1.log") if "repeated 3x" in line)
+    parsed = parse_line(line)
+    assert (parsed.process, parsed.pid, parsed.level) == ("RayWorkerWrapper", 345, "INFO")
+    assert parsed.message == "Available KV cache memory: 45.32 GiB"
+
+
+def test_the_three_starts_are_read_whole() -> None:
+    ray = observe_start(_lines("gpt-oss-120b-4xa100-0.10.1.1.log"))
+    assert (ray.model_loading_gib, ray.available_kv_gib, ray.cuda_graph_gib) == (17.2217, 45.32, 1.88)
+    assert (ray.num_gpu_blocks, ray.kv_cache_tokens, ray.gpu_memory_utilization) == (330018, 2640144, 0.8)
+    low = observe_start(_lines("qwen2-7b-a100-0.10.1.1-u0.25.log"))
+    high = observe_start(_lines("qwen2-7b-a100-0.10.1.1-u0.5.log"))
+    assert (low.num_gpu_blocks, low.kv_cache_tokens, low.available_kv_gib) == (5867, 93872, 5.01)
+    assert (high.num_gpu_blocks, high.kv_cache_tokens, high.available_kv_gib) == (29053, 464848, 24.83)
+
+
+def test_two_utilisations_imply_cudas_total_not_nvidia_smis() -> None:
+    """Same model, same host, only the utilisation differs: the budgets differ by 0.25 x CUDA's total.
+    That total is nvidia-smi's less the driver's reserve (what nvml.read_nvml now reports), not 80 GiB.
+    """
+    low = observe_start(_lines("qwen2-7b-a100-0.10.1.1-u0.25.log"))
+    high = observe_start(_lines("qwen2-7b-a100-0.10.1.1-u0.5.log"))
+    assert low.num_gpu_blocks is not None and high.num_gpu_blocks is not None
+    implied_total = (high.num_gpu_blocks - low.num_gpu_blocks) * QWEN_PAGE_BYTES / 0.25
+    assert abs(implied_total - (A100_NVML_TOTAL - A100_RESERVED)) < 8 * MIB  # reserves differ per board
+    assert A100_NVML_TOTAL - implied_total > 700 * MIB
+
+
+def test_a_calibrated_plan_makes_vllms_block_count(qwen: Path) -> None:
+    facts = load_model_facts(str(qwen))
+    for name, blocks in (
+        ("qwen2-7b-a100-0.10.1.1-u0.25.log", 5867),
+        ("qwen2-7b-a100-0.10.1.1-u0.5.log", 29053),
+    ):
+        observation = observe_start(_lines(name))
+        util = str(observation.gpu_memory_utilization)
+        args = parse_serve_argv(
+            ["Qwen2-7B-Instruct", "--max-model-len", "16384", "--gpu-memory-utilization", util]
+        )
+        total = A100.total_memory_bytes or 0
+        gpus = GpuState((GpuInfo(0, A100.device_name, total, total, 0, compute_capability=(8, 0)),), "given")
+        options = PlanOptions(
+            target_context=16384, vllm_version=(0, 10, 1), fixed_gpu_memory_utilization=float(util)
+        )
+        plan = make_plan(facts, args, gpus, options, [observation])
+        assert plan.layout.bytes_per_block == QWEN_PAGE_BYTES
+        assert plan.capacity[0].num_gpu_blocks == blocks
+        assert plan.kv_cache_tokens == observation.kv_cache_tokens
+
+
+def test_flashinfer_samples_where_each_version_lets_it() -> None:
+    hopper, turing, cpu = Platform("cuda", (9, 0)), Platform("cuda", (7, 5)), Platform("cpu")
+    assert uses_flashinfer_sampler((0, 10, 1), A100, {}, installed=True)
+    assert not uses_flashinfer_sampler((0, 10, 1), A100, {}, installed=None)  # the costlier guess
+    assert not uses_flashinfer_sampler((0, 11, 0), hopper, {"VLLM_USE_FLASHINFER_SAMPLER": "0"}, True)
+    assert not uses_flashinfer_sampler((0, 15, 0), hopper, {}, installed=True)  # opt-in in 0.12-0.20
+    assert uses_flashinfer_sampler((0, 15, 0), hopper, {"VLLM_USE_FLASHINFER_SAMPLER": "1"}, None)
+    assert uses_flashinfer_sampler((0, 21, 0), hopper, {}, installed=None)  # a dependency, on by default
+    assert not uses_flashinfer_sampler((0, 33, 0), turing, {}, installed=True)
+    assert not uses_flashinfer_sampler((0, 33, 0), cpu, {}, installed=True)
+
+
+def test_flashinfers_sampler_pass_is_smaller_than_pytorchs_sort(qwen: Path) -> None:
+    """0.10's FlashInfer path: bf16 logits, their float32 copy, the top-k-masked copy, its softmax."""
+    facts = load_model_facts(str(qwen))
+    assert sampler_bytes(facts, 256, (0, 10, 1), flashinfer=True) == 256 * 152064 * (2 + 4 + 4 + 4)
+    assert sampler_bytes(facts, 256, (0, 10, 1)) == 256 * 152064 * (2 + 4 + 4 + 8 + 4 + 1)
+    args = parse_serve_argv(["Qwen2-7B-Instruct", "--max-model-len", "16384"])
+    total = A100.total_memory_bytes or 0
+    gpus = GpuState((GpuInfo(0, A100.device_name, total, total, 0, compute_capability=(8, 0)),), "given")
+    options = PlanOptions(target_context=16384, vllm_version=(0, 10, 1), weights_bytes=15231233024)
+    plain = make_plan(facts, args, gpus, options)
+    with_flashinfer = make_plan(facts, replace(args, flashinfer_installed=True), gpus, options)
+    assert "FlashInfer" in with_flashinfer.gpus[0].activation_peak.source
+    peak_gap = (plain.gpus[0].activation_peak.bytes or 0) - (
+        with_flashinfer.gpus[0].activation_peak.bytes or 0
+    )
+    assert peak_gap == 256 * 152064 * 9
+    assert peak_gap > 0.3 * GIB
+
+
+def test_flashinfer_is_seen_in_the_units_venv(tmp_path: Path) -> None:
+    site = tmp_path / "opt/vllm/lib/python3.12/site-packages"
+    site.mkdir(parents=True)
+    assert installed_flashinfer("/opt/vllm/bin/vllm", tmp_path) is False
+    (site / "flashinfer_python-0.2.8.dist-info").mkdir()
+    assert installed_flashinfer("/opt/vllm/bin/vllm", tmp_path) is True
+    assert installed_flashinfer("vllm", tmp_path) is None  # not a venv path
+    assert installed_flashinfer("/srv/none/bin/vllm", tmp_path) is None  # no site-packages to look in
