@@ -237,6 +237,31 @@ def test_default_utilisation_and_cuda_graphs_switch_at_0_20() -> None:
     assert cuda_graphs_in_budget((0, 20, 0), plain) and not cuda_graphs_in_budget((0, 20, 0), opt_out)
 
 
+def test_the_sampler_pass_follows_each_versions_kernel_choice() -> None:
+    """gpt-oss-120b on one H100 at 1,024 sequences (201,088-word vocabulary), FlashInfer installed:
+    0.11 samples with FlashInfer (14 B per logit: 2.69 GiB), 0.15 needs the opt-in and sorts in
+    PyTorch (23 B: 4.41 GiB), 0.17 masks in place with Triton (14 B), 0.21 uses FlashInfer again."""
+    facts = model("gpt-oss-120b")
+    h100 = Platform("cuda", (9, 0), "NVIDIA H100 80GB HBM3", 80 * GIB)
+    gpus = GpuState(
+        (GpuInfo(0, h100.device_name, 80 * GIB, 80 * GIB, 0, compute_capability=(9, 0)),), "given"
+    )
+    args = ServeArgs("openai/gpt-oss-120b", max_num_batched_tokens=1024, flashinfer_installed=True)
+    peaks = {}
+    for version in ((0, 11, 0), (0, 15, 0), (0, 17, 0), (0, 21, 0)):
+        options = PlanOptions(target_context=8192, vllm_version=version, weights_bytes=int(64.38 * GIB))
+        peak = make_plan(facts, args, gpus, options).gpus[0].activation_peak
+        peaks[version] = (peak.bytes, "FlashInfer" in peak.source)
+    logits = 1024 * 201088
+    assert peaks[(0, 11, 0)] == (logits * 14, True)
+    assert peaks[(0, 15, 0)] == (logits * 23, False)
+    assert peaks[(0, 17, 0)] == (logits * 14, False)
+    assert peaks[(0, 21, 0)] == (logits * 14, True)
+    opted_in = replace(args, env={"VLLM_USE_FLASHINFER_SAMPLER": "1"})
+    options = PlanOptions(target_context=8192, vllm_version=(0, 15, 0), weights_bytes=int(64.38 * GIB))
+    assert "FlashInfer" in make_plan(facts, opted_in, gpus, options).gpus[0].activation_peak.source
+
+
 # --- what vLLM logs -------------------------------------------------------------------------------
 
 

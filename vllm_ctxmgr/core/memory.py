@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from vllm_ctxmgr.core.facts import DTYPE_BYTES, LayerKind, ModelFacts
 from vllm_ctxmgr.core.hardware import GIB, Platform
 from vllm_ctxmgr.core.kv.backends import VllmVersion
+from vllm_ctxmgr.core.vllm_versions import rule
 
 MIB = 1 << 20
 CUDA_CONTEXT_ESTIMATE = 512 * MIB  # CUDA context + cuBLAS handles on a Hopper-class GPU
@@ -193,9 +194,10 @@ def uses_flashinfer_sampler(
     setting = None if flag is None else flag.strip() not in ("0", "", "false", "False")
     if setting is False:
         return False
-    if version < (0, 12):
+    when = rule("sampler_flashinfer", version)
+    if when == "when_installed":
         return bool(installed)
-    if version < (0, 21):
+    if when == "opt_in":
         return setting is True and installed is not False
     capability = platform.compute_capability
     return capability is None or capability >= (8, 0)
@@ -208,7 +210,7 @@ def sampler_bytes_per_element(facts: ModelFacts, version: VllmVersion, flashinfe
     if flashinfer:
         # top_k_mask_logits writes a new float32 tensor; its softmax is another
         return model_logits + float32_logits + 4 + 4
-    if version < (0, 17):
+    if rule("sampler_top_k_top_p", version) == "pytorch_sort":
         # apply_top_k_top_p (PyTorch): sort values f32 + indices i64, softmax f32, top-p mask bool
         return model_logits + float32_logits + 4 + 8 + 4 + 1
     # Triton top-k/top-p in place; forward_native: softmax f32; random_sample: exponential noise f32

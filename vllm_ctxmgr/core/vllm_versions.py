@@ -22,6 +22,7 @@ OLDEST_VLLM: VllmVersion = (0, 10, 0)
 NEWEST_VLLM: VllmVersion = (0, 33, 0)  # the newest release read; also the default planning version
 
 KV = "vllm/v1/core/kv_cache_utils.py"  # kv_cache_planning.py from 0.33.0
+SAMPLER = "vllm/v1/sample/ops/topk_topp_sampler.py"
 
 
 @dataclass(frozen=True)
@@ -385,6 +386,33 @@ RULES: tuple[VersionRule, ...] = (
         f"{KV}:update_kv_cache_capacity ('GPU KV cache size: %s tokens, Maximum concurrency for %s tokens "
         "per request: %.2fx') @0.28.0",
         "0.33.0 names the device instead of 'GPU'", informational=True,
+    ),
+    # --- the profile run's dummy sampler pass (TopKTopPSampler) ------------------------------------
+    VersionRule(
+        "sampler_flashinfer", (0, 10, 0), "when_installed",
+        f"{SAMPLER}:TopKTopPSampler.__init__ ('elif envs.VLLM_USE_FLASHINFER_SAMPLER is not False') @0.11.0",
+        "FlashInfer samples whenever it is importable, unless VLLM_USE_FLASHINFER_SAMPLER=0",
+    ),
+    VersionRule(
+        "sampler_flashinfer", (0, 12, 0), "opt_in",
+        f"{SAMPLER}:TopKTopPSampler.__init__ ('if envs.VLLM_USE_FLASHINFER_SAMPLER:') @0.12.0..0.20.2",
+        "only with VLLM_USE_FLASHINFER_SAMPLER=1",
+    ),
+    VersionRule(
+        "sampler_flashinfer", (0, 21, 0), "default",
+        f"{SAMPLER}:flashinfer_sampler_supported; vllm/envs.py (VLLM_USE_FLASHINFER_SAMPLER: bool = True) "
+        "@0.21.0",
+        "on unless VLLM_USE_FLASHINFER_SAMPLER=0, on SM 8.0 and up (FlashInfer is a dependency)",
+    ),
+    VersionRule(
+        "sampler_top_k_top_p", (0, 10, 0), "pytorch_sort",
+        f"{SAMPLER}:apply_top_k_top_p (logits.sort) @0.16.0",
+        "without FlashInfer: a float32 sort with int64 indices, a softmax and a bool mask",
+    ),
+    VersionRule(
+        "sampler_top_k_top_p", (0, 17, 0), "triton_in_place",
+        f"{SAMPLER}:TopKTopPSampler.forward_native (apply_top_k_top_p_triton) @0.17.0",
+        "without FlashInfer: a Triton kernel masks the logits in place",
     ),
     VersionRule(
         "fit_error_message_format", (0, 10, 0), "models's; {x/GiB:.2f}",
