@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from vllm_ctxmgr.core.budget import default_gpu_memory_utilization
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
@@ -33,6 +34,13 @@ H100_TOTAL = 81559 * MIB  # NVML's total for an H100 80GB HBM3 (its driver reser
 # CUDA's total for an A100-SXM4-80GB: nvidia-smi -q's 81920 MiB less 763 MiB "Reserved" (what ctxmgr
 # reads through NVML v2); the two Qwen2-7B starts below, at utilisations 0.25 and 0.5, imply 81152 MiB
 A100_TOTAL = (81920 - 763) * MIB
+# CUDA totals as PyTorch reports them for these boards ("GPU 0 has a total capacity of X GiB" in public
+# OOM messages); the logs themselves do not print them
+L4_TOTAL = int(22.03 * GIB)
+A100_40GB_TOTAL = int(39.39 * GIB)
+# printed by the Qwen3-Next start itself ("Free memory on device (139.21/139.81 GiB)")
+H200_TOTAL = int(139.81 * GIB)
+LLAMA_31_8B_WEIGHTS = 16060522496  # Llama-3.1-8B's model.safetensors.index.json total_size
 QWEN2_7B_WEIGHTS = 15231233024  # model.safetensors.index.json total_size (Qwen2(.5)-7B-Instruct shapes)
 GPT_OSS_120B_WEIGHTS = int(64.38 * GIB)  # logged on one H100 (vllm#33155): the checkpoint is not here
 
@@ -119,6 +127,46 @@ def cases() -> list[Case]:
             flashinfer_installed=True,
         )
     )
+    llama_8b = PUBLIC / "config-llama-3.1-8b-instruct.json"
+    found += [
+        Case(
+            "Llama-3.1-8B 1xL4 0.11 (demo_env_l4)",
+            PUBLIC / "llama-3.1-8b-l4-0.11.0.log",
+            llama_8b,
+            ["meta-llama/Meta-Llama-3.1-8B-Instruct", "--max-model-len", "32000",
+             "--gpu-memory-utilization", "0.92", "--max-num-seqs", "128"],
+            {},
+            (0, 11, 0),
+            L4_TOTAL,
+            weights_bytes=LLAMA_31_8B_WEIGHTS,
+            gpu_name="NVIDIA L4",
+            flashinfer_installed=False,  # "FlashInfer is not available" in the log
+        ),
+        Case(
+            "Llama-3.1-8B 1xA100-40GB 0.11 (EnergyLLM)",
+            PUBLIC / "llama-3.1-8b-a100-40gb-0.11.0.log",
+            llama_8b,
+            ["/home/data/models/Meta-Llama-3.1-8B-Instruct", "--max-model-len", "4096"],
+            {},
+            (0, 11, 0),
+            A100_40GB_TOTAL,
+            weights_bytes=LLAMA_31_8B_WEIGHTS,
+            gpu_name="NVIDIA A100-SXM4-40GB",
+            flashinfer_installed=False,
+        ),
+        Case(
+            "Qwen3-Next-80B 2xH200 TP2 0.10.2",
+            PUBLIC / "qwen3-next-80b-2xh200-0.10.2.log",
+            ROOT / "examples" / "models" / "qwen3-next-80b-a3b" / "config.json",
+            ["/data/models/Qwen3-Next-80B-A3B-Instruct", "--tensor-parallel-size", "2"],
+            {},
+            (0, 10, 2),
+            H200_TOTAL,
+            weights_bytes=int(2 * 74.2812 * GIB),  # this log's own: the checkpoint's size is not here
+            gpu_name="NVIDIA H200",
+            gpu_count=2,
+        ),
+    ]  # fmt: skip
     for journal, config in (
         ("vllm-ok", "config-tiny-llama.json"),
         ("vllm-ok-bytes", "config-tiny-llama.json"),
@@ -190,7 +238,10 @@ def run_case(case: Case) -> Row:
         vllm_version=case.version,
         cpu=cpu,
         weights_bytes=case.weights_bytes,
-        fixed_gpu_memory_utilization=args.gpu_memory_utilization,
+        # the utilisation that start ran at: its flag, else vLLM's default for that version
+        fixed_gpu_memory_utilization=(
+            args.gpu_memory_utilization or default_gpu_memory_utilization(case.version)
+        ),
         allow_long=True,
     )
     uncal = make_plan(facts, args, gpus, options)

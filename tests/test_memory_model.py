@@ -55,7 +55,7 @@ def test_sampler_logits_near_1_gib_for_a_200k_vocabulary_at_1024_sequences() -> 
     # with the model-dtype logits, the softmax and the exponential noise (Triton top-k/top-p, >= 0.17)
     assert sampler_bytes(facts, 1024, (0, 33, 0)) == 1024 * 201088 * (2 + 4 + 4 + 4)
     # and the PyTorch sort of <= 0.16 (f32 values + i64 indices + f32 softmax + bool mask)
-    assert sampler_bytes(facts, 1024, (0, 11, 0)) == 1024 * 201088 * (2 + 4 + 4 + 8 + 4 + 1)
+    assert sampler_bytes(facts, 1024, (0, 11, 0)) == 1024 * 201088 * (2 + 4 + (4 + 8) + (4 + 8))
 
 
 def test_profile_peak_on_gpt_oss_against_the_h100_log() -> None:

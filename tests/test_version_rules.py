@@ -240,7 +240,8 @@ def test_default_utilisation_and_cuda_graphs_switch_at_0_20() -> None:
 def test_the_sampler_pass_follows_each_versions_kernel_choice() -> None:
     """gpt-oss-120b on one H100 at 1,024 sequences (201,088-word vocabulary), FlashInfer installed:
     0.11 samples with FlashInfer (14 B per logit: 2.69 GiB), 0.15 needs the opt-in and sorts in
-    PyTorch (23 B: 4.41 GiB), 0.17 masks in place with Triton (14 B), 0.21 uses FlashInfer again."""
+    PyTorch (30 B with the sort's buffers: 5.75 GiB), 0.17 masks in place with Triton (14 B), 0.21
+    uses FlashInfer again."""
     facts = model("gpt-oss-120b")
     h100 = Platform("cuda", (9, 0), "NVIDIA H100 80GB HBM3", 80 * GIB)
     gpus = GpuState(
@@ -254,12 +255,31 @@ def test_the_sampler_pass_follows_each_versions_kernel_choice() -> None:
         peaks[version] = (peak.bytes, "FlashInfer" in peak.source)
     logits = 1024 * 201088
     assert peaks[(0, 11, 0)] == (logits * 14, True)
-    assert peaks[(0, 15, 0)] == (logits * 23, False)
+    assert peaks[(0, 15, 0)] == (logits * 30, False)
     assert peaks[(0, 17, 0)] == (logits * 14, False)
     assert peaks[(0, 21, 0)] == (logits * 14, True)
     opted_in = replace(args, env={"VLLM_USE_FLASHINFER_SAMPLER": "1"})
     options = PlanOptions(target_context=8192, vllm_version=(0, 15, 0), weights_bytes=int(64.38 * GIB))
     assert "FlashInfer" in make_plan(facts, opted_in, gpus, options).gpus[0].activation_peak.source
+
+
+def test_nccl_counts_inside_the_budget_before_0_11() -> None:
+    """0.10's Worker.init_device took the memory snapshot before init_worker_distributed_environment,
+    so NCCL's communicators grew the profiled non-torch memory; from 0.11 they precede the snapshot."""
+    facts = model("llama-3.1-70b")
+    gpus = GpuState(
+        tuple(GpuInfo(i, "NVIDIA H100 80GB HBM3", 80 * GIB, 80 * GIB, 0) for i in range(4)), "given"
+    )
+    args = ServeArgs("meta-llama/Llama-3.1-70B-Instruct", tensor_parallel_size=4, gpu_memory_utilization=0.9)
+    lines = {}
+    for version in ((0, 10, 2), (0, 11, 0)):
+        options = PlanOptions(target_context=8192, vllm_version=version, fixed_gpu_memory_utilization=0.9)
+        lines[version] = make_plan(facts, args, gpus, options).gpus[0]
+    old, new = lines[(0, 10, 2)], lines[(0, 11, 0)]
+    moved = (old.non_torch.bytes or 0) - (new.non_torch.bytes or 0)
+    assert moved == 512 << 20 and "NCCL" in old.non_torch.source
+    assert (new.startup_overhead.bytes or 0) - (old.startup_overhead.bytes or 0) == moved
+    assert (new.kv_budget.bytes or 0) - (old.kv_budget.bytes or 0) == moved
 
 
 # --- what vLLM logs -------------------------------------------------------------------------------

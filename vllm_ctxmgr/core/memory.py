@@ -23,11 +23,12 @@ Each term below mirrors the vLLM code that allocates it (0.33 sources unless a v
   top_k = vocab - 1 and top_p = 0.9 on every row, so top-k/top-p run on the whole matrix. Which
   kernel does it is `TopKTopPSampler`'s choice (see `uses_flashinfer_sampler`): FlashInfer's
   `top_k_top_p_sampling_from_logits` masks into a new float32 tensor and takes a float32 softmax of
-  it; otherwise, up to 0.16, `apply_top_k_top_p` in PyTorch (sort: float32 values + int64 indices, a
-  float32 softmax, a bool mask), and from 0.17 a Triton kernel that masks in place, then
-  `forward_native`'s float32 softmax and `random_sample`'s float32 exponential noise. num_reqs =
-  min(max_num_seqs, max_num_batched_tokens) (`_dummy_run` splits the tokens over at most max_num_seqs
-  requests). The tensor sizes are exact; which tensors are alive together is read from the code, and
+  it; otherwise, up to 0.16, `apply_top_k_top_p` in PyTorch (a sort: float32 values + int64
+  indices and the radix sort's double buffers of both, then a float32 softmax and a bool mask), and
+  from 0.17 a Triton kernel that masks in place, then `forward_native`'s float32 softmax and
+  `random_sample`'s float32 exponential noise. num_reqs = min(max_num_seqs, max_num_batched_tokens)
+  (`_dummy_run` splits the tokens over at most max_num_seqs requests). The tensor sizes are exact;
+  which tensors are alive together is read from the code (the sort's scratch is an estimate), and
   two public 0.10 starts on an A100 (tests/data/public-logs) leave 0.04 GiB beside FlashInfer's pass.
 - CUDA graphs (vLLM >= 0.18 measures them in `profile_cudagraph_memory`): per capture mode, the first
   (largest) capture's memory plus (n - 1) x the second capture's; FULL and PIECEWISE share one pool,
@@ -39,7 +40,9 @@ Each term below mirrors the vLLM code that allocates it (0.33 sources unless a v
 - non-torch growth: cuBLAS/cuBLASLt workspaces and (TP > 1) custom all-reduce buffers, counted by
   memory_profiling as non_torch_increase: a flat guess.
 - startup overhead (before vLLM's snapshot, so outside the budget but inside the free-memory check):
-  the CUDA context and, with more than one rank, NCCL communicators: a flat guess.
+  the CUDA context and, with more than one rank, NCCL communicators: a flat guess. Before 0.11 the
+  snapshot preceded the distributed init (rule budget_snapshot_after_dist_init), so NCCL's share
+  counts as non-torch growth inside the budget instead.
 
 Every term says whether it is an estimate and how far it may be off (`spread`); the planner widens
 its margin by the spreads of the estimated terms it counts (see `margin_widening`).
@@ -211,8 +214,12 @@ def sampler_bytes_per_element(facts: ModelFacts, version: VllmVersion, flashinfe
         # top_k_mask_logits writes a new float32 tensor; its softmax is another
         return model_logits + float32_logits + 4 + 4
     if rule("sampler_top_k_top_p", version) == "pytorch_sort":
-        # apply_top_k_top_p (PyTorch): sort values f32 + indices i64, softmax f32, top-p mask bool
-        return model_logits + float32_logits + 4 + 8 + 4 + 1
+        # apply_top_k_top_p (PyTorch): logits.sort() returns values f32 + indices i64, and while it runs
+        # CUDA's segmented radix sort holds a second (double-buffer) copy of both; the softmax f32 and
+        # the top-p mask come after the sort's scratch is freed, so the sort is the peak. The scratch is
+        # an estimate from how cub sorts pairs; three public 0.10-0.11 starts that sorted (L4, A100 40GB,
+        # H200; tests/data/public-logs) sit closer with it than without
+        return model_logits + float32_logits + (4 + 8) + (4 + 8)
     # Triton top-k/top-p in place; forward_native: softmax f32; random_sample: exponential noise f32
     return model_logits + float32_logits + 4 + 4
 
@@ -292,8 +299,15 @@ def non_kv_memory(
             SAMPLER_SPREAD,
         )
     non_torch = NON_TORCH_ESTIMATE + (NON_TORCH_TP_ESTIMATE if tp > 1 else 0)
+    # before 0.11 vLLM took its memory snapshot before the distributed init, so NCCL's communicators
+    # grow the profiled non-torch memory (inside the budget) rather than sit before the snapshot
+    nccl_in_budget = (
+        world_size > 1 and not platform.is_cpu and not rule("budget_snapshot_after_dist_init", version)
+    )
     non_torch_term = Term.estimate(
-        non_torch, "estimate (cuBLAS workspaces, all-reduce buffers)", NON_TORCH_SPREAD
+        non_torch + (NCCL_ESTIMATE if nccl_in_budget else 0),
+        "estimate (cuBLAS workspaces, all-reduce buffers" + (", NCCL)" if nccl_in_budget else ")"),
+        NON_TORCH_SPREAD,
     )
     if enforce_eager:
         graphs_term = Term(0, "--enforce-eager", estimated=False)
@@ -303,6 +317,6 @@ def non_kv_memory(
     if platform.is_cpu:
         overhead_term = Term(0, "CPU build", estimated=False)
     else:
-        overhead = CUDA_CONTEXT_ESTIMATE + (NCCL_ESTIMATE if world_size > 1 else 0)
+        overhead = CUDA_CONTEXT_ESTIMATE + (NCCL_ESTIMATE if world_size > 1 and not nccl_in_budget else 0)
         overhead_term = Term.estimate(overhead, "estimate (CUDA context, NCCL)", NON_TORCH_SPREAD)
     return NonKvMemory(forward_term, sampler_term, non_torch_term, graphs_term, overhead_term)

@@ -347,12 +347,12 @@ RULES: tuple[VersionRule, ...] = (
         "budget_snapshot_after_dist_init", (0, 10, 0), False,
         "vllm/v1/worker/gpu_worker.py:Worker.init_device (snapshot before init_worker_distributed_"
         "environment) @0.10.2",
-        "NCCL memory comes out of the KV budget", informational=True,
+        "NCCL memory comes out of the KV budget",
     ),
     VersionRule(
         "budget_snapshot_after_dist_init", (0, 11, 0), True,
         "vllm/v1/worker/gpu_worker.py:Worker.init_device (snapshot after distributed init) @0.11.0",
-        "NCCL memory sits in the (1 - utilisation) headroom", informational=True,
+        "NCCL memory sits in the (1 - utilisation) headroom",
     ),
     VersionRule(
         "budget_requested_rounding", (0, 10, 0), "int(total * util)",

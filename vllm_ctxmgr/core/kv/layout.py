@@ -310,7 +310,9 @@ class KVCacheLayout:
         if rule("capacity_line_tokens", self.vllm_version).startswith("num_blocks"):
             if not self.groups:
                 return 0
-            min_block = min(group.block_size for group in self.groups)
+            # a mamba group outside "align" mode is one block of max_model_len tokens (MambaSpec's
+            # block_size=max_model_len; 0 here)
+            min_block = min(group.block_size or max_model_len for group in self.groups)
             blocks = self.num_gpu_blocks(available_bytes)
             return blocks // len(self.groups) * min_block * self.decode_context_parallel_size
         return int(self.max_concurrency(available_bytes, max_model_len) * max_model_len)
