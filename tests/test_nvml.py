@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from vllm_ctxmgr.core.budget import requested_bytes
+from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.nvml import gpus_from_file, read_nvml
 from vllm_ctxmgr.report import gpus_text
 
@@ -27,12 +28,14 @@ class _Error(Exception):
     pass
 
 
-def fake_pynvml(*, v2: bool) -> types.ModuleType:
+def fake_pynvml(*, v2: bool, unified: bool = False) -> types.ModuleType:
     module = types.ModuleType("pynvml")
     module.NVMLError = _Error  # type: ignore[attr-defined]
     module.nvmlMemory_v2 = 33554472  # type: ignore[attr-defined]  # nvidia-ml-py's value
 
     def memory_info(handle: object, version: int | None = None) -> types.SimpleNamespace:
+        if unified:
+            raise _Error("Not Supported")  # GB10 / Jetson: nvidia-smi's "Memory-Usage: Not Supported"
         if version is not None:
             if not v2:
                 raise _Error("Function Not Found")  # a driver older than nvmlMemory_v2
@@ -96,3 +99,22 @@ def test_the_reserve_travels_in_a_gpus_file(monkeypatch: pytest.MonkeyPatch, tmp
     del data["gpus"][0]["reserved_bytes"]
     path.write_text(json.dumps(data))
     assert gpus_from_file(path).gpus[0].reserved_bytes == 0
+
+
+def test_a_unified_memory_gpu_is_planned_with_the_systems_memory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A DGX Spark's GB10: NVML has no memory figure for it; CUDA (and so vLLM) sees the system's."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(v2=True, unified=True))
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(
+        "MemTotal:       125442260 kB\nMemFree:        98765432 kB\nMemAvailable:   120000000 kB\n"
+    )
+    state = read_nvml(meminfo)
+    gpu = state.gpus[0]
+    assert (gpu.total_bytes, gpu.free_bytes) == (125442260 * 1024, 120000000 * 1024)
+    assert gpu.used_bytes == gpu.total_bytes - gpu.free_bytes and gpu.reserved_bytes == 0
+    assert "unified memory" in state.notes[0] and "119.63 GiB" in state.notes[0]
+    meminfo.write_text("garbage\n")
+    with pytest.raises(CtxmgrError, match="no memory of its own"):
+        read_nvml(meminfo)

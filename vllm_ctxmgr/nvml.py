@@ -39,8 +39,16 @@ def gpus_from_file(path: str | Path) -> GpuState:
     return GpuState(gpus, str(path), data.get("driver_version"))
 
 
-def read_nvml() -> GpuState:
-    """Every GPU on this host as NVML reports it now."""
+MEMINFO = Path("/proc/meminfo")
+
+
+def read_nvml(meminfo: Path = MEMINFO) -> GpuState:
+    """Every GPU on this host as NVML reports it now.
+
+    A unified-memory GPU (GB10 in a DGX Spark, Jetson Thor) has no memory of its own: NVML answers
+    "Not Supported" for it, and CUDA reports the system's memory instead, so that is what the GPU
+    record gets (`meminfo`'s MemTotal and MemAvailable), with a note.
+    """
     try:
         import pynvml
     except ImportError:  # pragma: no cover - nvidia-ml-py is a dependency
@@ -58,7 +66,16 @@ def read_nvml() -> GpuState:
         notes: list[str] = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            total, reserved, free, used = _memory(pynvml, handle)
+            try:
+                total, reserved, free, used = _memory(pynvml, handle)
+            except pynvml.NVMLError:
+                total, free = _system_memory(meminfo)
+                reserved, used = 0, total - free
+                notes.append(
+                    f"GPU {index} reports no memory of its own (unified memory): planned with the "
+                    f"system's {total / (1 << 30):.2f} GiB, as CUDA sees it; other processes' RAM "
+                    "counts as used"
+                )
             if reserved is None:
                 reserved = 0
                 if not notes:
@@ -88,6 +105,18 @@ def read_nvml() -> GpuState:
         pynvml.nvmlShutdown()
 
 
+def _system_memory(meminfo: Path) -> tuple[int, int]:
+    """(MemTotal, MemAvailable) in bytes, from /proc/meminfo's kB lines."""
+    try:
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+        return int(fields["MemTotal"].split()[0]) * 1024, int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError, IndexError):
+        raise CtxmgrError(
+            "a GPU reports no memory of its own and the system's could not be read; plan offline with "
+            "--gpu-memory SIZE"
+        ) from None
+
+
 def _memory(pynvml, handle) -> tuple[int, int | None, int, int]:  # type: ignore[no-untyped-def]
     """(total, reserved, free, used) in bytes. nvmlMemory_v2 (drivers >= 510) splits the driver's own
     reserve out of `used`; CUDA's total (cudaMemGetInfo, vLLM's `total_memory`) is NVML's total less
@@ -98,7 +127,7 @@ def _memory(pynvml, handle) -> tuple[int, int | None, int, int]:  # type: ignore
         mem = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
         return int(mem.total), int(mem.reserved), int(mem.free), int(mem.used)
     except (pynvml.NVMLError, AttributeError, TypeError):
-        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)  # NVMLError here: the GPU has no memory of its own
         return int(mem.total), None, int(mem.free), int(mem.used)
 
 
