@@ -155,6 +155,29 @@ def cases() -> list[Case]:
             flashinfer_installed=False,
         ),
         Case(
+            "Llama-3.1-8B 1xA100-40GB 0.15.1 eager (vllm-gce)",
+            PUBLIC / "llama-3.1-8b-a100-40gb-0.15.1-eager.log",
+            llama_8b,
+            # an offline LLM() run: its own batched tokens (the LLM class's default), as the log says
+            ["/models/Meta-Llama-3.1-8B-Instruct", "--enforce-eager", "--max-num-batched-tokens", "8192"],
+            {},
+            (0, 15, 1),
+            A100_40GB_TOTAL,
+            weights_bytes=LLAMA_31_8B_WEIGHTS,
+            gpu_name="NVIDIA A100-SXM4-40GB",
+        ),
+        Case(
+            "Llama-3.1-8B 1xA100-80GB 0.17.1 (MemSuit)",
+            PUBLIC / "llama-3.1-8b-a100-80gb-0.17.1.log",
+            llama_8b,
+            ["meta-llama/Llama-3.1-8B-Instruct", "--host", "127.0.0.1", "--max-model-len", "32768"],
+            {},
+            (0, 17, 1),
+            A100_TOTAL,
+            weights_bytes=LLAMA_31_8B_WEIGHTS,
+            gpu_name="NVIDIA A100-SXM4-80GB",
+        ),
+        Case(
             "Qwen3-Next-80B 2xH200 TP2 0.10.2",
             PUBLIC / "qwen3-next-80b-2xh200-0.10.2.log",
             ROOT / "examples" / "models" / "qwen3-next-80b-a3b" / "config.json",
@@ -273,7 +296,7 @@ def _pct(value: float | None) -> str:
 def main() -> int:
     rows = [run_case(case) for case in cases()]
     print(
-        f"{'start':42} {'logged':>8} {'uncal':>8} {'err':>8} {'cal':>8} {'err':>8} "
+        f"{'start':50} {'logged':>8} {'uncal':>8} {'err':>8} {'cal':>8} {'err':>8} "
         f"{'KV need':>10} {'tok log':>10} {'tok uncal':>10} {'tok cal':>10}"
     )
     budget_errors: list[float] = []
@@ -287,7 +310,7 @@ def main() -> int:
         if tok_err is not None:
             token_errors.append(tok_err)
         print(
-            f"{row.name:42} {_gib(row.logged_budget)} {_gib(_budget(row.uncal))} {_pct(uncal_err)} "
+            f"{row.name:50} {_gib(row.logged_budget)} {_gib(_budget(row.uncal))} {_pct(uncal_err)} "
             f"{_gib(_budget(row.cal))} {_pct(cal_err)} {_needed(row.cal):>10} "
             f"{row.logged_tokens if row.logged_tokens is not None else '-':>10} "
             f"{row.uncal.kv_cache_tokens if row.uncal.kv_cache_tokens is not None else '-':>10} "

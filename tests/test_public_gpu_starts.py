@@ -160,3 +160,36 @@ def test_flashinfer_is_seen_in_the_units_venv(tmp_path: Path) -> None:
     assert installed_flashinfer("/opt/vllm/bin/vllm", tmp_path) is True
     assert installed_flashinfer("vllm", tmp_path) is None  # not a venv path
     assert installed_flashinfer("/srv/none/bin/vllm", tmp_path) is None  # no site-packages to look in
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "total", "argv"),
+    [
+        ("llama-3.1-8b-l4-0.11.0.log", (0, 11, 0), int(22.03 * GIB), ["--max-model-len", "32000",
+         "--gpu-memory-utilization", "0.92", "--max-num-seqs", "128"]),
+        ("llama-3.1-8b-a100-40gb-0.11.0.log", (0, 11, 0), int(39.39 * GIB), ["--max-model-len", "4096"]),
+        ("llama-3.1-8b-a100-40gb-0.15.1-eager.log", (0, 15, 1), int(39.39 * GIB),
+         ["--enforce-eager", "--max-num-batched-tokens", "8192"]),
+        ("llama-3.1-8b-a100-80gb-0.17.1.log", (0, 17, 1), A100_NVML_TOTAL - A100_RESERVED,
+         ["--max-model-len", "32768"]),
+    ],
+)  # fmt: skip
+def test_llama_starts_0_11_to_0_17_calibrate_to_their_logged_pool(
+    tmp_path: Path, name: str, version: tuple[int, int, int], total: int, argv: list[str]
+) -> None:
+    """Four Llama-3.1-8B starts (L4, A100 40GB, A100 80GB; 0.11.0, 0.15.1, 0.17.1): a plan calibrated
+    from each start's own lines makes the pool in tokens and the concurrency that start logged."""
+    model = tmp_path / "llama"
+    model.mkdir()
+    shutil.copyfile(PUBLIC / "config-llama-3.1-8b-instruct.json", model / "config.json")
+    observation = observe_start(_lines(name))
+    assert observation.model_loading_gib == pytest.approx(14.99, abs=0.01)
+    assert observation.available_kv_gib is not None and observation.kv_cache_tokens is not None
+    args = parse_serve_argv(["meta-llama/Llama-3.1-8B-Instruct", *argv])
+    gpus = GpuState((GpuInfo(0, "NVIDIA GPU", total, total, 0, compute_capability=(8, 0)),), "given")
+    util = args.gpu_memory_utilization or 0.9
+    mml = observation.max_model_len or 131072
+    options = PlanOptions(target_context=mml, vllm_version=version, fixed_gpu_memory_utilization=util)
+    plan = make_plan(load_model_facts(str(model)), args, gpus, options, [observation])
+    assert plan.kv_cache_tokens == observation.kv_cache_tokens
+    assert plan.capacity[0].max_concurrency == observation.max_concurrency
