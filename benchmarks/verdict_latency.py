@@ -23,29 +23,25 @@ sys.path.insert(0, str(REPO))
 
 from tests.support.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit  # noqa: E402
 from tests.support.sandbox import Sandbox, sandbox_available  # noqa: E402
-from vllm_ctxmgr.deploy import Deployer, SetContextRequest, set_context  # noqa: E402
+from vllm_ctxmgr.cli.common import SIZE  # noqa: E402
+from vllm_ctxmgr.deploy import SetContextRequest, set_context  # noqa: E402
+from vllm_ctxmgr.planning import PlanRequest  # noqa: E402
 from vllm_ctxmgr.probe import wait_until_serving  # noqa: E402
+from vllm_ctxmgr.restart import Restarter  # noqa: E402
 from vllm_ctxmgr.store import ServiceStore  # noqa: E402
 
 ROUNDS = 3
 
 
-def plan_function():  # type: ignore[no-untyped-def]
-    from vllm_ctxmgr.cli.main import _plan_for_service
-
-    return _plan_for_service
-
-
-def gpu_options() -> dict:
+def planning() -> PlanRequest:
+    """The seeds' GPUs, as offline flags (no NVML here)."""
     flags = offline_gpu_args()
-    from vllm_ctxmgr.cli.main import SIZE
-
-    return {
-        "gpu_memory": SIZE.convert(flags[1], None, None),
-        "gpu_count": int(flags[3]),
-        "weights_bytes": SIZE.convert(flags[5], None, None),
-        "max_gpu_memory_utilization": 0.95,
-    }
+    return PlanRequest(
+        200000,
+        gpu_memory=SIZE.convert(flags[1], None, None),
+        gpu_count=int(flags[3]),
+        weights_bytes=SIZE.convert(flags[5], None, None),
+    )
 
 
 def one_round(sandbox: Sandbox, work: Path, capacity: int | None) -> dict[str, float]:
@@ -59,7 +55,7 @@ def one_round(sandbox: Sandbox, work: Path, capacity: int | None) -> dict[str, f
     sandbox.systemd.start(unit)
     assert wait_until_serving(f"http://127.0.0.1:{port}", time.monotonic() + 60)
     marks: list[tuple[float, str]] = []
-    deployer = Deployer(
+    restarter = Restarter(
         sandbox.systemd,
         ServiceStore(work / "state", name),
         name,
@@ -67,9 +63,7 @@ def one_round(sandbox: Sandbox, work: Path, capacity: int | None) -> dict[str, f
     )
     cursor = sandbox.systemd.journal_cursor()
     started = time.time()
-    result = set_context(
-        deployer, SetContextRequest(context=200000, plan_options=gpu_options()), plan_function()
-    )
+    result = set_context(restarter, SetContextRequest(context=200000, planning=planning()))
     finished = time.time()
     entries = sandbox.systemd.journal(unit, after_cursor=cursor)
     sandbox.systemd.stop(unit)

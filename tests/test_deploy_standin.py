@@ -7,9 +7,15 @@ real vLLM CPU build.
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
+import pty
+import select
 import subprocess
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -303,7 +309,7 @@ def test_calibration_compares_with_the_utilisation_really_applied() -> None:
     import math
 
     from tests.ctxmgr_cli import ctxmgr_command
-    from vllm_ctxmgr.deploy import calibration
+    from vllm_ctxmgr.observing import calibration
     from vllm_ctxmgr.vllm_log.watcher import observe_start
 
     argv = [*ctxmgr_command(), "plan", "200000", "--model", "examples/models/glm-5", "-tp", "8",
@@ -344,3 +350,69 @@ def test_a_dry_run_needs_no_write_access_to_the_state_directory(sandbox, install
                              "--dry-run", "--json")  # fmt: skip
     assert code == 0 and data["result"] == "dry-run", err
     assert sorted(p.name for p in (state / name).iterdir()) == ["lock"]  # the lock only, nothing else
+
+
+def ask_on_a_terminal(
+    argv: list[str], between: Callable[[], None], answer: bytes = b"y\n"
+) -> tuple[int, str]:
+    """Run ctxmgr on a pseudo-terminal, wait for its question, call `between` (the world changing while
+    the operator reads the diff), then answer. Returns (exit code, everything it printed)."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: ctxmgr, with the terminal as stdin, stdout and stderr
+        os.execvp(argv[0], argv)
+    seen = b""
+    deadline = time.monotonic() + 120
+    answered = False
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:  # the child closed the terminal: it has exited
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            if not answered and b"[y/N]" in seen:
+                between()
+                os.write(fd, answer)
+                answered = True
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+    return os.waitstatus_to_exitcode(status), seen.decode(errors="replace")
+
+
+def test_the_diff_the_operator_confirms_is_the_diff_applied(sandbox, install_unit, workdir) -> None:  # type: ignore[no-untyped-def]
+    """Confirming happens under the lock, on the change already rendered (before, the answer started a
+    second run that planned again): the unit edited between the question and the answer makes ctxmgr
+    stop instead of overwriting the edit with a diff nobody saw; answered, what is applied is exactly
+    the diff on the screen."""
+    name = "vllm-it-confirm"
+    unit, port, path = start_service(sandbox, install_unit, workdir, name)
+    state = workdir / "state"
+    argv = ctxmgr_argv(sandbox.pid, state, "set-context", "100000", "--service", name, *offline_gpu_args())
+
+    def an_operator_edits_the_unit() -> None:
+        path.write_text(path.read_text().replace("Description=", "Description=edited by hand; "))
+
+    pid_before = sandbox.systemd.show(unit, "MainPID")["MainPID"]
+    code, out = ask_on_a_terminal(argv, an_operator_edits_the_unit)
+    assert code == 2 and "changed while the diff was shown" in out, out
+    assert "edited by hand" in path.read_text() and "--max-model-len 100000" not in path.read_text()
+    assert sandbox.systemd.show(unit, "MainPID")["MainPID"] == pid_before  # nothing restarted
+
+    before = path.read_text()
+    code, out = ask_on_a_terminal(argv, lambda: None)
+    assert code == 0, out
+    after = path.read_text()
+    changed = {
+        line
+        for line in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="")
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    }
+    shown = {line.rstrip("\r") for line in out.splitlines() if line.rstrip("\r") in changed}
+    assert changed and shown == changed, out  # every line applied was on the screen before the "y"
+    assert "--max-model-len 100000" in after and "edited by hand" in after
+    assert served_max_model_len(port) == 100000

@@ -33,7 +33,7 @@ from tests.support import vllm_cpu as vllm_cpu
 from tests.support.demo import free_port
 from tests.support.sandbox import Sandbox
 from tests.systemd_fixtures import InstallUnit
-from vllm_ctxmgr.errors import EXIT_ERROR, EXIT_INFEASIBLE, EXIT_OK
+from vllm_ctxmgr.errors import ExitCode
 from vllm_ctxmgr.probe import wait_until_serving
 
 REPO = Path(__file__).resolve().parent.parent
@@ -136,7 +136,7 @@ def ctxmgr(sandbox: Sandbox, state: Path, *args: str) -> tuple[int, dict[str, An
 
 def history(sandbox: Sandbox, state: Path, served: Served) -> list[dict[str, Any]]:
     code, data, err = ctxmgr(sandbox, state, "history", "--service", served.name, "--json")
-    assert code == EXIT_OK, err
+    assert code == ExitCode.OK, err
     return data["revisions"]
 
 
@@ -189,7 +189,7 @@ def test_set_context_applies_is_idempotent_and_refuses_above_max_position_embedd
         "--yes",
         "--json",
     )
-    assert code == EXIT_OK, err
+    assert code == ExitCode.OK, err
     assert (data["result"], data["changed"]) == ("applied", True)
     assert (data["previous_max_model_len"], data["max_model_len"]) == (1024, 2048)
     # planned for the CPU build it found in the venv, with the KV budget VLLM_CPU_KVCACHE_SPACE gives
@@ -222,7 +222,7 @@ def test_set_context_applies_is_idempotent_and_refuses_above_max_position_embedd
     code, data, err = ctxmgr(
         sandbox, state_dir, "set-context", "2048", "--service", served.name, "--yes", "--json"
     )
-    assert code == EXIT_OK, err
+    assert code == ExitCode.OK, err
     assert (data["result"], data["changed"]) == ("unchanged", False)
     assert served.main_pid() == pid_before
     assert served.path.read_text() == after
@@ -239,7 +239,7 @@ def test_set_context_applies_is_idempotent_and_refuses_above_max_position_embedd
     code, data, err = ctxmgr(
         sandbox, state_dir, "set-context", "4096", "--service", served.name, "--yes", "--json"
     )
-    assert code == EXIT_INFEASIBLE, err
+    assert code == ExitCode.INFEASIBLE, err
     assert (data["result"], data["changed"]) == ("infeasible", False)
     assert "max_position_embeddings=2048" in data["reason"]
     assert served.path.read_bytes() == unit_bytes
@@ -272,14 +272,14 @@ def test_a_start_vllm_rejects_for_its_kv_cache_is_rolled_back_and_the_plan_saw_i
 
     # the planner knows 2048 does not fit, and how much does: what vLLM will say, to the token
     code, plan, err = ctxmgr(sandbox, state_dir, "plan", "2048", "--service", served.name, "--json")
-    assert code == EXIT_INFEASIBLE, err
+    assert code == ExitCode.INFEASIBLE, err
     assert plan["feasible"] is False and plan["platform"]["device_type"] == "cpu"
     assert plan["kv_cache_memory_bytes"] == budget
     assert plan["max_context"] == vllms_estimate
     code, data, err = ctxmgr(
         sandbox, state_dir, "set-context", "2048", "--service", served.name, "--yes", "--json"
     )
-    assert code == EXIT_INFEASIBLE, err
+    assert code == ExitCode.INFEASIBLE, err
     assert (
         data["result"] == "infeasible"
         and f"largest context that fits: {vllms_estimate}" in data["suggestion"]
@@ -301,7 +301,7 @@ def test_a_start_vllm_rejects_for_its_kv_cache_is_rolled_back_and_the_plan_saw_i
         "--yes",
         "--json",
     )
-    assert code == EXIT_ERROR, err
+    assert code == ExitCode.ERROR, err
     assert data["result"] == "rolled-back"
     assert f"the estimated maximum model length is {vllms_estimate}." in data["decisive_line"]
     assert "KV cache" in data["reason"]
@@ -394,7 +394,7 @@ def test_ctxmgr_killed_mid_restart_is_recovered_byte_for_byte(
         str(CTXMGR_START_TIMEOUT_S),
         "--json",
     )
-    assert code == EXIT_OK, err
+    assert code == ExitCode.OK, err
     assert (data["result"], data["changed"], data["revision"]) == ("rolled-back", True, 1)
     assert served.path.read_bytes() == before
     assert json.loads(record.read_text())["state"] == "rolled-back"
@@ -406,7 +406,7 @@ def test_ctxmgr_killed_mid_restart_is_recovered_byte_for_byte(
     # nothing is left in progress: a second recover has nothing to do and restarts nothing
     pid = served.main_pid()
     code, data, err = ctxmgr(sandbox, state_dir, "recover", "--service", served.name, "--json")
-    assert code == EXIT_OK, err
+    assert code == ExitCode.OK, err
     assert (data["result"], data["changed"]) == ("unchanged", False)
     assert served.main_pid() == pid
     leftovers = orphaned_followers(served.unit)
@@ -431,7 +431,7 @@ def test_an_environment_file_unit_plans_from_its_words_and_a_sigterm_mid_restart
     served = start_served(sandbox, install_unit, "vllm-e2e-envfile", text, port)
     assert served.served_max_model_len() == 1024  # vLLM got the words systemd split out of $VLLM_ARGS
     code, plan, err = ctxmgr(sandbox, state_dir, "plan", "2048", "--service", served.name, "--json")
-    assert code == EXIT_OK, err
+    assert code == ExitCode.OK, err
     assert plan["flag_changes"]["--max-model-len"] == "2048"
     assert not [w for w in plan["warnings"] if "running vLLM" in w]  # the argv read is the argv it got
     before = served.path.read_bytes()
@@ -471,7 +471,7 @@ def test_an_environment_file_unit_plans_from_its_words_and_a_sigterm_mid_restart
             run.kill()
             run.wait()
     data = json.loads(out)
-    assert run.returncode == EXIT_ERROR, err_bytes.decode()
+    assert run.returncode == ExitCode.ERROR, err_bytes.decode()
     assert data["result"] == "rolled-back" and "SIGTERM" in data["reason"]
     assert served.path.read_bytes() == before  # byte for byte, $VLLM_ARGS and all
     assert sandbox.systemd.is_active(served.unit)

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from tests import gguf_builders
 from vllm_ctxmgr.cli.main import main
 from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts, RopeFacts
-from vllm_ctxmgr.errors import EXIT_USAGE, ModelFactsError
+from vllm_ctxmgr.errors import ExitCode, ModelFactsError
 from vllm_ctxmgr.model_files.load import load_model_facts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,7 +110,7 @@ def test_facts_and_plan_exit_2_on_negative_heads(tmp_path: Path) -> None:
     directory = hf_dir(tmp_path, num_attention_heads=-1)
     for argv in (["facts", str(directory)], ["plan", "--model", str(directory), "4096"]):
         result = CliRunner().invoke(main, argv)
-        assert result.exit_code == EXIT_USAGE, (argv, result.output)
+        assert result.exit_code == ExitCode.USAGE, (argv, result.output)
         assert "num_attention_heads is -1" in result.output
         assert "GiB" not in result.output
 

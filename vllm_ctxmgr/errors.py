@@ -32,15 +32,6 @@ class VerifyExit(IntEnum):
     LOCKED = 4  # another ctxmgr run holds the service
 
 
-# The names the code used before ExitCode; kept so a plain integer comparison reads the same.
-EXIT_OK = ExitCode.OK
-EXIT_ERROR = ExitCode.ERROR
-EXIT_USAGE = ExitCode.USAGE
-EXIT_INFEASIBLE = ExitCode.INFEASIBLE
-EXIT_LOCKED = ExitCode.LOCKED
-EXIT_ROLLBACK_FAILED = ExitCode.ROLLBACK_FAILED
-
-
 class CtxmgrError(Exception):
     """An expected failure: the CLI prints `message` on one line (or one JSON object), no traceback."""
 

@@ -8,50 +8,25 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, platform_for, uniform_gpus
+from vllm_ctxmgr.core.budget import effective_args, is_cpu_deployment
+from vllm_ctxmgr.core.hardware import GpuInfo, GpuState, platform_for, uniform_gpus
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
-from vllm_ctxmgr.core.serve_args import ServeArgs
+from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, ServeArgs
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
-from vllm_ctxmgr.errors import EXIT_INFEASIBLE, CtxmgrError, UsageError
+from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.nvml import gpus_from_file, read_nvml
+from vllm_ctxmgr.observing import learn_from_running_instance
+from vllm_ctxmgr.service import ServiceView, read_service, running_argv_mismatch
 from vllm_ctxmgr.store import ServiceStore
-
-
-def is_cpu_deployment(args: ServeArgs) -> bool:
-    """The vLLM CPU build: its KV space comes from VLLM_CPU_KVCACHE_SPACE or node memory, not a GPU."""
-    return (
-        "VLLM_CPU_KVCACHE_SPACE" in args.env
-        or args.env.get("CTXMGR_PLATFORM") == "cpu"
-        or "cpu" in (args.vllm_version or "")
-    )
-
-
-def effective_args(args: ServeArgs) -> ServeArgs:
-    """CPU build: VLLM_CPU_KVCACHE_SPACE (whole GiB) is the KV budget.
-
-    In 0.33 it overrides --kv-cache-memory-bytes (platforms/cpu.py); the 0.32 CPU build was seen to
-    honour the flag over it, so there the flag wins when both are given.
-    """
-
-    space = args.env.get("VLLM_CPU_KVCACHE_SPACE")
-    if not (is_cpu_deployment(args) and space):
-        return args
-    try:
-        gib = int(space)
-    except ValueError:
-        raise UsageError(f"VLLM_CPU_KVCACHE_SPACE={space!r} is not a whole number of GiB") from None
-    version = parse_vllm_version(args.vllm_version)
-    if args.kv_cache_memory_bytes and version is not None and version < (0, 33, 0):
-        return args
-    return replace(args, kv_cache_memory_bytes=gib * GIB) if gib > 0 else args
+from vllm_ctxmgr.systemd.systemctl import Systemd
 
 
 def gather_gpus(
@@ -273,5 +248,58 @@ def largest_context(args: ServeArgs, request: PlanRequest, **kwargs: object) -> 
     if plan_verdict(probe) == "unknown":
         raise UsageError("auto needs memory information: NVML, or --gpu-memory SIZE --gpu-count N")
     if probe.max_context <= 0:
-        raise CtxmgrError("auto: not even one block of KV cache fits", exit_code=EXIT_INFEASIBLE)
+        raise CtxmgrError("auto: not even one block of KV cache fits", exit_code=ExitCode.INFEASIBLE)
     return probe.max_context
+
+
+@dataclass(frozen=True)
+class ServicePlan:
+    """A service's plan with what it was made from: the unit as systemd loads it, and what ctxmgr said
+    about the running instance on the way."""
+
+    view: ServiceView
+    plan: Plan
+
+
+def plan_service(
+    systemd: Systemd,
+    store: ServiceStore,
+    service: str,
+    request: PlanRequest,
+    keep_observation: Callable[[dict[str, Any]], None],
+    unsaved_observations: Iterable[Mapping[str, Any]] = (),
+    overrides: Mapping[str, Any] | None = None,
+    fixed_gpu_memory_utilization: float | None = None,
+    argv_check: bool = True,
+) -> ServicePlan:
+    """The one way a service is planned, for `plan --service` and `set-context` alike.
+
+    Reads the unit as systemd loads it, learns from the running instance's last start where no
+    observation of it is stored yet (`keep_observation` stores it; a dry run keeps it in memory and
+    passes it back as `unsaved_observations`), and plans with every observation of the service and
+    the PIDs of its own processes (whose GPU memory a restart frees). `overrides` replaces unit
+    arguments (plan's vLLM flags); `argv_check` warns where the running vLLM got other arguments.
+    """
+    view = read_service(systemd, service)
+    learned = learn_from_running_instance(systemd, store, service, view, keep_observation)
+    observations = observations_from_store([*store.observations(), *unsaved_observations])
+    pids = tuple(systemd.unit_processes(view.name))
+    args = replace(view.args, **overrides) if overrides else view.args
+    if fixed_gpu_memory_utilization is not None or request.fixed_gpu_memory_utilization is not None:
+        request = replace(
+            request,
+            fixed_gpu_memory_utilization=fixed_gpu_memory_utilization
+            if fixed_gpu_memory_utilization is not None
+            else request.fixed_gpu_memory_utilization,
+        )
+    if request.context == AUTO_CONTEXT:
+        request = replace(
+            request, context=largest_context(args, request, service_pids=pids, observations=observations)
+        )
+    plan = plan_for(args, request, pids, observations)
+    mismatch = running_argv_mismatch(systemd, view) if argv_check else None
+    if mismatch:
+        plan = replace(plan, warnings=(mismatch, *plan.warnings))
+    if learned:
+        plan = replace(plan, notes=(learned, *plan.notes))
+    return ServicePlan(view, plan)

@@ -432,6 +432,32 @@ class ServiceStore:
                 return rev
         return None
 
+    def history(self) -> list[dict[str, Any]]:
+        """Every revision as plain rows for `ctxmgr history` (text and --json), for a person auditing
+        changes; plans and unit bytes stay in their files."""
+        return [
+            {
+                "revision": rev.number,
+                "time": rev.created,
+                "finished": rev.finished,
+                "action": rev.action,
+                "state": str(rev.state),
+                "max_model_len": rev.max_model_len,
+                "gpu_memory_utilization": rev.gpu_memory_utilization,
+                "previous_max_model_len": rev.previous_max_model_len,
+                "rollback_of": rev.rollback_of,
+                "vllm_version": rev.vllm_version,
+                "user": rev.user,
+                "host": rev.host,
+                "ctxmgr_version": rev.ctxmgr_version,
+                "reason": rev.reason,
+                "decisive_line": rev.decisive_line,
+                "capacity": rev.capacity,
+                "steps": [step.record() for step in rev.steps],
+            }
+            for rev in self.revisions()
+        ]
+
     def last_good(self, before: int | None = None) -> Revision | None:
         """The newest revision whose unit served and passed its probe (or the baseline)."""
         for rev in reversed(self.revisions()):

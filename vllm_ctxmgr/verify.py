@@ -19,14 +19,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_ctxmgr.core.budget import cuda_graphs_in_budget, default_gpu_memory_utilization
+from vllm_ctxmgr.change import ChangeResult
+from vllm_ctxmgr.core.budget import cuda_graphs_in_budget, default_gpu_memory_utilization, is_cpu_deployment
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.verdict import UnitFacts, Verification, VerifyFacts, decide, record
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
-from vllm_ctxmgr.deploy import Deployer, rollback
+from vllm_ctxmgr.deploy import rollback
 from vllm_ctxmgr.errors import CtxmgrError
-from vllm_ctxmgr.planning import gather_gpus, is_cpu_deployment
+from vllm_ctxmgr.planning import gather_gpus
 from vllm_ctxmgr.probe import cache_config_info, probe
+from vllm_ctxmgr.restart import Restarter
 from vllm_ctxmgr.service import read_service
 from vllm_ctxmgr.store import BASELINE, FINAL, Revision, ServiceStore
 from vllm_ctxmgr.systemd.journal import parse_journal_json
@@ -337,7 +339,7 @@ def _act(
     on_step: Printer,
 ) -> dict[str, Any]:
 
-    deployer = Deployer(systemd, store, service, on_step=on_step, start_timeout=timeout)
+    restarter = Restarter(systemd, store, service, on_step=on_step, start_timeout=timeout)
     if how == "rollback":
         revisions = store.revisions()
         verified = (store.read_json(LAST_VERIFY) or {}).get("verified_revisions", [])
@@ -346,22 +348,22 @@ def _act(
         )
         if target is not None:
             on_step(f"rolling {service} back to revision {target.number}, the last one that verified")
-            change = rollback(deployer, target.number, lock_wait)
+            change = rollback(restarter, target.number, lock_wait)
             action = {"kind": "rollback", "to": target.number, **_change_summary(change)}
-            _note_restart_by_ctxmgr(systemd, store, deployer.unit, action)
+            _note_restart_by_ctxmgr(systemd, store, restarter.unit, action)
             return action
         on_step("no other revision has passed a verification: restarting instead")
-    change = restart_and_check(deployer, lock_wait)
+    change = restart_as_is(restarter, lock_wait)
     action = {"kind": "restart", **change}
     if how == "rollback":
         action["note"] = "no other revision has passed a verification"
-    _note_restart_by_ctxmgr(systemd, store, deployer.unit, action)
+    _note_restart_by_ctxmgr(systemd, store, restarter.unit, action)
     return action
 
 
-def _change_summary(change: Any) -> dict[str, Any]:
+def _change_summary(change: ChangeResult) -> dict[str, Any]:
     return {
-        "result": change.result,
+        "result": str(change.result),
         "revision": change.revision,
         "reason": change.reason,
         "exit_code": change.exit_code,
@@ -369,17 +371,17 @@ def _change_summary(change: Any) -> dict[str, Any]:
     }
 
 
-def restart_and_check(deployer: Any, lock_wait: float = 0.0) -> dict[str, Any]:
-    """Restart the unit as it is through the deployer's own path: watch the start, record vLLM's
-    numbers, probe at the unit's max_model_len."""
+def restart_as_is(restarter: Restarter, lock_wait: float = 0.0) -> dict[str, Any]:
+    """Restart the unit as it is (no change to its files) through the one restart path: watch the
+    start, record vLLM's numbers, probe at the unit's max_model_len."""
 
-    with deployer.store.lock(lock_wait):
-        view = read_service(deployer.systemd, deployer.service)
+    with restarter.store.lock(lock_wait):
+        view = read_service(restarter.systemd, restarter.service)
         if not (view.args.max_model_len and view.args.max_model_len > 0):
-            deployer.systemd.reset_failed(deployer.unit)
-            deployer.systemd.restart(deployer.unit, no_block=False)
+            restarter.systemd.reset_failed(restarter.unit)
+            restarter.systemd.restart(restarter.unit, no_block=False)
             return {"result": "restarted", "reason": "restarted (the unit sets no max_model_len to probe)"}
-        verdict, outcome = deployer.restart_and_check(view, None, False)
+        verdict, outcome = restarter.restart_and_probe(view)
     if not verdict.ok:
         return {"result": "failed", "reason": verdict.reason, "decisive_line": verdict.decisive_line}
     if outcome is None or not outcome.ok:

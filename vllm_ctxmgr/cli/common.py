@@ -16,10 +16,11 @@ from typing import Any, NoReturn
 import click
 
 from vllm_ctxmgr import report
-from vllm_ctxmgr.core.serve_args import human_readable_int
+from vllm_ctxmgr.change import ChangeResult, Result
+from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, human_readable_int
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
-from vllm_ctxmgr.deploy import ChangeResult, Deployer
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError, VerifyExit
+from vllm_ctxmgr.restart import Restarter
 from vllm_ctxmgr.store import ServiceStore
 from vllm_ctxmgr.systemd.log import Priority, send
 from vllm_ctxmgr.systemd.names import canonical_unit, unit_name
@@ -170,7 +171,6 @@ class ContextArg(click.ParamType):
         return number
 
 
-AUTO_CONTEXT = -1  # `auto` / -1: the largest context that fits, as `vllm serve --max-model-len auto`
 MAX_CONTEXT = 1 << 32
 
 
@@ -360,8 +360,8 @@ def gpu_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def deployer_for(ctx: click.Context, service: str, as_json: bool, timeout: float) -> Deployer:
-    """The orchestrator for a service systemd knows, under its canonical name (an alias shares the
+def restarter_for(ctx: click.Context, service: str, as_json: bool, timeout: float) -> Restarter:
+    """The restart path for a service systemd knows, under its canonical name (an alias shares the
     real unit's lock, journal and history); an unknown service stops here, before anything is written."""
     systemd = systemd_for(ctx)
     unit = canonical_unit(systemd, service)
@@ -375,29 +375,40 @@ def deployer_for(ctx: click.Context, service: str, as_json: bool, timeout: float
         if not as_json:
             click.echo(f"  | {text[:160]}", err=True)
 
-    return Deployer(systemd, store, unit, on_line=vllm_line, on_step=say, start_timeout=timeout)
+    return Restarter(systemd, store, unit, on_line=vllm_line, on_step=say, start_timeout=timeout)
 
 
-def confirm(yes: bool, what: str) -> None:
-
+def confirmation(yes: bool, as_json: bool, unit: str) -> Callable[[ChangeResult], bool] | None:
+    """What set-context and rollback ask before they write (None with --yes): the callback is shown the
+    change under the service's lock, so the diff confirmed is the diff applied. Not a terminal and no
+    --yes: nothing is changed, and the change is printed for the operator to read."""
     if yes:
-        return
-    if not sys.stdin.isatty():
-        raise UsageError(
-            f"{what}: not a terminal, so nothing was changed; pass --yes to apply without a prompt"
-        )
-    if not click.confirm(f"{what}?", default=False, err=True):
-        raise UsageError("nothing was changed")
+        return None
+
+    def ask(result: ChangeResult) -> bool:
+        if not as_json:
+            click.echo(report.change_text(result), err=True)
+        if result.pending_recovery is not None:
+            question = f"first put back the unit that revision {result.pending_recovery} replaced"
+        else:
+            question = f"restart {unit} with max_model_len {result.max_model_len}"
+        if not sys.stdin.isatty():
+            raise UsageError(
+                f"{question}: not a terminal, so nothing was changed; pass --yes to apply without a prompt"
+            )
+        return click.confirm(f"{question}?", default=False, err=True)
+
+    return ask
 
 
 # journald priorities of the results of a change: what an operator's alerting should see
 RESULT_PRIORITY = {
-    "applied": Priority.INFO,
-    "unchanged": Priority.INFO,
-    "dry-run": Priority.DEBUG,
-    "infeasible": Priority.NOTICE,
-    "rolled-back": Priority.WARNING,
-    "rollback-failed": Priority.CRIT,
+    Result.APPLIED: Priority.INFO,
+    Result.UNCHANGED: Priority.INFO,
+    Result.DRY_RUN: Priority.DEBUG,
+    Result.INFEASIBLE: Priority.NOTICE,
+    Result.ROLLED_BACK: Priority.WARNING,
+    Result.ROLLBACK_FAILED: Priority.CRIT,
 }
 
 
@@ -412,7 +423,7 @@ def finish(
     data = result.to_json()
     data = {"command": result.action, **data, "dry_run": dry_run}
     if dry_run:
-        data["changed"] = result.result == "dry-run"
+        data["changed"] = result.result is Result.DRY_RUN
     if systemd is not None and not dry_run:
         log_change(systemd, result)
     if as_json:
@@ -425,7 +436,7 @@ def finish(
 def log_change(systemd: Systemd, result: ChangeResult) -> None:
     before, after = result.previous_max_model_len, result.max_model_len
     message = f"{result.service}: {result.action} {result.result}"
-    if result.changed or result.result in ("rolled-back", "rollback-failed"):
+    if result.changed or result.result in (Result.ROLLED_BACK, Result.ROLLBACK_FAILED):
         message += f" (max_model_len {before or 'default'} -> {after or 'default'})"
     if result.reason:
         message += f": {result.reason}"

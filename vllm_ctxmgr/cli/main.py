@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 import click
 
 from vllm_ctxmgr import report
+from vllm_ctxmgr.change import ChangeResult, Result
 from vllm_ctxmgr.cli import ops
 from vllm_ctxmgr.cli.common import (
     AUTO_CONTEXT,
@@ -26,37 +26,31 @@ from vllm_ctxmgr.cli.common import (
     WAIT_LOCK,
     CtxmgrGroup,
     check_state_dir,
-    confirm,
-    deployer_for,
+    confirmation,
     emit_json,
     finish,
     gpu_options,
     handle_errors,
+    restarter_for,
     systemd_for,
 )
 from vllm_ctxmgr.core.serve_args import READ_FLAGS, ServeArgs, parse_serve_argv, split_flags
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
-from vllm_ctxmgr.deploy import (
-    ChangeResult,
-    SetContextRequest,
-    history,
-    learn_from_running_instance,
-    observe_last_start,
-    rollback,
-    set_context,
-)
+from vllm_ctxmgr.deploy import SetContextRequest, rollback, set_context
 from vllm_ctxmgr.errors import ExitCode, UsageError
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.nvml import read_nvml
+from vllm_ctxmgr.observing import observe_last_start
 from vllm_ctxmgr.planning import (
     PlanRequest,
     imported_observation,
     largest_context,
     plan_for,
+    plan_service,
     plan_verdict,
-    stored_observations,
 )
-from vllm_ctxmgr.service import read_service, running_argv_mismatch, view_from_unit
+from vllm_ctxmgr.recovery import recover_if_needed
+from vllm_ctxmgr.service import view_from_unit
 from vllm_ctxmgr.store import ServiceStore
 from vllm_ctxmgr.systemd.names import canonical_unit
 from vllm_ctxmgr.systemd.unit import ServiceUnit
@@ -218,33 +212,21 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
         raise UsageError("give exactly one of --model, --unit or --service")
     explicit = {name: options.pop(name) for name in VLLM_OPTION_FIELDS}
     overrides = vllm_overrides(explicit, list(ctx.args))
-    service_pids: tuple[int, ...] = ()
-    observations: list[Any] = []
-    mismatch: str | None = None
-    learned: str | None = None
-    if model:
-        args = ServeArgs(model=model, **overrides)
-    else:
-        if unit_file:
-            view = view_from_unit(ServiceUnit.load_with_dropins(unit_file))
-        else:
-            deployer = deployer_for(ctx, service, True, 60.0)  # type: ignore[arg-type]
-            systemd = deployer.systemd
-            view = read_service(systemd, deployer.unit)
-            learned = learn_from_running_instance(deployer, view)
-            service_pids = tuple(systemd.unit_processes(view.name))
-            observations = stored_observations(ctx.find_root().obj["state_dir"], view.name)
-            mismatch = running_argv_mismatch(systemd, view)
-        args = replace(view.args, **overrides)
     request = PlanRequest(target, **options)
-    if target == AUTO_CONTEXT:
-        target = largest_context(args, request, service_pids=service_pids, observations=observations)
-        request = replace(request, context=target)
-    result = plan_for(args, request, service_pids, observations)
-    if mismatch:
-        result = replace(result, warnings=(mismatch, *result.warnings))
-    if learned:
-        result = replace(result, notes=(learned, *result.notes))
+    if service:
+        restarter = restarter_for(ctx, service, True, 60.0)
+        result = plan_service(
+            restarter.systemd, restarter.store, restarter.service, request, restarter.keep_observation,
+            overrides=overrides,
+        ).plan  # fmt: skip
+    else:
+        if model:
+            args = ServeArgs(model=model, **overrides)
+        else:
+            args = replace(view_from_unit(ServiceUnit.load_with_dropins(unit_file)).args, **overrides)  # type: ignore[arg-type]
+        if target == AUTO_CONTEXT:
+            request = replace(request, context=largest_context(args, request))
+        result = plan_for(args, request)
     verdict = plan_verdict(result)
     if as_json:
         emit_json(
@@ -312,30 +294,20 @@ def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int 
     the largest context that fits, resolved before the restart (the unit gets the number).
     """
     target = context_from(context, max_model_len)
-    deployer = deployer_for(ctx, service, as_json, timeout)
-    planning = PlanRequest(target, **options)
-    if target == AUTO_CONTEXT:
-        target = largest_context(read_service(deployer.systemd, deployer.unit).args, planning)
-        deployer.on_step(f"auto: the largest context that fits is {target}")
-        planning = replace(planning, context=target)
+    restarter = restarter_for(ctx, service, as_json, timeout)
     request = SetContextRequest(
         context=target,
         gpu_memory_utilization=gpu_memory_utilization,
         probe_tokens=probe_tokens,
         long_probe=long_probe,
-        dry_run=dry_run or not yes,  # without --yes: show what would change, ask, then apply
+        dry_run=dry_run,
         force=force,
         lock_wait=wait_lock,
-        planning=planning,
+        planning=PlanRequest(target, **options),
+        confirm=None if dry_run else confirmation(yes, as_json, restarter.unit),
     )
-    result = set_context(deployer, request)
-    if not dry_run and not yes and result.result == "dry-run":
-        if not as_json:
-            click.echo(report.change_text(result), err=True)
-        confirm(yes, f"restart {deployer.unit} with max_model_len {target}")
-        request.dry_run = False
-        result = set_context(deployer, request)
-    finish(result, as_json, dry_run=request.dry_run, systemd=deployer.systemd)
+    result = set_context(restarter, request)
+    finish(result, as_json, dry_run=dry_run, systemd=restarter.systemd)
 
 
 @main.command("rollback")
@@ -359,16 +331,10 @@ def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int 
 def rollback_cmd(ctx: click.Context, service: str, to: int | None, timeout: float, dry_run: bool,
                  wait_lock: float, yes: bool, as_json: bool) -> None:  # fmt: skip
     """Return a service to an earlier revision through the same restart / watch / probe path."""
-    deployer = deployer_for(ctx, service, as_json, timeout)
-    preview = dry_run or not yes
-    result = rollback(deployer, to, wait_lock, dry_run=preview)
-    if not dry_run and not yes and result.result == "dry-run":
-        confirm(
-            yes, f"restart {deployer.unit} with the unit of revision {to if to is not None else 'before'}"
-        )
-        preview = False
-        result = rollback(deployer, to, wait_lock, dry_run=False)
-    finish(result, as_json, dry_run=preview, systemd=deployer.systemd)
+    restarter = restarter_for(ctx, service, as_json, timeout)
+    confirm = None if dry_run else confirmation(yes, as_json, restarter.unit)
+    result = rollback(restarter, to, wait_lock, dry_run=dry_run, confirm=confirm)
+    finish(result, as_json, dry_run=dry_run, systemd=restarter.systemd)
 
 
 @main.command("recover")
@@ -379,14 +345,14 @@ def rollback_cmd(ctx: click.Context, service: str, to: int | None, timeout: floa
 @handle_errors
 def recover_cmd(ctx: click.Context, service: str, timeout: float, as_json: bool) -> None:
     """Finish the rollback of a change that an interrupted ctxmgr run left in progress."""
-    deployer = deployer_for(ctx, service, as_json, timeout)
-    with deployer.store.lock(0.0):
-        result = deployer.recover_if_needed()
+    restarter = restarter_for(ctx, service, as_json, timeout)
+    with restarter.store.lock(0.0):
+        result = recover_if_needed(restarter)
     if result is None:
         result = ChangeResult(
-            deployer.unit, "recover", "unchanged", False, reason="no change was left in progress"
+            restarter.unit, "recover", Result.UNCHANGED, False, reason="no change was left in progress"
         )
-    finish(result, as_json, systemd=deployer.systemd)
+    finish(result, as_json, systemd=restarter.systemd)
 
 
 @main.command("history")
@@ -399,7 +365,7 @@ def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
     store = ServiceStore(ctx.find_root().obj["state_dir"], service)
     if not store.root.is_dir():
         canonical_unit(systemd_for(ctx), service)  # an unknown service is a usage error (exit 2)
-    rows = history(store)
+    rows = store.history()
     if as_json:
         emit_json(
             {"command": "history", "result": "ok", "changed": False, "service": service, "revisions": rows}
@@ -425,32 +391,29 @@ def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
 @handle_errors
 def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_json: bool) -> None:
     """Read vLLM's facts from the service's last start (made by ctxmgr or not) to calibrate plans."""
-    deployer = deployer_for(ctx, service, True, 60.0)
+    restarter = restarter_for(ctx, service, True, 60.0)
     if import_file:
         record = imported_observation(Path(import_file).read_text(errors="replace"), import_file)
-        with deployer.store.lock(0.0):
-            deployer.store.add_observation(record)
+        with restarter.store.lock(0.0):
+            restarter.store.add_observation(record)
         if as_json:
-            emit_json({"command": "observe", "result": "applied", "changed": True, "service": deployer.unit,
+            emit_json({"command": "observe", "result": "applied", "changed": True, "service": restarter.unit,
                        "record": record})  # fmt: skip
         else:
-            click.echo(f"{deployer.unit}: stored the observation from {record['imported_from']}")
+            click.echo(f"{restarter.unit}: stored the observation from {record['imported_from']}")
         return
-    with deployer.store.lock(0.0):
-        data = observe_last_start(deployer)
-        stored = deployer.store.observations()
+    with restarter.store.lock(0.0):
+        record, obs, lines = observe_last_start(restarter.systemd, restarter.service)
+        restarter.store.add_observation(record)
+        stored = restarter.store.observations()
     record = stored[-1] if stored else {}
     if as_json:
-        emit_json({"command": "observe", "result": "ok", "changed": False, **data, "record": record})
+        emit_json({"command": "observe", "result": "ok", "changed": False, "service": restarter.service,
+                   "observation": obs, "lines": lines, "record": record})  # fmt: skip
         return
-    obs = data["observation"]
-    click.echo(f"{service}: last start ({data['lines']} journal lines): " + ", ".join(
+    click.echo(f"{service}: last start ({lines} journal lines): " + ", ".join(
         f"{k} {v}" for k, v in obs.items() if v not in (None, False, "")
     ))  # fmt: skip
-
-
-def entry() -> None:  # pragma: no cover
-    main(prog_name=os.path.basename(sys.argv[0]) or "ctxmgr")
 
 
 __all__ = ["main"]

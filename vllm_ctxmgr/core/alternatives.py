@@ -23,6 +23,7 @@ from vllm_ctxmgr.core.kv.backends import is_quantized_kv_cache
 from vllm_ctxmgr.core.kv.layout import KVCacheLayout
 from vllm_ctxmgr.core.kv.specs import cdiv, round_up
 from vllm_ctxmgr.core.serve_args import ServeArgs
+from vllm_ctxmgr.core.vllm_versions import VllmVersion
 from vllm_ctxmgr.errors import UsageError
 
 SMALL_BATCH_TOKENS = 2048
@@ -94,6 +95,7 @@ class Search:
     allow_long: bool
     concurrency: int
     evaluate: Evaluate
+    vllm_version: VllmVersion
 
 
 _PREFERENCE = {
@@ -191,7 +193,7 @@ def find_alternatives(
         found.append(allow_long)
         search = replace(search, allow_long=True)  # memory alternatives past the limit
 
-    explicit, source = explicit_budget(args, search.platform)
+    explicit, source = explicit_budget(args, search.platform, search.vllm_version)
     if explicit is not None and (search.gpus is None or search.platform.is_cpu):
         needed = max(
             kv_needed_bytes(layout, search.target, s, search.concurrency)

@@ -9,11 +9,12 @@ plan_record cannot import plan.py, which imports it.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from vllm_ctxmgr.core.hardware import GIB, Platform
 from vllm_ctxmgr.core.kv.layout import KVCacheLayout
 from vllm_ctxmgr.core.serve_args import ServeArgs
-from vllm_ctxmgr.core.vllm_versions import VllmVersion, rule
+from vllm_ctxmgr.core.vllm_versions import NEWEST_VLLM, VllmVersion, parse_vllm_version, rule
 from vllm_ctxmgr.errors import UsageError
 
 MIB = 1 << 20
@@ -73,14 +74,63 @@ def kv_needed_bytes(layout: KVCacheLayout, target: int, stage: int, requests: in
     return layout.check_needed_bytes(target, stage, requests) + layout.null_block_reserve(stage)
 
 
-def explicit_budget(args: ServeArgs, platform: Platform) -> tuple[int | None, str]:
-    """An exact KV budget: on the CPU build VLLM_CPU_KVCACHE_SPACE (GiB) overrides the flag."""
-    space = args.env.get("VLLM_CPU_KVCACHE_SPACE")
-    if platform.is_cpu and space:
-        try:
-            return int(space) * GIB, "VLLM_CPU_KVCACHE_SPACE"
-        except ValueError:
-            raise UsageError(f"VLLM_CPU_KVCACHE_SPACE={space!r} is not a whole number of GiB") from None
+CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def explicit_kv_cache_bytes(
+    args: ServeArgs, is_cpu: bool, vllm_version: VllmVersion
+) -> tuple[int | None, str]:
+    """The exact KV budget vLLM applies, and where it comes from; (None, "") where vLLM sizes it itself.
+
+    The one home of this rule (rule cpu_kvcache_space). On a GPU it is --kv-cache-memory-bytes. On the
+    CPU build, VLLM_CPU_KVCACHE_SPACE (whole GiB, read with int()):
+    - "env_only": the CPU worker's budget is cpu_kvcache_space_bytes, which is the variable and nothing
+      else (platforms/cpu.py get_device_total_memory); --kv-cache-memory-bytes is never read there. An
+      unset variable is a default this function does not decide (4 GiB, later half of a NUMA node);
+    - "env_overrides_flag": set and not empty, it replaces --kv-cache-memory-bytes ("Legacy setting" in
+      platforms/cpu.py check_and_update_config); empty or unset, the flag (or the utilisation) decides.
+    "0" is 0 bytes in both: vLLM then fails with "No available memory for the cache blocks".
+    """
+    space = args.env.get(CPU_KVCACHE_SPACE_ENV)
+    if is_cpu and space is not None:
+        applies = space != "" or rule("cpu_kvcache_space", vllm_version) == "env_only"
+        if applies:
+            try:
+                gib = int(space)
+            except ValueError:
+                raise UsageError(
+                    f"{CPU_KVCACHE_SPACE_ENV}={space!r} is not a whole number of GiB (vLLM reads it with "
+                    "int())"
+                ) from None
+            if gib < 0:
+                raise UsageError(f"{CPU_KVCACHE_SPACE_ENV}={space!r} is negative")
+            return gib * GIB, CPU_KVCACHE_SPACE_ENV
+    if is_cpu and rule("cpu_kvcache_space", vllm_version) == "env_only":
+        return None, ""
     if args.kv_cache_memory_bytes is not None:
         return args.kv_cache_memory_bytes, "--kv-cache-memory-bytes"
     return None, ""
+
+
+def explicit_budget(args: ServeArgs, platform: Platform, vllm_version: VllmVersion) -> tuple[int | None, str]:
+    """explicit_kv_cache_bytes on the platform the plan is for."""
+    return explicit_kv_cache_bytes(args, platform.is_cpu, vllm_version)
+
+
+def is_cpu_deployment(args: ServeArgs) -> bool:
+    """The vLLM CPU build: its KV space comes from VLLM_CPU_KVCACHE_SPACE or node memory, not a GPU."""
+    return (
+        CPU_KVCACHE_SPACE_ENV in args.env
+        or args.env.get("CTXMGR_PLATFORM") == "cpu"
+        or "cpu" in (args.vllm_version or "")
+    )
+
+
+def effective_args(args: ServeArgs) -> ServeArgs:
+    """The unit's arguments with the KV budget vLLM really applies (explicit_kv_cache_bytes: on the CPU
+    build VLLM_CPU_KVCACHE_SPACE, by the rules of the unit's own version)."""
+    if not is_cpu_deployment(args):
+        return args
+    version = parse_vllm_version(args.vllm_version) or NEWEST_VLLM
+    explicit, _source = explicit_kv_cache_bytes(args, True, version)
+    return replace(args, kv_cache_memory_bytes=explicit)

@@ -557,7 +557,7 @@ def _evaluate(
 ) -> _Outcome:
     """Does `target` fit on these GPUs, at which utilisation, and what is the most that fits?"""
     current_u = args.gpu_memory_utilization or default_gpu_memory_utilization(options.vllm_version)
-    explicit, explicit_source = explicit_budget(args, platform)
+    explicit, explicit_source = explicit_budget(args, platform, options.vllm_version)
     requests = options.concurrency
     need_by_stage = [
         kv_needed_bytes(layout, target, s, requests) for s in range(layout.pipeline_parallel_size)
@@ -892,8 +892,9 @@ def make_plan(
     if not feasible:
         evaluate = partial(_trial, ctx)
         search = Search(
-            facts, args, gpus, platform, derived, target, options.allow_long, options.concurrency, evaluate
-        )
+            facts, args, gpus, platform, derived, target, options.allow_long, options.concurrency, evaluate,
+            options.vllm_version,
+        )  # fmt: skip
         alternatives = find_alternatives(search, layout, outcome.max_context, refused)
     return Plan(
         concurrency=options.concurrency,

@@ -129,6 +129,9 @@ def _is_number(word: str) -> bool:
     return True
 
 
+AUTO_CONTEXT = -1  # `auto` / -1: the largest context that fits, as `vllm serve --max-model-len auto`
+
+
 def human_readable_int(value: str, *, allow_auto: bool = False) -> int:
     """vLLM's `1k` (1,000) / `1K` (1,024) / `25.6k` / `auto` forms (vllm/utils/argparse_utils.py)."""
     import re

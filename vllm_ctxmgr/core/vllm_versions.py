@@ -426,6 +426,22 @@ RULES: tuple[VersionRule, ...] = (
         "fit_error_message_format", (0, 22, 0), "model's; str(round(x/GiB, 2))",
         f"{KV}:_check_enough_kv_cache_memory ('with the model's max seq len') @0.22.0", informational=True,
     ),
+    # --- the CPU build's KV budget ------------------------------------------------------------------
+    VersionRule(
+        "cpu_kvcache_space", (0, 10, 0), "env_only",
+        "vllm/platforms/cpu.py:get_device_total_memory ('kv_cache_space = envs.VLLM_CPU_KVCACHE_SPACE') and "
+        "check_and_update_config ('cache_config.cpu_kvcache_space_bytes = CpuPlatform.get_device_total_"
+        "memory()'); vllm/v1/worker/cpu_worker.py:determine_available_memory ('return self.cache_config."
+        "cpu_kvcache_space_bytes') @0.10.1, 0.15.1, 0.20.0, 0.31.0",
+        "the variable is the whole KV space; --kv-cache-memory-bytes is not read on the CPU worker",
+    ),
+    VersionRule(
+        "cpu_kvcache_space", (0, 32, 0), "env_overrides_flag",
+        "vllm/platforms/cpu.py:check_and_update_config ('# Legacy setting ... if env_key in os.environ and "
+        "os.environ[env_key] != \"\": cache_config.kv_cache_memory_bytes = kv_cache_space * GiB_bytes') "
+        "@0.32.0 (vllm-cpu 0.32.0), 0.33.0",
+        "set and not empty, the variable replaces --kv-cache-memory-bytes",
+    ),
 )  # fmt: skip
 
 RULE_NAMES: tuple[str, ...] = tuple(dict.fromkeys(row.name for row in RULES))

@@ -1,0 +1,196 @@
+"""One change and its states: the record written before each step, the way back, and what it reports.
+
+    planned -> recorded -> installed -> restarting -> serving -> probed -> final
+          any of recorded .. probed -> rolling-back -> rolled-back | rollback-failed
+
+(store.py says what each state means on disk; store.TRANSITIONS is the table of allowed moves.)
+`Change.enter` is the only way a revision changes state: it writes record.json, with a step line
+(state, ISO time, note), BEFORE the step it names begins. So a run killed anywhere leaves a record
+that names the step under way, and recovery.py finishes from there.
+
+The forward walk lives in deploy.py; the backward walk (`roll_back`) lives here because deploy and
+recovery both take it, and recovery must not import deploy (deploy runs recovery first).
+
+SIGTERM, SIGINT and SIGHUP during a change (what Ansible's async timeout, systemd and a terminal send)
+fail the change like any other failure: the previous unit is put back and the exit is non-zero. A
+second signal while that rollback runs stops at once and leaves the record for `recover`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from vllm_ctxmgr import store as st
+from vllm_ctxmgr.errors import ExitCode
+from vllm_ctxmgr.restart import Restarter
+from vllm_ctxmgr.store import Revision, ServiceStore, State, Step, crash_point
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class Result(StrEnum):
+    """What a command did to a service: the `result` of its --json object and of the text report."""
+
+    PLANNED = "planned"  # set-context's plan before it is applied (never printed as a final result)
+    UNCHANGED = "unchanged"
+    APPLIED = "applied"
+    DRY_RUN = "dry-run"
+    ROLLED_BACK = "rolled-back"
+    ROLLBACK_FAILED = "rollback-failed"
+    INFEASIBLE = "infeasible"
+
+
+@dataclass
+class ChangeResult:
+    """What one command did to a service, in the shape --json prints (the automation contract)
+    and the text report reads."""
+
+    service: str
+    action: str  # set-context | rollback | recover
+    result: Result
+    changed: bool
+    exit_code: int = ExitCode.OK
+    revision: int | None = None
+    previous_max_model_len: int | None = None
+    max_model_len: int | None = None
+    previous_gpu_memory_utilization: float | None = None
+    gpu_memory_utilization: float | None = None
+    reason: str = ""
+    decisive_line: str = ""
+    suggestion: str = ""
+    diff: str = ""
+    unit_path: str = ""
+    plan: dict[str, Any] = field(default_factory=dict)
+    probe: dict[str, Any] = field(default_factory=dict)
+    observation: dict[str, Any] = field(default_factory=dict)
+    calibration: dict[str, Any] = field(default_factory=dict)  # predicted vs observed KV capacity
+    timings: dict[str, float] = field(default_factory=dict)
+    pending_recovery: int | None = None  # a revision an interrupted run left: a real run recovers it first
+    warnings: list[str] = field(default_factory=list)  # verify findings the unit had before the change
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON types for --json; cli.common adds `command` and `dry_run` around them."""
+        data = asdict(self)
+        data["result"] = str(self.result)
+        return data
+
+
+def result_for(rev: Revision, action: str) -> ChangeResult:
+    """The result of walking `rev`, before the walk says how it ended (applied until it fails)."""
+    return ChangeResult(
+        rev.service,
+        action,
+        Result.APPLIED,
+        True,
+        revision=rev.number,
+        max_model_len=rev.max_model_len,
+        previous_max_model_len=rev.previous_max_model_len,
+        gpu_memory_utilization=rev.gpu_memory_utilization,
+        previous_gpu_memory_utilization=rev.previous_gpu_memory_utilization,
+        unit_path=rev.unit_path,
+    )
+
+
+@dataclass
+class Change:
+    """A revision on its way through the states, with the bytes it installs and the bytes it replaced."""
+
+    store: ServiceStore
+    rev: Revision
+    old: bytes | None  # the unit as it was (the revision's `previous`); None: the file did not exist
+    new: bytes | None  # the unit this revision installs; None: the file is removed (a drop-in ctxmgr made)
+    command: str = ""  # the ctxmgr command walking it: set-context | rollback | recover
+
+    def enter(self, state: State, note: str = "") -> None:
+        """The one way into a state: check the table, write the record, then (test hook) maybe die."""
+        if state not in st.TRANSITIONS[self.rev.state]:
+            raise RuntimeError(f"revision {self.rev.number}: no transition {self.rev.state} -> {state}")
+        now = time.time()
+        self.rev.state = state
+        self.rev.steps.append(Step(state, now, note))
+        if state in st.FINISHED:
+            self.rev.finished = now
+        if state is State.RECORDED:
+            self.store.new_revision(self.rev, unit=self.new, previous=self.old)
+        else:
+            self.store.save(self.rev)
+        crash_point(str(state), self.command)
+
+
+class Interrupted(BaseException):
+    """A signal during a change: it fails the change like any failure (BaseException, so no
+    `except Exception` on the way swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.name = signal.Signals(signum).name
+
+
+class Abandoned(BaseException):
+    """A second signal while the first one's rollback runs: stop now, leave the record for `recover`."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.name = signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def signals_fail(change: Change) -> Iterator[None]:
+    """While a change is unfinished, the first signal raises Interrupted and the next Abandoned."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        if change.rev.state in st.FINISHED:
+            return  # the record is final already; the run is about to exit by itself
+        received.append(signum)
+        raise Interrupted(signum) if len(received) == 1 else Abandoned(signum)
+
+    before = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)
+
+
+def roll_back(
+    restarter: Restarter, change: Change, result: ChangeResult, note: str, wait_exit: bool = True
+) -> None:
+    """rolling-back -> rolled-back | rollback-failed; the result says which."""
+    rev = change.rev
+    if wait_exit:
+        restarter.let_failed_start_exit()
+    restarter.on_step(f"rolling back to the previous unit of {restarter.service}")
+    rev.reason, rev.decisive_line = result.reason or note, result.decisive_line or rev.decisive_line
+    change.enter(State.ROLLING_BACK, f"putting the previous unit back: {note}")
+    back_ok, back_reason = restarter.restore(Path(rev.unit_path), change.old)
+    if back_ok:
+        change.enter(State.ROLLED_BACK, "the previous unit serves again and passed its probe")
+        result.result, result.exit_code = Result.ROLLED_BACK, ExitCode.ERROR
+    else:
+        rev.reason += f"; and the rollback failed too: {back_reason}"
+        change.enter(State.ROLLBACK_FAILED, back_reason)
+        result.result, result.exit_code = Result.ROLLBACK_FAILED, ExitCode.ROLLBACK_FAILED
+        result.reason = rev.reason
+
+
+def describe(rev: Revision) -> str:
+    """One line for the record's first step and for the notes that name a revision."""
+    if rev.action == "rollback":
+        return (
+            f"rollback to revision {rev.rollback_of}: max_model_len {rev.previous_max_model_len} -> "
+            f"{rev.max_model_len}"
+        )
+    return f"{rev.action}: max_model_len {rev.previous_max_model_len} -> {rev.max_model_len}"

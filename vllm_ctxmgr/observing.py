@@ -1,0 +1,242 @@
+"""What ctxmgr learns from a start: follow it in the journal, keep vLLM's figures, compare with the plan.
+
+Three uses share it: a change watches the start it caused (deploy, recovery, verify's restart), a plan
+of a running service first reads that service's last start (`learn_from_running_instance`: the first
+restart is then the right one), and a finished change compares its plan with what vLLM allocated
+(`calibration`). The observation record written here is what the planner reads back
+(planning.observations_from_store).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from vllm_ctxmgr.core.budget import effective_args, kv_budget_at_utilization
+from vllm_ctxmgr.core.hardware import GIB
+from vllm_ctxmgr.core.observations import Observation
+from vllm_ctxmgr.errors import CtxmgrError
+from vllm_ctxmgr.nvml import read_nvml
+from vllm_ctxmgr.probe import cache_config_info
+from vllm_ctxmgr.service import ServiceView, read_service
+from vllm_ctxmgr.store import ServiceStore
+from vllm_ctxmgr.systemd.names import unit_name
+from vllm_ctxmgr.systemd.systemctl import Systemd
+from vllm_ctxmgr.vllm_log.watcher import StartVerdict, StartWatcher, last_start, observe_start
+
+Printer = Callable[[str], None]
+
+
+def quiet(_: str) -> None:
+    """A printer that prints nothing (library use, --json)."""
+    return None
+
+
+def watch_start(
+    systemd: Systemd,
+    unit: str,
+    cursor: str,
+    timeout: float,
+    on_line: Printer = quiet,
+    state_interval: float = 0.5,
+    progress_interval: float = 3.0,
+) -> StartVerdict:
+    """Follow the unit's journal from `cursor` and decide as soon as vLLM's decisive line appears."""
+
+    baseline = systemd.state(unit).n_restarts
+    watcher = StartWatcher(timeout_s=timeout, baseline_nrestarts=baseline, await_start=True)
+    next_state = 0.0
+    last_progress = 0.0
+    with systemd.follow(unit, after_cursor=cursor) as follower:
+        while True:
+            for entry in follower.poll(0.2):
+                for event in watcher.feed(entry.message):
+                    now = time.monotonic()
+                    # progress during a minutes-long start: one line every few seconds is enough
+                    if event.kind == "progress" and now - last_progress < progress_interval:
+                        continue
+                    if event.kind in ("progress", "ready", "failure"):
+                        last_progress = now
+                        on_line(entry.message)
+            now = time.monotonic()
+            if now >= next_state:
+                state = systemd.show(
+                    unit, "ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "ExecMainCode"
+                )
+                watcher.feed_unit_state(state)
+                next_state = now + state_interval
+            verdict = watcher.poll()
+            if verdict is not None:
+                return verdict
+
+
+def observation_record(
+    service: str, observation: Observation, ok: bool, view: ServiceView, metrics: dict[str, str]
+) -> dict[str, Any]:
+    """One start as the store keeps it: vLLM's figures plus the configuration that produced them."""
+    obs = asdict(observation)
+    blocks = metrics.get("num_gpu_blocks", "")
+    if blocks.isdigit():
+        obs["num_gpu_blocks"] = int(blocks)
+    if not obs.get("gpu_name"):
+        obs["gpu_name"] = "CPU" if obs.get("platform") == "CPU" else _gpu_name(view.env)
+    obs.update(
+        host=socket.gethostname(),
+        block_size=int(metrics["block_size"]) if metrics.get("block_size", "").isdigit() else None,
+        time=time.time(),
+        service=service,
+        configured_max_model_len=view.args.max_model_len,
+        configured_gpu_memory_utilization=view.args.gpu_memory_utilization,
+        # the explicit budget as vLLM applied it (VLLM_CPU_KVCACHE_SPACE included): such a start says
+        # nothing about how memory scales with the utilisation
+        configured_kv_cache_memory_bytes=effective_args(view.args).kv_cache_memory_bytes,
+        ok=ok,
+    )
+    return obs
+
+
+def observe_last_start(systemd: Systemd, service: str) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """The last start of a unit from its journal (made by ctxmgr or not): (the record to keep,
+    vLLM's figures as read, how many journal lines that start had)."""
+    unit = unit_name(service)
+    view = read_service(systemd, service)
+    entries = systemd.journal(unit, lines=20000)
+    messages = last_start([entry.message for entry in entries])
+    if not messages:
+        raise CtxmgrError(f"{unit}: the journal holds no start of vLLM")
+    observation = observe_start(messages)
+    metrics = cache_config_info(view.base_url, api_key=view.api_key) if systemd.is_active(unit) else {}
+    record = observation_record(service, observation, observation.ready, view, metrics)
+    data = asdict(observation)
+    if metrics.get("num_gpu_blocks", "").isdigit():
+        data["num_gpu_blocks"] = int(metrics["num_gpu_blocks"])
+    return record, data, len(messages)
+
+
+def learn_from_running_instance(
+    systemd: Systemd,
+    store: ServiceStore,
+    service: str,
+    view: ServiceView,
+    keep: Callable[[dict[str, Any]], None],
+) -> str | None:
+    """Before the first plan of a running service, keep what its last start logged; say so, or why not.
+
+    A service ctxmgr did not start has vLLM's own figures in its journal ("Model loading took",
+    "Available KV cache memory", the CUDA-graph estimate): planning from them makes the first restart
+    the right one. Only when no observation of this unit at this vLLM version is stored yet; `keep`
+    stores the record (or holds it in memory, for a dry run).
+    """
+    unit = unit_name(service)
+    if not systemd.is_active(unit):
+        return None
+    version = view.args.vllm_version
+    for record in store.observations():
+        same_version = version is None or record.get("vllm_version") in (version, None)
+        if record.get("service") == service and same_version:
+            return None
+    try:
+        record, obs, lines = observe_last_start(systemd, service)
+    except CtxmgrError:
+        return (
+            f"the journal no longer holds the start of the running {unit} (rotated?): planned from estimates"
+        )
+    except PermissionError as exc:
+        return f"could not keep what the running instance logged ({exc.filename}: permission denied)"
+    keep(record)
+    figures = ", ".join(
+        f"{name} {obs[key]}"
+        for key, name in (
+            ("model_loading_gib", "weights GiB"),
+            ("available_kv_gib", "KV GiB"),
+            ("cuda_graph_gib", "CUDA graphs GiB"),
+            ("kv_cache_tokens", "KV tokens"),
+        )
+        if obs.get(key) is not None
+    )
+    return f"learned from the running instance's last start ({lines} journal lines: {figures or 'none'})"
+
+
+def calibration(
+    plan: dict[str, Any],
+    observation: Observation,
+    metrics: dict[str, str],
+    applied_utilization: float | None = None,
+) -> dict[str, Any]:
+    """Predicted against observed KV capacity of a start: the planner's calibration error.
+
+    The prediction is re-derived at the utilisation the unit really runs with: a change that keeps
+    the unit's utilisation (higher than the plan's minimum) must not be compared with a budget
+    planned at a utilisation that was never applied (that read +92% .. +373% on correct changes).
+    Observed capacity is vLLM's block count (/metrics num_gpu_blocks, exact) or, without metrics,
+    the logged KV budget; never the "KV cache size: N tokens" line (concurrency x length, derived).
+    """
+    lines = plan.get("gpus") or []
+    planned_u = plan.get("gpu_memory_utilization")
+    explicit = plan.get("kv_cache_memory_bytes")
+    budgets = []
+    for line in lines:
+        budget = (line.get("kv_budget") or {}).get("bytes")
+        if budget is None:
+            continue
+        total = (line.get("total") or {}).get("bytes")
+        requested = (line.get("requested") or {}).get("bytes")
+        if (
+            not explicit
+            and applied_utilization is not None
+            and planned_u is not None
+            and abs(applied_utilization - planned_u) > 1e-9
+            and total
+            and requested
+        ):
+            budget = kv_budget_at_utilization(budget, requested, total, applied_utilization)
+        budgets.append(budget)
+    bytes_per_block = (plan.get("layout") or {}).get("bytes_per_block")
+    block_size = (plan.get("layout") or {}).get("block_size")
+    predicted_budget = min(budgets) if budgets else explicit
+    if not predicted_budget or not bytes_per_block:
+        return {}
+    predicted_blocks = predicted_budget // bytes_per_block
+    out: dict[str, Any] = {
+        "predicted_kv_budget_bytes": predicted_budget,
+        "predicted_num_gpu_blocks": predicted_blocks,
+        "predicted_at_gpu_memory_utilization": (
+            applied_utilization if applied_utilization is not None else planned_u
+        ),
+    }
+    blocks = metrics.get("num_gpu_blocks", "")
+    if blocks.isdigit():
+        observed_blocks = int(blocks)
+        out["observed_num_gpu_blocks"] = observed_blocks
+        out["observed_source"] = "vllm metrics (num_gpu_blocks)"
+    elif observation.available_kv_gib is not None:
+        observed_blocks = int(observation.available_kv_gib * GIB) // bytes_per_block
+        out["observed_num_gpu_blocks"] = observed_blocks
+        out["observed_source"] = "vllm log (Available KV cache memory, 0.01 GiB)"
+    else:
+        return out
+    if block_size:
+        out["predicted_capacity_tokens"] = predicted_blocks * block_size
+        out["observed_capacity_tokens"] = observed_blocks * block_size
+    if predicted_blocks:
+        out["error_percent"] = round(100.0 * (observed_blocks - predicted_blocks) / predicted_blocks, 3)
+    return out
+
+
+def capacity(observation: Observation) -> dict[str, Any]:
+    """The figures of a start a revision keeps (history shows them)."""
+    keys = ("available_kv_gib", "kv_cache_tokens", "max_concurrency", "model_loading_gib", "cuda_graph_gib")
+    return {k: getattr(observation, k) for k in keys if getattr(observation, k, None) is not None}
+
+
+def _gpu_name(env: dict[str, str]) -> str | None:
+    """The model of the first GPU the service sees, so observations are not carried to other GPUs."""
+
+    try:
+        state = read_nvml().select(env.get("CUDA_VISIBLE_DEVICES"))
+    except CtxmgrError:
+        return None
+    return state.gpus[0].name if state.gpus else None
