@@ -1,5 +1,6 @@
 """Which flags set-context writes (core.change_policy.flags_to_apply): the one rule that set-context
-applies and a plan of a unit reports. Plans are real plans of a Llama-3.1-8B-shaped model on one 80 GiB GPU."""
+applies and a plan of a unit reports. Plans are real plans of a Llama-3.1-8B-shaped model on one
+80 GiB GPU."""
 
 from __future__ import annotations
 
