@@ -1,6 +1,6 @@
 """Crash campaign as figures (needs root: a private systemd): kill ctxmgr at every recorded step of
 set-context, of a refused set-context's own rollback, of `rollback` and of `recover` (the test hook
-CTXMGR_TEST_CRASH_AT, see vllm_ctxmgr/store.py crash_point), recover, and count per command the
+tests/support/crash_run.py, which sets vllm_ctxmgr.store.step_hook), recover, and count per command the
 crash points tried, those recovered whole (unit one of the good revisions byte for byte, serving
 what it says, nothing unfinished, no leftovers) and those that failed, with the recovery times.
 Prints figures; asserts nothing. The same cases run as tests in tests/test_crash_campaign.py.

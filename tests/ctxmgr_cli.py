@@ -34,3 +34,12 @@ def run_ctxmgr(pid: int, state: Path, *args: str, timeout: float = 600) -> Run:
     proc = subprocess.run(ctxmgr_argv(pid, state, *args), capture_output=True, text=True, timeout=timeout)
     data = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
     return Run(proc.returncode, data, proc.stdout, proc.stderr)
+
+
+def crashing_argv(pid: int, state: Path, crash_at: str, *args: str) -> list[str]:
+    """ctxmgr_argv, run so that it dies (os._exit(137)) right after step `crash_at` is recorded
+    (tests/support/crash_run.py), with the same interpreter and package as ctxmgr_command()."""
+    binary = os.environ.get("CTXMGR_BIN")
+    python = str(Path(binary).parent / "python") if binary else sys.executable
+    runner = Path(__file__).resolve().parent / "support" / "crash_run.py"
+    return [python, str(runner), crash_at, "--systemd-pid", str(pid), "--state-dir", str(state), *args]

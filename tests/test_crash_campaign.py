@@ -3,7 +3,7 @@ rollback, of `rollback` and of `recover`, then recover (with `recover`, or by th
 and check what an operator relies on: the unit is byte for byte the last good one or the new one,
 never half; the service serves what its unit says; no revision is left unfinished; a new change works.
 
-The kill is CTXMGR_TEST_CRASH_AT, a test hook in store.crash_point: os._exit(137) right after the
+The kill is tests/support/crash_run.py, which sets store.step_hook: os._exit(137) right after the
 state was recorded, exactly where a kill -9 at that step would leave things. SIGTERM mid-restart is
 the real signal, sent from outside (issue 8 item 6). One service in one private systemd for the
 module; the stand-in's CTXMGR_STANDIN_TIME_SCALE keeps each start short.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.ctxmgr_cli import ctxmgr_argv, run_ctxmgr
+from tests.ctxmgr_cli import crashing_argv, ctxmgr_argv, run_ctxmgr
 from tests.support.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit
 from tests.support.sandbox import Sandbox
 from vllm_ctxmgr.probe import wait_until_serving
@@ -71,9 +70,12 @@ class Service:
     def ctxmgr(
         self, *args: str, crash_at: str | None = None, timeout: float = 180
     ) -> subprocess.CompletedProcess:
-        env = {**os.environ, "CTXMGR_TEST_CRASH_AT": crash_at} if crash_at else None
-        return subprocess.run(ctxmgr_argv(self.sandbox.pid, self.state, *args), capture_output=True,
-                              text=True, timeout=timeout, env=env)  # fmt: skip
+        argv = (
+            crashing_argv(self.sandbox.pid, self.state, crash_at, *args)
+            if crash_at
+            else ctxmgr_argv(self.sandbox.pid, self.state, *args)
+        )
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 
     def set_context(self, context: int | str, crash_at: str | None = None) -> subprocess.CompletedProcess:
         # --force: the planner learns from a refused start and would not try the same one again

@@ -155,13 +155,14 @@ def test_a_revision_directory_left_without_a_record_does_not_wedge_the_next_one(
 def test_a_kill_while_a_revision_is_staged_leaves_no_numbered_directory(store: ServiceStore) -> None:
     """A real kill (os._exit via the test hook) between staging and the rename."""
     code = (
-        "import sys, time\n"
+        "import os, sys, time\n"
+        "from vllm_ctxmgr import store\n"
         "from vllm_ctxmgr.store import Revision, ServiceStore, State\n"
+        "store.step_hook = lambda name, _command: os._exit(137) if name == 'revision-staged' else None\n"
         f"s = ServiceStore({str(store.root.parent)!r}, 'vllm-glm5')\n"
         "s.new_revision(Revision(0, 'vllm-glm5', State.BASELINE, '/u', time.time()), b'u', b'p')\n"
     )
-    env = {**os.environ, "CTXMGR_TEST_CRASH_AT": "revision-staged"}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, timeout=60)
     assert proc.returncode == 137, proc.stderr
     assert [p.name for p in store.revisions_dir.iterdir() if p.name.isdigit()] == []
     assert store.revisions() == []

@@ -7,12 +7,13 @@ vLLM is played by the stand-in (tests.support.demo standin_unit, make_vllm_wrapp
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.ctxmgr_cli import ctxmgr_command, run_ctxmgr
+from tests.ctxmgr_cli import crashing_argv, ctxmgr_command, run_ctxmgr
 from tests.support.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -210,11 +211,9 @@ def test_a_dropin_ctxmgr_created_is_removed_by_recover_after_a_kill(
     before = fragment.read_bytes()
     state = workdir / "state"
     dropin = sandbox.systemd.host_path(f"/run/systemd/system/{unit}.d/50-ctxmgr.conf")
-    monkeypatch.setenv("CTXMGR_TEST_CRASH_AT", "set-context:restarting")
-    run = run_ctxmgr(sandbox.pid, state, "set-context", "100000", "--service", unit, *offline_gpu_args(),
-                     "--yes", "--json")  # fmt: skip
-    assert run.code == 137 and dropin.exists()
-    monkeypatch.delenv("CTXMGR_TEST_CRASH_AT")
+    argv = crashing_argv(sandbox.pid, state, "set-context:restarting", "set-context", "100000", "--service",
+                         unit, *offline_gpu_args(), "--yes", "--json")  # fmt: skip
+    assert subprocess.run(argv, capture_output=True, timeout=300).returncode == 137 and dropin.exists()
     run = run_ctxmgr(sandbox.pid, state, "recover", "--service", unit, "--json")
     assert run.code == 0, run.stdout + run.stderr
     assert run.data["result"] == "rolled-back"
