@@ -249,7 +249,7 @@ def test_service_names_are_completed_and_kept(given: str, expected: str) -> None
     ],
 )
 def test_names_systemd_would_refuse_or_that_would_be_a_path_are_refused(name: str) -> None:
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match=r"unit name|service name|\.service units|dots|template unit"):
         unit_name(name)
 
 

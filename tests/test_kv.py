@@ -376,7 +376,7 @@ def test_pp_stages_follow_get_pp_indices() -> None:
     assert [len(stage) for stage in pp_stage_layers(61, 4)] == [15, 15, 16, 15]
     assert [len(stage) for stage in pp_stage_layers(10, 3)] == [3, 4, 3]
     assert [len(stage) for stage in pp_stage_layers(61, 2, "30,31")] == [30, 31]
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match="does not split 61 layers 2 ways"):
         pp_stage_layers(61, 2, "30,30")
 
 

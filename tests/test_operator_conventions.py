@@ -160,7 +160,7 @@ def test_an_observation_exported_on_one_host_calibrates_the_plan_on_the_next(
     ],
 )
 def test_an_import_that_cannot_be_matched_or_holds_garbage_is_refused(text: str) -> None:
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match=r"^obs\.json: "):
         imported_observation(text, "obs.json")
 
 

@@ -180,7 +180,7 @@ def test_too_few_gpus_for_the_parallel_layout() -> None:
 
 @pytest.mark.parametrize("target", [0, -5])
 def test_non_positive_target_is_a_usage_error(target: int) -> None:
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match="must be a positive number of tokens"):
         make_plan(glm5(), SERVICE, eight_gpus(), options(target))
 
 

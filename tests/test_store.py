@@ -133,7 +133,7 @@ def test_a_record_with_an_unknown_or_missing_key_is_a_one_line_error_naming_the_
     if drop:
         data.pop(str(drop))
     (directory / "record.json").write_text(json.dumps(data))
-    with pytest.raises(StoreError) as caught:
+    with pytest.raises(StoreError, match=r"record\.json") as caught:
         store.revisions()
     assert message in caught.value.message and str(directory / "record.json") in caught.value.message
     assert "\n" not in caught.value.message
@@ -175,7 +175,10 @@ def test_a_run_refused_by_the_lock_leaves_the_holders_line(store: ServiceStore) 
         holder = (store.root / "lock").read_text()
         assert holder.startswith(f"pid {os.getpid()}:")
         for _ in range(3):
-            with pytest.raises(LockedError) as caught, ServiceStore(store.root.parent, "vllm-glm5").lock():
+            with (
+                pytest.raises(LockedError, match="locked") as caught,
+                ServiceStore(store.root.parent, "vllm-glm5").lock(),
+            ):
                 pass
             assert (
                 f"pid {os.getpid()}" in caught.value.message and "another process" not in caught.value.message
@@ -240,6 +243,6 @@ def test_leftovers_of_killed_runs_are_removed(store: ServiceStore, tmp_path: Pat
 @pytest.mark.parametrize("name", ["..", ".", "...service", "..service", "a/b", "", "x" * 300])
 def test_a_service_name_that_would_be_a_path_is_refused_by_the_store_too(name: str, tmp_path: Path) -> None:
     """Issue 9 item 1, defence in depth: the CLI resolves names first; the store never takes a path."""
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match=r"unit name|service name|only with dots"):
         ServiceStore(tmp_path / "state", name)
     assert not (tmp_path / "state").exists()

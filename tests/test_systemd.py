@@ -302,7 +302,7 @@ def test_missing_unit(sandbox_systemd: Systemd) -> None:
     assert sandbox_systemd.show("no-such.service", "LoadState")["LoadState"] == "not-found"
     assert not sandbox_systemd.is_active("no-such.service")
     assert sandbox_systemd.unit_processes("no-such.service") == []
-    with pytest.raises(SystemdError) as caught:
+    with pytest.raises(SystemdError, match=r"systemctl start no-such\.service failed") as caught:
         sandbox_systemd.start("no-such.service")
     assert caught.value.message == (
         "systemctl start no-such.service failed: "
