@@ -109,7 +109,7 @@ def test_a_config_only_model_keeps_exact_kv_figures() -> None:
     assert data["kv_bytes_per_token_per_gpu"] == 100_152
     assert data["kv_bytes_per_gpu"] == 1563 * 6_409_728  # cdiv(100000, 64) blocks
     # no NVML here and no --gpu-memory: the KV figures stand, the memory verdict is unknown (exit 6)
-    assert code == 6 and "no memory information" in data["verdict"]
+    assert code == 6 and "no memory information" in data["memory"] and data["verdict"] == "unknown"
     assert data["result"] == "unknown" and data["feasible"] is None
 
 

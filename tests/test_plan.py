@@ -266,7 +266,7 @@ def test_margin_and_budget_at_utilisation_are_the_planners_rules() -> None:
 def test_the_stored_plan_has_a_schema_and_typed_accessors() -> None:
     plan = make_plan(glm5(), SERVICE, eight_gpus(), options(), [OBSERVED])
     record = plan_json(plan)
-    assert record["schema"] == PLAN_SCHEMA == 1
+    assert record["schema"] == PLAN_SCHEMA == 2
     stored = StoredPlan.from_json(record)
     u = plan.gpu_memory_utilization
     assert u is not None

@@ -234,18 +234,10 @@ def cuda_runtime_major(version: str) -> int:
     return int(match.group(1))
 
 
-def plan_verdict(plan: Plan) -> str:
-    """feasible | infeasible | unknown: a plan without any memory figure decides nothing, and a script
-    that gates on it must not read that as "fits"."""
-    if not plan.gpus and plan.kv_cache_memory_bytes is None:
-        return "unknown"
-    return "feasible" if plan.feasible else "infeasible"
-
-
 def largest_context(args: ServeArgs, request: PlanRequest, **kwargs: object) -> int:
     """`--max-model-len auto` resolved before the restart: the largest context the plan says fits."""
     probe = plan_for(args, replace(request, context=1), **kwargs)  # type: ignore[arg-type]
-    if plan_verdict(probe) == "unknown":
+    if not probe.gpus and probe.kv_cache_memory_bytes is None:
         raise UsageError("auto needs memory information: NVML, or --gpu-memory SIZE --gpu-count N")
     if probe.max_context <= 0:
         raise CtxmgrError("auto: not even one block of KV cache fits", exit_code=ExitCode.INFEASIBLE)

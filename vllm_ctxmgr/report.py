@@ -115,6 +115,9 @@ def _fig(figure: Any) -> str:
     return gib(figure.bytes)
 
 
+HEADLINE = {"feasible": "FEASIBLE", "infeasible": "NOT FEASIBLE", "unknown": "UNKNOWN"}
+
+
 def plan_text(plan: Any, command_change: str = "") -> str:
     """The memory table per GPU, a stacked bar each, the chosen flags and the verdict."""
     out: list[str] = []
@@ -163,8 +166,9 @@ def plan_text(plan: Any, command_change: str = "") -> str:
         )
         out.append("     sources: " + "; ".join(sources))
     out.append("")
-    out.append(f"{'FEASIBLE' if plan.feasible else 'NOT FEASIBLE'}: {plan.reason}")
-    out.append(f"verdict: {plan.verdict}")
+    out.append(f"{HEADLINE[plan.result]}: {plan.reason}")
+    if plan.verdict not in plan.reason:
+        out.append(f"memory: {plan.verdict}")
     out.append(f"largest context that fits: {plan.max_context:,}")
     if plan.concurrency > 1:
         out.append(f"sized for {plan.concurrency} requests of {plan.max_model_len:,} tokens at once")

@@ -26,7 +26,8 @@ from vllm_ctxmgr.systemd.log import Priority, send
 from vllm_ctxmgr.systemd.names import canonical_unit, unit_name
 from vllm_ctxmgr.systemd.systemctl import Systemd
 
-SCHEMA_VERSION = 1  # of every --json object; a field's meaning never changes without a new version
+SCHEMA_VERSION = 2  # of every --json object; a field's meaning never changes without a new version
+# 2: plan's `verdict` is its `result` (feasible | infeasible | unknown); the memory text is `memory`
 
 
 def emit_json(data: dict[str, Any]) -> None:

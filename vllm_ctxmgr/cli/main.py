@@ -47,7 +47,6 @@ from vllm_ctxmgr.planning import (
     largest_context,
     plan_for,
     plan_service,
-    plan_verdict,
 )
 from vllm_ctxmgr.recovery import recover_if_needed
 from vllm_ctxmgr.service import view_from_unit
@@ -227,17 +226,11 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
         if target == AUTO_CONTEXT:
             request = replace(request, context=largest_context(args, request))
         result = plan_for(args, request)
-    verdict = plan_verdict(result)
+    verdict = result.result
     if as_json:
-        emit_json(
-            {
-                "command": "plan",
-                "result": verdict,
-                "changed": False,
-                **result.to_json(),
-                "feasible": None if verdict == "unknown" else result.feasible,
-            }
-        )
+        # the object's `schema` is the CLI's (SCHEMA_VERSION), not the stored plan's (PLAN_SCHEMA)
+        record = {k: v for k, v in result.to_json().items() if k != "schema"}
+        emit_json({"command": "plan", "changed": False, **record})
     else:
         click.echo(report.plan_text(result))
     if verdict == "infeasible":

@@ -82,6 +82,9 @@ from vllm_ctxmgr.errors import UsageError
 DEFAULT_MAX_GPU_MEMORY_UTILIZATION = 0.95
 
 
+WEIGHTS_UNKNOWN = "weights unknown"
+
+
 def supports_auto_max_model_len(vllm_version: VllmVersion) -> bool:
     """`--max-model-len auto` / -1 (rule auto_max_model_len: from 0.14.0)."""
     return rule("auto_max_model_len", vllm_version)
@@ -209,7 +212,7 @@ class Plan:
 
     feasible: bool
     reason: str  # one line: why it is (in)feasible
-    verdict: str  # the memory verdict: "fits", "does not fit", "weights unknown ...", ...
+    verdict: str  # the memory evaluation alone: "fits", "does not fit ...", "weights unknown ...", ...
     max_model_len: int
     gpu_memory_utilization: float | None
     max_context: int  # the largest context that fits at the cap (bounded by the derived maximum)
@@ -229,6 +232,18 @@ class Plan:
     notes: tuple[str, ...] = ()
     concurrency: int = 1  # requests of max_model_len the KV need was sized for
     capacity: tuple[KVCapacity, ...] = ()  # per engine; empty where the KV budget is not known
+
+    @property
+    def result(self) -> str:
+        """feasible | infeasible | unknown: the one word the headline, --json's `result`, `feasible`
+        and `verdict`, and the exit code all follow. A plan without any memory figure decides nothing,
+        and one that fits only if the weights (unknown) are small enough does not know either: a script
+        that gates on it must not read either as "fits"."""
+        if not self.gpus and self.kv_cache_memory_bytes is None:
+            return "unknown"
+        if not self.feasible:
+            return "infeasible"
+        return "unknown" if self.verdict.startswith(WEIGHTS_UNKNOWN) else "feasible"
 
     @property
     def kv_cache_tokens(self) -> int | None:
@@ -252,9 +267,11 @@ class Plan:
         """The PlanRecord each revision stores, read back long after through StoredPlan."""
         return {
             "schema": PLAN_SCHEMA,
-            "feasible": self.feasible,
+            "result": self.result,
+            "feasible": None if self.result == "unknown" else self.feasible,
             "reason": self.reason,
-            "verdict": self.verdict,
+            "verdict": self.result,
+            "memory": self.verdict,
             "max_model_len": self.max_model_len,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "max_context": self.max_context,
@@ -613,7 +630,7 @@ def _evaluate(
         allowance = min(g.budget(u) - need(g) for g in gpus) if u >= 0.01 else -1
         feasible = allowance >= 0
         if feasible:
-            verdict = f"weights unknown: fits if the weights take at most {allowance / GIB:.2f} GiB per GPU"
+            verdict = f"{WEIGHTS_UNKNOWN}: fits if the weights take at most {allowance / GIB:.2f} GiB per GPU"
         else:
             verdict = "does not fit even without weights"
         lines = tuple(
@@ -691,7 +708,7 @@ def _evaluate_explicit(
         verdict = f"the GPUs cannot hold a {kv_bytes / GIB:.2f} GiB KV cache next to the model"
     elif not weights_known:
         allowance = (min(room) - kv_bytes) / GIB
-        verdict = f"weights unknown: fits if the weights take at most {allowance:.2f} GiB per GPU"
+        verdict = f"{WEIGHTS_UNKNOWN}: fits if the weights take at most {allowance:.2f} GiB per GPU"
     else:
         verdict = "fits"
     max_context = layout.max_model_len_for(explicit, upper, requests)
@@ -851,7 +868,12 @@ def make_plan(
     else:
         feasible = outcome.feasible
         reason = outcome.verdict
-        if feasible and outcome.lines and outcome.utilization is not None:
+        if (
+            feasible
+            and outcome.lines
+            and outcome.utilization is not None
+            and not outcome.verdict.startswith(WEIGHTS_UNKNOWN)
+        ):
             needed = max(line.kv_needed.bytes or 0 for line in outcome.lines)
             requests = (
                 "one request" if options.concurrency == 1 else f"{options.concurrency} requests at once"
@@ -869,8 +891,6 @@ def make_plan(
             )
     if derived is None:
         warnings.append("the model's maximum length is unknown: max_context is bounded by the target")
-    if outcome.verdict.startswith("weights unknown"):
-        warnings.append(outcome.verdict)
     if args.max_model_len == -1 and not supports_auto_max_model_len(version):
         warnings.append("this vLLM version has no --max-model-len auto")
     if layout.check_undercounts(target):

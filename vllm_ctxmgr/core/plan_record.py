@@ -13,7 +13,9 @@ from typing import Any, TypedDict
 from vllm_ctxmgr.core.budget import kv_budget_at_utilization
 from vllm_ctxmgr.errors import CtxmgrError
 
-PLAN_SCHEMA = 1  # PlanRecord["schema"]: bump when a stored plan's keys change meaning
+PLAN_SCHEMA = 2  # PlanRecord["schema"]: bump when a stored plan's keys change meaning
+# 2: `verdict` is the one word of `result` (feasible | infeasible | unknown); the memory evaluation's
+#    own text moved to `memory`; `feasible` is null where the result is unknown
 
 
 class FigureRecord(TypedDict):
@@ -52,9 +54,11 @@ class PlanRecord(TypedDict):
     """
 
     schema: int
-    feasible: bool
+    result: str  # feasible | infeasible | unknown
+    feasible: bool | None  # None: unknown
     reason: str
-    verdict: str
+    verdict: str  # = result (schema 1: the memory evaluation's text, now `memory`)
+    memory: str
     max_model_len: int
     gpu_memory_utilization: float | None
     max_context: int
