@@ -4,13 +4,22 @@ applies and a plan of a unit reports. Plans are real plans of a Llama-3.1-8B-sha
 
 from __future__ import annotations
 
+import json
+import math
+import subprocess
+import uuid
+from pathlib import Path
+
 import pytest
 
+from tests.ctxmgr_cli import ctxmgr_command
 from vllm_ctxmgr.core.change_policy import current_utilization_suffices, flags_to_apply
 from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts
 from vllm_ctxmgr.core.hardware import GIB, uniform_gpus
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import ServeArgs
+
+REPO = Path(__file__).resolve().parent.parent
 
 LLAMA_8B = ModelFacts(
     "llama-8b",
@@ -68,3 +77,55 @@ def test_the_context_the_unit_has_moves_nothing_and_says_why() -> None:
 def test_an_explicit_kv_budget_never_counts_as_a_sufficient_utilisation(kv_bytes: int) -> None:
     args = ServeArgs("m", max_model_len=8192, gpu_memory_utilization=0.92, kv_cache_memory_bytes=kv_bytes)
     assert not current_utilization_suffices(args, plan_of(args, 16384))
+
+
+def plan_unit(unit: Path, *args: str) -> tuple[int, dict, str]:
+    argv = [*ctxmgr_command(), "--state-dir", str(unit.parent / "state"), "plan", "--unit", str(unit), *args]
+    as_json = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=120)
+    as_text = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    return as_json.returncode, json.loads(as_json.stdout), as_text.stdout
+
+
+@pytest.fixture
+def llama_unit() -> Path:
+    """A unit as operators write it, at 0.92, serving the shipped Llama-3.1-70B config on TP 4."""
+    directory = REPO / ".cache" / "policy" / uuid.uuid4().hex[:8]
+    directory.mkdir(parents=True)
+    unit = directory / "vllm-llama.service"
+    unit.write_text(
+        "[Service]\n"
+        f"ExecStart=/opt/vllm/bin/vllm serve {REPO}/examples/models/llama-3.1-70b -tp 4 \\\n"
+        "    --max-model-len 8192 --gpu-memory-utilization 0.92\n"
+    )
+    return unit
+
+
+GPUS = ("--gpu-memory", "80GiB", "--gpu-count", "4")
+
+
+def test_plan_of_a_unit_says_what_set_context_writes_and_the_least_that_fits(llama_unit: Path) -> None:
+    """Issue 17 item 2: a unit at 0.92 was told "0.55" by plan, while set-context kept 0.92."""
+    code, data, text = plan_unit(llama_unit, "65536", *GPUS)
+    assert code == 0 and data["result"] == "feasible"
+    least = data["gpu_memory_utilization"]
+    assert least < 0.92
+    assert data["set_context"] == {
+        "flag_changes": {"--max-model-len": "65536"},
+        "gpu_memory_utilization": 0.92,
+        "kept_utilization": True,
+        "least_gpu_memory_utilization": least,
+    }
+    assert (
+        "set-context would write: --max-model-len 65536 (the unit's gpu_memory_utilization 0.92 stays" in text
+    )
+    assert f"the least that fits is {least:.2f}" in text
+
+
+def test_a_utilisation_given_to_plan_is_the_one_planned_and_written(llama_unit: Path) -> None:
+    code, data, _text = plan_unit(llama_unit, "65536", *GPUS, "--gpu-memory-utilization", "0.8")
+    assert code == 0 and data["gpu_memory_utilization"] == 0.8  # evaluated at 0.8, not at the least
+    assert data["set_context"]["flag_changes"] == {
+        "--max-model-len": "65536",
+        "--gpu-memory-utilization": "0.8",
+    }
+    assert all(g["requested"]["bytes"] == math.ceil(g["total"]["bytes"] * 0.8) for g in data["gpus"])

@@ -210,9 +210,13 @@ def change_text(result: Any) -> str:
         out.append(result.diff.rstrip("\n"))
     if result.plan and result.result in ("infeasible", "dry-run", "planned"):
         plan = result.plan
+        least = plan["gpu_memory_utilization"]
+        applied = result.gpu_memory_utilization if result.result != "infeasible" else least
+        kept = f" (the least that fits: {least})" if applied != least and least is not None else ""
         out.append(
             f"plan: max_model_len {plan['max_model_len']:,}, gpu_memory_utilization "
-            f"{plan['gpu_memory_utilization']}, KV {plan['kv_bytes_per_token_per_gpu']:,} B/token/GPU, "
+            f"{applied if applied is not None else 'vLLM default'}{kept}, "
+            f"KV {plan['kv_bytes_per_token_per_gpu']:,} B/token/GPU, "
             f"{gib(plan['kv_bytes_per_gpu'])} per request; largest context that fits {plan['max_context']:,}"
         )
     before = _len_util(result.previous_max_model_len, result.previous_gpu_memory_utilization)

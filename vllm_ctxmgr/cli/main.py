@@ -34,6 +34,7 @@ from vllm_ctxmgr.cli.common import (
     restarter_for,
     systemd_for,
 )
+from vllm_ctxmgr.core.change_policy import flags_to_apply
 from vllm_ctxmgr.core.serve_args import READ_FLAGS, ServeArgs, parse_serve_argv, split_flags
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.deploy import SetContextRequest, rollback, set_context
@@ -211,28 +212,43 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
         raise UsageError("give exactly one of --model, --unit or --service")
     explicit = {name: options.pop(name) for name in VLLM_OPTION_FIELDS}
     overrides = vllm_overrides(explicit, list(ctx.args))
-    request = PlanRequest(target, **options)
+    # a utilisation given is the one the deployment runs with (as set-context takes it), not a hint
+    request = PlanRequest(target, fixed_gpu_memory_utilization=explicit["gpu_memory_utilization"], **options)
+    unit_args: ServeArgs | None = None
     if service:
         restarter = restarter_for(ctx, service, True, 60.0)
-        result = plan_service(
+        planned = plan_service(
             restarter.systemd, restarter.store, restarter.service, request, restarter.keep_observation,
             overrides=overrides,
-        ).plan  # fmt: skip
+        )  # fmt: skip
+        result, unit_args = planned.plan, replace(planned.view.args, **overrides)
     else:
         if model:
             args = ServeArgs(model=model, **overrides)
         else:
-            args = replace(view_from_unit(ServiceUnit.load_with_dropins(unit_file)).args, **overrides)  # type: ignore[arg-type]
+            args = unit_args = replace(
+                view_from_unit(ServiceUnit.load_with_dropins(unit_file)).args,  # type: ignore[arg-type]
+                **overrides,
+            )
         if target == AUTO_CONTEXT:
             request = replace(request, context=largest_context(args, request))
         result = plan_for(args, request)
+    # what set-context would write to this unit: the plan's figure is the least that fits, the unit's
+    # own utilisation stays where it holds the target (core.change_policy, the rule set-context applies)
+    applied = (
+        flags_to_apply(unit_args, result, result.max_model_len, explicit["gpu_memory_utilization"])
+        if unit_args is not None and result.feasible
+        else None
+    )
     verdict = result.result
     if as_json:
         # the object's `schema` is the CLI's (SCHEMA_VERSION), not the stored plan's (PLAN_SCHEMA)
         record = {k: v for k, v in result.to_json().items() if k != "schema"}
+        if applied is not None:
+            record["set_context"] = applied.to_json(result)
         emit_json({"command": "plan", "changed": False, **record})
     else:
-        click.echo(report.plan_text(result))
+        click.echo(report.plan_text(result, applied.text(result) if applied is not None else ""))
     if verdict == "infeasible":
         sys.exit(ExitCode.INFEASIBLE)
     if verdict == "unknown":

@@ -26,6 +26,32 @@ class AppliedFlags:
     kept_utilization: bool = False  # the unit's own utilisation holds the target and stays
     suggestion: str = ""
 
+    def text(self, plan: Plan) -> str:
+        """One line: what set-context writes, and why the utilisation is what it is."""
+        flags = " ".join(f"{k} {v}" for k, v in self.flag_changes.items())
+        line = f"set-context would write: {flags}"
+        least = plan.gpu_memory_utilization
+        if self.kept_utilization and self.gpu_memory_utilization is not None and least is not None:
+            line += (
+                f" (the unit's gpu_memory_utilization {self.gpu_memory_utilization:g} stays: it holds the "
+                f"target; the least that fits is {least:.2f})"
+            )
+        elif self.kept_utilization and least is not None:
+            line += (
+                " (the unit's default utilisation stays: it holds the target; the least that fits is "
+                f"{least:.2f})"
+            )
+        return line
+
+    def to_json(self, plan: Plan) -> dict[str, object]:
+        """--json's `set_context`: the flags set-context writes and the utilisation the unit runs with."""
+        return {
+            "flag_changes": dict(self.flag_changes),
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "kept_utilization": self.kept_utilization,
+            "least_gpu_memory_utilization": plan.gpu_memory_utilization,
+        }
+
 
 def current_utilization_suffices(args: ServeArgs, plan: Plan) -> bool:
     """The unit's utilisation is at least the planned minimum and passes vLLM's free-memory check."""
