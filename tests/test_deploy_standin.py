@@ -416,3 +416,36 @@ def test_the_diff_the_operator_confirms_is_the_diff_applied(sandbox, install_uni
     assert changed and shown == changed, out  # every line applied was on the screen before the "y"
     assert "--max-model-len 100000" in after and "edited by hand" in after
     assert served_max_model_len(port) == 100000
+
+
+def test_dropin_mode_leaves_the_unit_file_alone_and_rolls_back_by_removing_its_dropin(  # type: ignore[no-untyped-def]
+    sandbox, install_unit, workdir
+) -> None:
+    """Issue 17 item 8: a unit that configuration management renders is changed as `systemctl edit`
+    would, through UNIT.d/50-ctxmgr.conf (ExecStart= reset, then rewritten); the next converge of the
+    unit file keeps the change, and a rollback removes the drop-in."""
+    name = "vllm-it-dropin"
+    unit, port, path = start_service(sandbox, install_unit, workdir, name)
+    before = path.read_bytes()
+    state = workdir / "state"
+    code, data, err = ctxmgr(sandbox, state, "set-context", "100000", "--service", name, *offline_gpu_args(),
+                             "--edit", "dropin", "--yes", "--json")  # fmt: skip
+    assert code == 0, err
+    dropin = f"/etc/systemd/system/{unit}.d/50-ctxmgr.conf"
+    assert data["result"] == "applied" and data["unit_path"] == dropin
+    assert path.read_bytes() == before  # the unit file is as configuration management wrote it
+    text = sandbox.systemd.host_path(dropin).read_text()
+    assert "ctxmgr's drop-in mode" in text and "[Service]\nExecStart=\nExecStart=" in text
+    assert "--max-model-len 100000" in text and served_max_model_len(port) == 100000
+    # the setting, not only the flag: a second change edits ctxmgr's own drop-in in place
+    env_run = subprocess.run(
+        ctxmgr_argv(sandbox.pid, state, "set-context", "120000", "--service", name, *offline_gpu_args(),
+                    "--yes", "--json"),
+        capture_output=True, text=True, timeout=300, env={**os.environ, "CTXMGR_EDIT": "dropin"},
+    )  # fmt: skip
+    assert env_run.returncode == 0, env_run.stderr
+    assert path.read_bytes() == before and served_max_model_len(port) == 120000
+    code, data, err = ctxmgr(sandbox, state, "rollback", "--service", name, "--to", "0", "--yes", "--json")
+    assert code == 0, err
+    assert not sandbox.systemd.host_path(dropin).exists()
+    assert path.read_bytes() == before and served_max_model_len(port) == 8192

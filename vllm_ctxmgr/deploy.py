@@ -164,6 +164,7 @@ class SetContextRequest:
     # where the GPUs' memory comes from, the vLLM rules to plan by, the utilisation ceiling
     planning: PlanRequest | None = None
     confirm: Confirm | None = None  # asked under the lock, before anything is written; None: --yes
+    dropin: bool = False  # change a unit under /etc through ctxmgr's drop-in, never its own file
 
 
 def set_context(restarter: Restarter, request: SetContextRequest) -> ChangeResult:
@@ -243,7 +244,8 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
     applied = flags_to_apply(view.args, plan, context, request.gpu_memory_utilization)
     result.gpu_memory_utilization = applied.gpu_memory_utilization
     result.suggestion = applied.suggestion
-    edit = edit_unit(view.unit, applied.flag_changes, plan.env_changes, systemd.unit_dir / f"{view.name}.d")
+    edit = edit_unit(view.unit, applied.flag_changes, plan.env_changes, systemd.unit_dir / f"{view.name}.d",
+                     dropin_mode=request.dropin)  # fmt: skip
     result.diff = unified_diff(edit.old_text, edit.new_text, str(edit.path), view.secrets)
     result.unit_path = str(edit.path)
     if not edit.changed:

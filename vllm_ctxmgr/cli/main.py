@@ -288,14 +288,24 @@ VLLM_OPTION_FIELDS = (
     "--wait-lock", type=WAIT_LOCK, default=0.0, help="Seconds to wait for another run on the service."
 )
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the service.")
+@click.option(
+    "--edit",
+    type=click.Choice(["in-place", "dropin"]),
+    envvar="CTXMGR_EDIT",
+    default="in-place",
+    show_default=True,
+    help="in-place: change the file that holds ExecStart=. dropin: leave the unit file alone and write "
+    "ExecStart= to UNIT.d/50-ctxmgr.conf, as `systemctl edit` would (for a unit that configuration "
+    "management renders). Env CTXMGR_EDIT.",
+)
 @gpu_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
 @click.pass_context
 @handle_errors
 def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int | None, service: str,
                     gpu_memory_utilization: float | None, probe_tokens: int | None, long_probe: bool,
-                    timeout: float, dry_run: bool, force: bool, wait_lock: float, yes: bool, as_json: bool,
-                    **options: Any) -> None:  # fmt: skip
+                    timeout: float, dry_run: bool, force: bool, wait_lock: float, yes: bool, edit: str,
+                    as_json: bool, **options: Any) -> None:  # fmt: skip
     """Set a service's context to CONTEXT: plan, render, restart, watch, probe, roll back on failure.
 
     \b
@@ -314,6 +324,7 @@ def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int 
         lock_wait=wait_lock,
         planning=PlanRequest(target, **options),
         confirm=None if dry_run else confirmation(yes, as_json, restarter.unit),
+        dropin=edit == "dropin",
     )
     result = set_context(restarter, request)
     finish(result, as_json, dry_run=dry_run, systemd=restarter.systemd)

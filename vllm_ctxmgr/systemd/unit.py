@@ -853,17 +853,19 @@ def is_vendor_unit(path: Path | str) -> bool:
     return Path(path).parent in VENDOR_UNIT_DIRS
 
 
-def override_dropin(unit: ServiceUnit, dropin_dir: Path) -> ServiceUnit:
+def override_dropin(unit: ServiceUnit, dropin_dir: Path, why: str = "") -> ServiceUnit:
     """The unit with a new drop-in in `dropin_dir` that overrides ExecStart= (an empty `ExecStart=`,
     then the fragment's own ExecStart= copied byte for byte), ready for edit_unit to change in place:
-    systemd's way to change a package's unit so that the package's next upgrade keeps the change."""
+    systemd's way (`systemctl edit`) to change a unit whose file someone else owns, so that the next
+    package upgrade or configuration-management run keeps the change."""
     unit_file, assignment = unit.exec_start()
     path = dropin_dir / DROPIN_NAME
     if any(f.path == path for f in unit.files):
         raise UnitError(f"{path} exists but does not set ExecStart=; refusing to overwrite it")
+    why = why or "the package's unit {path}, which the\n# package's next upgrade would overwrite"
     text = (
-        f"# Written by ctxmgr: it overrides ExecStart= of the package's unit {unit_file.path}, which the\n"
-        "# package's next upgrade would overwrite. Roll back with `ctxmgr rollback --service "
+        f"# Written by ctxmgr: it overrides ExecStart= of {why.format(path=unit_file.path)}. Roll back with "
+        "`ctxmgr rollback --service "
         f"{unit.name.removesuffix('.service')}`,\n"
         "# or delete this file and run `systemctl daemon-reload`.\n"
         "[Service]\n"
@@ -878,24 +880,30 @@ def edit_unit(
     flag_changes: Mapping[str, str | None],
     env_changes: Mapping[str, str | None] | None = None,
     dropin_dir: Path | None = None,
+    dropin_mode: bool = False,
 ) -> UnitEdit:
     """Set vLLM flags (value None removes a flag) and Environment= items in the file that holds ExecStart.
 
     With `dropin_dir` (systemd's view, e.g. /etc/systemd/system/NAME.service.d), an ExecStart= held by
     a package's unit (VENDOR_UNIT_DIRS) is changed through a new drop-in there instead (override_dropin);
-    a unit under /etc or /run, or a drop-in that holds ExecStart=, is edited in place.
+    a unit under /etc or /run, or a drop-in that holds ExecStart=, is edited in place. `dropin_mode`
+    changes a unit under /etc the same way (its file may belong to configuration management, whose
+    next run would revert an edit in place); an ExecStart= already held by a drop-in is edited there.
 
     Before returning, the candidate is read back as systemd reads it: its ExecStart words must be the
     intended ones and every other directive and comment line byte-identical (UnitError if not)."""
 
     created = False
-    if (
-        dropin_dir is not None
-        and unit.exec_start()[0] is unit.files[0]
-        and is_vendor_unit(unit.files[0].path)
-    ):
-        unit = override_dropin(unit, dropin_dir)
-        created = True
+    if dropin_dir is not None and unit.exec_start()[0] is unit.files[0]:
+        if is_vendor_unit(unit.files[0].path):
+            unit = override_dropin(unit, dropin_dir)
+            created = True
+        elif dropin_mode:
+            why = (
+                "the unit file {path}, which\n# configuration management may rewrite (ctxmgr's drop-in mode)"
+            )
+            unit = override_dropin(unit, dropin_dir, why)
+            created = True
     unit_file, assignment = unit.exec_start()
     source = quadlet_source(unit)
     if source and unit_file is unit.files[0]:
