@@ -17,8 +17,8 @@ from vllm_ctxmgr.cli.common import (
     BLOCK_SIZE,
     CONTEXT,
     COUNT,
+    EXAMPLES,
     PARALLEL,
-    SERVICE,
     TIMEOUT,
     UTILIZATION,
     VLLM_BYTES,
@@ -32,6 +32,7 @@ from vllm_ctxmgr.cli.common import (
     finish,
     gpu_options,
     handle_errors,
+    service_param,
     systemd_for,
 )
 from vllm_ctxmgr.core.serve_args import READ_FLAGS, ServeArgs, parse_serve_argv, split_flags
@@ -106,7 +107,7 @@ def main(
 # ---- facts / gpus ----------------------------------------------------------------------------
 
 
-@main.command()
+@main.command(epilog=EXAMPLES["facts"])
 @click.argument("model")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option(
@@ -127,7 +128,7 @@ def facts(model: str, as_json: bool, vllm_version: str | None) -> None:
         click.echo(report.facts_text(model_facts, version))
 
 
-@main.command()
+@main.command(epilog=EXAMPLES["gpus"])
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (input for --gpus-from).")
 @handle_errors
 def gpus(as_json: bool) -> None:
@@ -174,13 +175,15 @@ def vllm_overrides(explicit: dict[str, Any], extra: list[str]) -> dict[str, Any]
     return overrides
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, epilog=EXAMPLES["plan"]
+)
 @click.argument("context", type=CONTEXT, required=False)
+@service_param(required=False, argument=False)  # a word after CONTEXT may be a vLLM flag's value
 @click.option("--max-model-len", "max_model_len", type=CONTEXT, default=None, help="The same as CONTEXT.")
 @click.option("--model", "model", default=None, help="HF model dir, cached repo id, or GGUF file.")
 @click.option("--unit", "unit_file", type=click.Path(dir_okay=False), default=None,
               help="Read a unit file (and its FILE.d/*.conf drop-ins).")  # fmt: skip
-@click.option("--service", type=SERVICE, default=None, help="Read a service's unit as systemd loaded it.")
 @click.option("--tensor-parallel-size", "-tp", type=PARALLEL, default=None, help="vLLM's -tp.")
 @click.option("--pipeline-parallel-size", "-pp", type=PARALLEL, default=None, help="vLLM's -pp.")
 @click.option("--decode-context-parallel-size", "-dcp", type=PARALLEL, default=None, help="vLLM's -dcp.")
@@ -210,19 +213,18 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     can hold (--enforce-eager, --dtype, --speculative-config ...) may follow.
     Exit: 0 feasible, 3 infeasible, 6 unknown (no memory information), 2 usage.
     """
-    target = context_from(context, max_model_len)
     chosen = [
         name for name, value in (("--model", model), ("--unit", unit_file), ("--service", service)) if value
     ]
-    if len(chosen) != 1:
-        raise UsageError("give exactly one of --model, --unit or --service")
+    if len(chosen) != 1 and chosen != ["--model", "--unit"]:  # --unit --model: the unit on a local copy
+        raise UsageError("give exactly one of --model, --unit or --service (--model may go with --unit)")
     explicit = {name: options.pop(name) for name in VLLM_OPTION_FIELDS}
     overrides = vllm_overrides(explicit, list(ctx.args))
     service_pids: tuple[int, ...] = ()
     observations: list[Any] = []
     mismatch: str | None = None
     learned: str | None = None
-    if model:
+    if model and not unit_file:
         args = ServeArgs(model=model, **overrides)
     else:
         if unit_file:
@@ -235,7 +237,10 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
             service_pids = tuple(systemd.unit_processes(view.name))
             observations = stored_observations(ctx.find_root().obj["state_dir"], view.name)
             mismatch = running_argv_mismatch(systemd, view)
-        args = replace(view.args, **overrides)
+        args = replace(view.args, **overrides, **({"model": model} if model else {}))
+    # no CONTEXT: the one the unit (or a vLLM flag after the options, `--max_model_len 64k`) gives
+    given = context is not None or max_model_len is not None
+    target = context_from(context, max_model_len) if given else context_from(None, args.max_model_len)
     request = PlanRequest(target, **options)
     if target == AUTO_CONTEXT:
         target = largest_context(args, request, service_pids=service_pids, observations=observations)
@@ -281,10 +286,10 @@ VLLM_OPTION_FIELDS = (
 # ---- changing a service ----------------------------------------------------------------------
 
 
-@main.command("set-context")
+@main.command("set-context", epilog=EXAMPLES["set-context"])
 @click.argument("context", type=CONTEXT, required=False)
+@service_param()
 @click.option("--max-model-len", "max_model_len", type=CONTEXT, default=None, help="The same as CONTEXT.")
-@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
 @click.option("--gpu-memory-utilization", type=UTILIZATION, default=None,
               help="Use this utilisation instead of the planner's choice.")  # fmt: skip
 @click.option("--probe-tokens", type=COUNT, default=None,
@@ -338,8 +343,8 @@ def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int 
     finish(result, as_json, dry_run=request.dry_run, systemd=deployer.systemd)
 
 
-@main.command("rollback")
-@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
+@main.command("rollback", epilog=EXAMPLES["rollback"])
+@service_param()
 @click.option(
     "--to",
     "to",
@@ -371,8 +376,8 @@ def rollback_cmd(ctx: click.Context, service: str, to: int | None, timeout: floa
     finish(result, as_json, dry_run=preview, systemd=deployer.systemd)
 
 
-@main.command("recover")
-@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
+@main.command("recover", epilog=EXAMPLES["recover"])
+@service_param()
 @click.option("--timeout", type=TIMEOUT, default=1800.0, show_default=True, help="Seconds a start may take.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
 @click.pass_context
@@ -389,8 +394,8 @@ def recover_cmd(ctx: click.Context, service: str, timeout: float, as_json: bool)
     finish(result, as_json, systemd=deployer.systemd)
 
 
-@main.command("history")
-@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
+@main.command("history", epilog=EXAMPLES["history"])
+@service_param()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 @handle_errors
@@ -408,8 +413,8 @@ def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
         click.echo(report.history_text(service, rows))
 
 
-@main.command("observe")
-@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
+@main.command("observe", epilog=EXAMPLES["observe"])
+@service_param()
 @click.option(
     "--import",
     "import_file",
