@@ -89,3 +89,19 @@ def test_ansible_doc_renders_the_modules_without_a_warning_or_a_null(plugin: str
     assert done.returncode == 0, done.stderr
     assert "WARNING" not in done.stdout + done.stderr, done.stderr
     assert "in plain words: null" not in done.stdout  # RETURN.reason, once parsed as a key
+
+
+ANSIBLE_LINT = Path(os.environ.get("CTXMGR_ANSIBLE_LINT", REPO / ".venv-ansible" / "bin" / "ansible-lint"))
+
+
+@pytest.mark.skipif(not ANSIBLE_LINT.exists(), reason="no ansible-lint (CTXMGR_ANSIBLE_LINT names one)")
+def test_the_install_role_passes_ansible_lints_production_profile() -> None:
+    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(REPO), "NO_COLOR": "1",
+           "PATH": f"{ANSIBLE_LINT.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}  # fmt: skip
+    done = subprocess.run(
+        [str(ANSIBLE_LINT), "--nocolor", "--offline", "--profile", "production", "roles/install",
+         "playbooks/install.yml"],
+        capture_output=True, text=True, env=env, cwd=COLLECTION, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "Profile 'production' was required, and it passed" in done.stdout + done.stderr
