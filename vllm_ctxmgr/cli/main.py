@@ -295,12 +295,10 @@ VLLM_OPTION_FIELDS = (
 @click.option("--probe-tokens", type=COUNT, default=None,
               help="max_tokens of the probe (default: what fills the context).")  # fmt: skip
 @click.option("--long-probe", is_flag=True, help="Also send a prompt of about 90% of the context.")
-@click.option("--timeout", type=TIMEOUT, default=1800.0, show_default=True, help="Seconds a start may take.")
+@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time a start may take.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the unit diff; change nothing.")
 @click.option("--force", is_flag=True, help="Apply even when the plan says it will not fit.")
-@click.option(
-    "--wait-lock", type=WAIT_LOCK, default=0.0, help="Seconds to wait for another run on the service."
-)
+@click.option("--wait-lock", type=WAIT_LOCK, default=0.0, help="Time to wait for another run on the service.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the service.")
 @gpu_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
@@ -352,11 +350,9 @@ def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int 
     default=None,
     help="Revision to return to (default: the previous good one; see `ctxmgr history`).",
 )
-@click.option("--timeout", type=TIMEOUT, default=1800.0, show_default=True, help="Seconds a start may take.")
+@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time a start may take.")
 @click.option("--dry-run", is_flag=True, help="Print the unit diff; change nothing.")
-@click.option(
-    "--wait-lock", type=WAIT_LOCK, default=0.0, help="Seconds to wait for another run on the service."
-)
+@click.option("--wait-lock", type=WAIT_LOCK, default=0.0, help="Time to wait for another run on the service.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the service.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
 @click.pass_context
@@ -378,7 +374,7 @@ def rollback_cmd(ctx: click.Context, service: str, to: int | None, timeout: floa
 
 @main.command("recover", epilog=EXAMPLES["recover"])
 @service_param()
-@click.option("--timeout", type=TIMEOUT, default=1800.0, show_default=True, help="Seconds a start may take.")
+@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time a start may take.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
 @click.pass_context
 @handle_errors

@@ -62,17 +62,15 @@ def _say(as_json: bool):  # type: ignore[no-untyped-def]
     show_default=True,
     help="When the verification fails: restart the unit, or roll back to the last revision that verified.",
 )
-@click.option("--timeout", type=TIMEOUT, default=120.0, show_default=True, help="Seconds the probe may wait.")
+@click.option("--timeout", type=TIMEOUT, default="2min", show_default=True, help="Time the probe may wait.")
 @click.option(
     "--start-timeout",
     type=TIMEOUT,
-    default=1800.0,
+    default="30min",
     show_default=True,
-    help="Seconds a start may take: until then a vLLM still loading is degraded, not failed.",
+    help="Time a start may take: until then a vLLM still loading is degraded, not failed.",
 )
-@click.option(
-    "--wait-lock", type=WAIT_LOCK, default=0.0, help="Seconds to wait for another run on the service."
-)
+@click.option("--wait-lock", type=WAIT_LOCK, default=0.0, help="Time to wait for another run on the service.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 @handle_errors
