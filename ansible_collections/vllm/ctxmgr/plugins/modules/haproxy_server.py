@@ -62,7 +62,10 @@ EXAMPLES = r"""
 
 RETURN = r"""
 status: {description: "HAProxy's status after the task: UP, DRAIN, DOWN, MAINT", type: str, returned: always}
-admin_state_before: {description: "the admin state before the task: ready, drain or maint", type: str, returned: always}
+admin_state_before:
+  description: "the admin state before the task: ready, drain or maint"
+  type: str
+  returned: always
 in_flight: {description: sessions in flight (scur), type: int, returned: always}
 waited_s: {description: seconds spent waiting, type: float, returned: always}
 """
