@@ -38,7 +38,7 @@ class Runtime:
                 sock.settimeout(self.timeout)
                 sock.connect(address)
             else:
-                host, _, port = address.removeprefix("ipv4@").rpartition(":")
+                host, _colon, port = address.removeprefix("ipv4@").rpartition(":")
                 sock = socket.create_connection((host, int(port)), timeout=self.timeout)
                 sock.settimeout(self.timeout)
         except (OSError, ValueError) as exc:
