@@ -74,10 +74,8 @@ def test_infeasible_plan_exits_3_with_largest_context_and_alternatives() -> None
 
 
 def test_plan_from_a_unit_file_uses_its_flags() -> None:
-    code, out, _ = run(
-        "plan", "131072", "--unit", str(UNITS / "vllm-llama70b.service"), "--model", LLAMA70B, "--json"
-    )
-    assert code == 2  # --unit and --model together is a usage error
+    code, out, _ = run("plan", "131072", "--service", "vllm-llama70b", "--model", LLAMA70B, "--json")
+    assert code == 2  # --service and --model together is a usage error (--unit --model is an override)
     unit = UNITS / "vllm-llama70b.service"
     text = unit.read_text().replace("/srv/models/Llama-3.1-70B-Instruct", LLAMA70B)
     local = REPO / ".cache" / "test-units"

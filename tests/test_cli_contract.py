@@ -287,7 +287,7 @@ def test_any_plan_values_give_a_verdict_or_a_one_line_error(
 
 
 def test_a_gpu_far_smaller_than_the_weights_draws_a_full_bar_not_a_gigabyte_one() -> None:
-    """Found by the fuzz test above: `--gpu-memory 1` scaled the memory bar to 1 byte (MemoryError)."""
-    code, out, err = run("plan", "1", "--model", LLAMA70B, "--gpu-memory", "1", "--weights-bytes", "1GiB")
+    """Found by the fuzz test above: `--gpu-memory 1B` scaled the memory bar to 1 byte (MemoryError)."""
+    code, out, err = run("plan", "1", "--model", LLAMA70B, "--gpu-memory", "1B", "--weights-bytes", "1GiB")
     assert code == ExitCode.INFEASIBLE, err
     assert max(len(line) for line in out.splitlines()) < 300

@@ -23,7 +23,7 @@ def test_the_table_lines_up_like_systemctl_list_units() -> None:
     rows = [
         ServiceStatus("vllm-glm5", "active", "running", 200_000, 0.9, last_verify_time=NOW - 125,
                       last_verify_result="degraded", kv_cache_tokens=298_880, margin_bytes=-(1 << 30),
-                      revision_state="final", scheduled=True),
+                      revision_state="final", scheduled=True, last_verify_trigger="timer"),
         ServiceStatus("vllm-small", "failed", "failed", None, None, change_in_progress=True),
     ]  # fmt: skip
     lines = status_table(rows, now=NOW).splitlines()

@@ -5,7 +5,8 @@ prometheus_client's `write_to_textfile`: into a temporary file next to it, then 
 collector never reads half a file. Every series carries a `service` label.
 
     ctxmgr_verify_success{service}                 1 when the result is ok, else 0
-    ctxmgr_verify_result{service,result}           1 for the result (ok, degraded, failed), 0 for the others
+    ctxmgr_verify_result{service,result}           1 on the last result's series (ok, degraded, failed), 0 on
+                                                   the other two
     ctxmgr_verify_probe_latency_seconds{service}   the whole probe: /health to the first token
     ctxmgr_verify_max_model_len{service}           what vLLM reports on /v1/models (else the unit's)
     ctxmgr_verify_kv_cache_tokens{service}         vLLM's "KV cache size: N tokens"
@@ -47,7 +48,8 @@ def registry_for(verification: Verification) -> CollectorRegistry:
     gauge("success", "1 when the last verification found the service ok, else 0", int(verification.success))
     result = Gauge(
         f"{PREFIX}_result",
-        "The result of the last verification: 1 for ok, degraded or failed, 0 for the other two",
+        "1 on the series whose result label is the last verification's result (ok, degraded or failed), "
+        "0 on the other two",
         ["service", "result"],
         registry=registry,
     )

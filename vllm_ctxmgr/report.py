@@ -322,7 +322,8 @@ def verification_text(v: Verification) -> str:
         parts.append(f"margin {gib(v.margin_bytes)}")
     if v.vllm_version:
         parts.append(f"vLLM {v.vllm_version}")
-    lines = [f"{v.service}: {v.result}" + (f" ({', '.join(parts)})" if parts else "")]
+    unchecked = ", GPU memory not checked" if v.gpu_memory_checked is False else ""
+    lines = [f"{v.service}: {v.result}{unchecked}" + (f" ({', '.join(parts)})" if parts else "")]
     lines += [f"  {v.result}: {reason}" for reason in v.reasons]
     lines += [f"  note: {note}" for note in v.notes]
     if v.action:

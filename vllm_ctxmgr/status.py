@@ -33,6 +33,7 @@ class ServiceStatus:
     base_url: str = ""
     last_verify_time: float | None = None
     last_verify_result: str | None = None
+    last_verify_trigger: str | None = None  # timer | manual (None: recorded before ctxmgr kept it)
     last_verify_reasons: list[str] = field(default_factory=list)
     kv_cache_tokens: int | None = None
     margin_bytes: int | None = None
@@ -96,6 +97,7 @@ def service_status(systemd: Systemd, state_dir: Path | str, unit: str, view: Any
     last = store.read_json(LAST_VERIFY) or {}
     status.last_verify_time = last.get("time")
     status.last_verify_result = last.get("result")
+    status.last_verify_trigger = last.get("trigger")
     status.last_verify_reasons = list(last.get("reasons", []))
     status.margin_bytes = last.get("margin_bytes")
     status.kv_cache_tokens = last.get("kv_cache_tokens")
@@ -172,7 +174,7 @@ def status_table(rows: Sequence[ServiceStatus], now: float | None = None) -> str
                 r.sub_state,
                 str(r.max_model_len) if r.max_model_len is not None else "-",
                 f"{r.gpu_memory_utilization:.2f}" if r.gpu_memory_utilization is not None else "default",
-                _ago(r.last_verify_time, now) + ("" if not r.scheduled else " (timer)"),
+                _ago(r.last_verify_time, now) + (" (timer)" if r.last_verify_trigger == "timer" else ""),
                 r.last_verify_result or "-",
                 f"{r.kv_cache_tokens:,}" if r.kv_cache_tokens is not None else "-",
                 gib(r.margin_bytes) if r.margin_bytes is not None else "-",

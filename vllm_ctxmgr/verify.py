@@ -287,8 +287,17 @@ def verify_service(
         facts = gather(systemd, store, service, options, on_step)
         verification = decide(facts, local_clock)
         verification.duration_s = round(time.monotonic() - started, 3)
-        store.write_json(LAST_VERIFY, record(verification, facts))
+        store.write_json(LAST_VERIFY, {**record(verification, facts), "trigger": trigger_of_this_run()})
     return verification, facts
+
+
+TRIGGER_ENV = "CTXMGR_VERIFY_TRIGGER"  # set to `timer` by the scheduled oneshot (ctxmgr-verify@.service)
+
+
+def trigger_of_this_run() -> str:
+    """`timer` when the scheduled oneshot runs this verification, else `manual`: status marks only the
+    former "(timer)"."""
+    return "timer" if os.environ.get(TRIGGER_ENV) == "timer" else "manual"
 
 
 def rollback_target(

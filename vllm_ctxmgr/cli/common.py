@@ -7,7 +7,6 @@ import getpass
 import json
 import math
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,7 +16,7 @@ import click
 
 from vllm_ctxmgr import report
 from vllm_ctxmgr.change import ChangeResult, Result
-from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, human_readable_int
+from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, human_readable_int, parse_size
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError, VerifyExit
 from vllm_ctxmgr.restart import Restarter
@@ -75,13 +74,34 @@ def fail(message: str, exit_code: int, *, as_json: bool, command: str | None) ->
     sys.exit(exit_code)
 
 
+def vllm_spelling(argv: list[str]) -> list[str]:
+    """`--max_model_len 64k` as `--max-model-len 64k`: vLLM's argparse takes either spelling of every
+    flag (FlexibleArgumentParser), and a unit's ExecStart may use it, so the command line takes it too.
+    Only option names change (the part before `=`), and nothing after a bare `--`."""
+    out: list[str] = []
+    for index, word in enumerate(argv):
+        if word == "--":
+            return out + argv[index:]
+        if word.startswith("--") and "_" in word.partition("=")[0]:
+            name, eq, value = word.partition("=")
+            word = name.replace("_", "-") + eq + value
+        out.append(word)
+    return out
+
+
+NO_ARGS_IS_HELP: type[click.UsageError] = getattr(click.exceptions, "NoArgsIsHelpError", ())  # type: ignore[assignment]
+
+
 class CtxmgrGroup(click.Group):
     """click's own usage errors (a bad option, a missing argument) obey --json and verify's codes too."""
 
     def main(self, args: Sequence[str] | None = None, *pos: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        argv = list(sys.argv[1:] if args is None else args)
+        argv = vllm_spelling(list(sys.argv[1:] if args is None else args))
         try:
             return super().main(argv, *pos, standalone_mode=False, **kwargs)
+        except NO_ARGS_IS_HELP as exc:  # a bare `ctxmgr`: the help, as asked for, not a usage error
+            click.echo(exc.ctx.get_help() if exc.ctx else "")
+            sys.exit(0)
         except click.exceptions.Abort:
             click.echo("ctxmgr: aborted", err=True)
             sys.exit(ExitCode.ERROR)
@@ -176,21 +196,23 @@ MAX_CONTEXT = 1 << 32
 
 
 class ByteSize(click.ParamType):
-    """ctxmgr's own sizes: 95.6GiB, 80G and 80GB (all GiB), 81920MiB, or plain bytes; positive."""
+    """A size in ctxmgr's one grammar (core.serve_args.parse_size, vLLM's where vLLM has the flag):
+    95.6GiB, 80G and 80GiB = 80 x 2^30, 80GB and 80g = 80 x 10^9, 81920MiB. A GPU's memory or the
+    weights' size never means bytes by a bare number (24 would plan 24 bytes), so it needs its unit."""
 
     name = "SIZE"
+
+    def __init__(self, unit_required: bool = True) -> None:
+        self.unit_required = unit_required
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
             number = value
         else:
-            match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*", str(value), re.IGNORECASE)
-            if not match:
-                self.fail(f"{value!r} is not a size (use e.g. 95.6GiB, 80G, 81920MiB)", param, ctx)
-            digits, unit = match.groups()
-            unit = (unit or "B").upper().rstrip("B").rstrip("I")
-            scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit]
-            number = int(float(digits) * scale)
+            try:
+                number = parse_size(str(value), unit_required=self.unit_required)
+            except CtxmgrError as exc:
+                self.fail(exc.message, param, ctx)
         if not 0 < number <= MAX_BYTES:
             self.fail(f"{value!r}: a size must be positive and at most 1 PiB", param, ctx)
         return number
@@ -199,19 +221,14 @@ class ByteSize(click.ParamType):
 MAX_BYTES = 1 << 50
 
 
-class VllmBytes(click.ParamType):
-    """A byte count exactly as vLLM parses the same flag: 20g = 20,000,000,000, 20G = 20 x 2**30."""
+class VllmBytes(ByteSize):
+    """A byte count as vLLM parses the same flag (human_readable_int: 20g = 20,000,000,000, 20G =
+    20 x 2^30, a bare number is bytes), plus the GiB / GB spellings of the one grammar."""
 
     name = "BYTES"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        try:
-            number = value if isinstance(value, int) else human_readable_int(str(value))
-        except CtxmgrError as exc:
-            self.fail(exc.message, param, ctx)
-        if not 0 < number <= MAX_BYTES:
-            self.fail(f"{value!r}: must be positive and at most 1 PiB", param, ctx)
-        return number
+    def __init__(self) -> None:
+        super().__init__(unit_required=False)
 
 
 class Finite(click.FloatRange):
@@ -222,6 +239,26 @@ class Finite(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
+
+
+class TimeSpan(click.ParamType):
+    """Seconds, as a number (90, 1.5) or a systemd time span (10min, 1h 30min, 90s) as --every takes."""
+
+    name = "SPAN"
+
+    def __init__(self, low: float, high: float, *, allow_zero: bool = False) -> None:
+        self.low, self.high, self.allow_zero = low, high, allow_zero
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        from vllm_ctxmgr.schedule import format_timespan, parse_timespan
+
+        seconds = float(value) if isinstance(value, (int, float)) else parse_timespan(str(value))
+        if seconds is None or not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a time span (seconds, or e.g. 90s, 10min, 1h 30min)", param, ctx)
+        if seconds < self.low or (seconds == 0 and not self.allow_zero) or seconds > self.high:
+            self.fail(f"{value!r}: must be {'' if self.allow_zero else 'above 0 and '}at most "
+                      f"{format_timespan(self.high)}", param, ctx)  # fmt: skip
+        return seconds
 
 
 class BlockSize(click.ParamType):
@@ -261,6 +298,66 @@ class ServiceName(click.ParamType):
             self.fail(exc.message, param, ctx)
 
 
+def complete_services(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    """Shell completion of the host's vLLM services, found the way `ctxmgr status` finds them.
+
+    The group's callback has not run while the shell completes, so the systemd to ask comes from the
+    root's parsed options; any failure completes nothing rather than printing into the shell."""
+    from click.shell_completion import CompletionItem
+
+    from vllm_ctxmgr.status import vllm_units
+
+    root = ctx.find_root().params
+    try:
+        systemd = Systemd.for_pid(root["systemd_pid"]) if root.get("systemd_pid") else Systemd.local()
+        names = [name.removesuffix(".service") for name in vllm_units(systemd)]
+    except Exception:  # completion must never break the shell
+        return []
+    return [CompletionItem(name) for name in sorted(names) if name.startswith(incomplete)]
+
+
+def one_service(argument: str | None, option: str | None, *, required: bool = True) -> str | None:
+    """SERVICE as an argument (as systemctl and journalctl take it) or as --service (what the cards and
+    the Ansible module say): either, or both when they name the same unit."""
+    if argument and option and argument != option:
+        raise UsageError(f"SERVICE {argument} and --service {option} disagree; give one")
+    chosen = argument or option
+    if chosen is None and required:
+        raise UsageError(
+            "give the service: ctxmgr COMMAND SERVICE, or --service SERVICE "
+            "(`ctxmgr status` lists the vLLM services on this host)"
+        )
+    return chosen
+
+
+def service_param(
+    required: bool = True, argument: bool = True
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """SERVICE as an optional argument and as --service, merged into the command's `service`, both
+    completed with the host's vLLM services. Place it right after the command's other arguments."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def wrapper(*args: Any, service_arg: str | None = None, **kwargs: Any) -> Any:
+            kwargs["service"] = one_service(service_arg, kwargs.get("service"), required=required)
+            return func(*args, **kwargs)
+
+        wrapper = click.option(
+            "--service",
+            type=SERVICE,
+            default=None,
+            shell_complete=complete_services,
+            help="The systemd service that runs vLLM (the same as SERVICE).",
+        )(wrapper)
+        if not argument:
+            return wrapper
+        return click.argument(
+            "service_arg", metavar="[SERVICE]", type=SERVICE, required=False, shell_complete=complete_services
+        )(wrapper)
+
+    return decorate
+
+
 CONTEXT = ContextArg()
 SIZE = ByteSize()
 VLLM_BYTES = VllmBytes()
@@ -268,10 +365,58 @@ BLOCK_SIZE = BlockSize()
 VLLM_VERSION = VllmVersionArg()
 SERVICE = ServiceName()
 UTILIZATION = Finite(0.0, 1.0, min_open=True)
-TIMEOUT = Finite(0.0, 7 * 24 * 3600.0, min_open=True)  # a start may take minutes, never "for ever"
-WAIT_LOCK = Finite(0.0, 24 * 3600.0)
+TIMEOUT = TimeSpan(0.0, 7 * 24 * 3600.0)  # a start may take minutes, never "for ever"
+WAIT_LOCK = TimeSpan(0.0, 24 * 3600.0, allow_zero=True)
 PARALLEL = click.IntRange(1, 1024)
 COUNT = click.IntRange(1, 1 << 24)
+
+
+def examples(*lines: str) -> str:
+    """A command's epilog: its examples, one per line, kept as written."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+EXAMPLES = {
+    "facts": examples(
+        "ctxmgr facts /srv/models/Llama-3.1-70B-Instruct",
+        "ctxmgr facts Qwen/Qwen3-8B --json            # a repo in the HF cache",
+    ),
+    "gpus": examples(
+        "ctxmgr gpus", "ctxmgr gpus --json > h200.json     # for plan --gpus-from on another host"
+    ),
+    "plan": examples(
+        "ctxmgr plan 200000 --service vllm-glm5         # what set-context would do to a service",
+        "ctxmgr plan auto --service vllm-glm5          # the largest context that fits",
+        "ctxmgr plan --unit units/vllm-llama70b.service --model examples/models/llama-3.1-70b \\",
+        "    --gpu-memory 80GiB --gpu-count 4            # a shipped unit against a local model",
+        "ctxmgr plan 128k --model /srv/models/X -tp 8 --gpu-memory 141GiB --gpu-count 8 --kv-cache-dtype fp8",
+    ),
+    "set-context": examples(
+        "ctxmgr set-context 200000 vllm-glm5 --dry-run  # the plan and the unit diff",
+        "sudo ctxmgr set-context 200k vllm-glm5 --yes",
+        "sudo ctxmgr set-context auto --service vllm-glm5 --timeout 45min --json",
+    ),
+    "rollback": examples(
+        "ctxmgr rollback vllm-glm5 --dry-run", "sudo ctxmgr rollback vllm-glm5 --to 3 --yes"
+    ),
+    "recover": examples("sudo ctxmgr recover vllm-glm5"),
+    "history": examples("ctxmgr history vllm-glm5", "ctxmgr history --service vllm-glm5 --json"),
+    "observe": examples(
+        "sudo ctxmgr observe vllm-glm5",
+        "sudo ctxmgr observe vllm-glm5 --json > start.json",
+        "sudo ctxmgr observe vllm-glm5 --import start.json   # on another host, same GPU and vLLM",
+    ),
+    "verify": examples(
+        "sudo ctxmgr verify vllm-glm5",
+        "sudo ctxmgr verify vllm-glm5 --on-failure rollback --textfile /var/lib/node_exporter/glm5.prom",
+    ),
+    "schedule": examples(
+        "sudo ctxmgr schedule vllm-glm5 --every 15min",
+        "sudo ctxmgr schedule vllm-glm5 --every '*:0/30' --on-failure restart",
+    ),
+    "unschedule": examples("sudo ctxmgr unschedule vllm-glm5"),
+    "status": examples("ctxmgr status", "ctxmgr status --json"),
+}
 
 
 def systemd_for(ctx: click.Context) -> Systemd:
@@ -300,7 +445,8 @@ def gpu_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 "--gpu-memory",
                 type=SIZE,
                 default=None,
-                help="Plan offline: memory of each GPU (95.6GiB, 80G = GiB).",
+                help="Plan offline: memory of each GPU, with its unit: 95.6GiB, 80G (x 2^30), 80GB or "
+                "80g (x 10^9).",
             ),
             click.option(
                 "--gpu-count",
@@ -323,7 +469,7 @@ def gpu_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 "--weights-bytes",
                 type=SIZE,
                 default=None,
-                help="Weights of all ranks together (e.g. 406.7GiB).",
+                help="Weights of all ranks together, with its unit (e.g. 406.7GiB).",
             ),
             click.option(
                 "--concurrency",

@@ -17,8 +17,8 @@ from vllm_ctxmgr.cli.common import (
     BLOCK_SIZE,
     CONTEXT,
     COUNT,
+    EXAMPLES,
     PARALLEL,
-    SERVICE,
     TIMEOUT,
     UTILIZATION,
     VLLM_BYTES,
@@ -32,6 +32,7 @@ from vllm_ctxmgr.cli.common import (
     gpu_options,
     handle_errors,
     restarter_for,
+    service_param,
     systemd_for,
 )
 from vllm_ctxmgr.core.change_policy import flags_to_apply
@@ -50,7 +51,7 @@ from vllm_ctxmgr.planning import (
     plan_service,
 )
 from vllm_ctxmgr.recovery import recover_if_needed
-from vllm_ctxmgr.service import view_from_unit
+from vllm_ctxmgr.service import read_service, view_from_unit
 from vllm_ctxmgr.store import ServiceStore
 from vllm_ctxmgr.systemd.names import canonical_unit
 from vllm_ctxmgr.systemd.unit import ServiceUnit
@@ -100,7 +101,7 @@ def main(
 # ---- facts / gpus ----------------------------------------------------------------------------
 
 
-@main.command()
+@main.command(epilog=EXAMPLES["facts"])
 @click.argument("model")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option(
@@ -121,7 +122,7 @@ def facts(model: str, as_json: bool, vllm_version: str | None) -> None:
         click.echo(report.facts_text(model_facts, version))
 
 
-@main.command()
+@main.command(epilog=EXAMPLES["gpus"])
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (input for --gpus-from).")
 @handle_errors
 def gpus(as_json: bool) -> None:
@@ -168,13 +169,15 @@ def vllm_overrides(explicit: dict[str, Any], extra: list[str]) -> dict[str, Any]
     return overrides
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, epilog=EXAMPLES["plan"]
+)
 @click.argument("context", type=CONTEXT, required=False)
+@service_param(required=False, argument=False)  # a word after CONTEXT may be a vLLM flag's value
 @click.option("--max-model-len", "max_model_len", type=CONTEXT, default=None, help="The same as CONTEXT.")
 @click.option("--model", "model", default=None, help="HF model dir, cached repo id, or GGUF file.")
 @click.option("--unit", "unit_file", type=click.Path(dir_okay=False), default=None,
               help="Read a unit file (and its FILE.d/*.conf drop-ins).")  # fmt: skip
-@click.option("--service", type=SERVICE, default=None, help="Read a service's unit as systemd loaded it.")
 @click.option("--tensor-parallel-size", "-tp", type=PARALLEL, default=None, help="vLLM's -tp.")
 @click.option("--pipeline-parallel-size", "-pp", type=PARALLEL, default=None, help="vLLM's -pp.")
 @click.option("--decode-context-parallel-size", "-dcp", type=PARALLEL, default=None, help="vLLM's -dcp.")
@@ -204,39 +207,45 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     can hold (--enforce-eager, --dtype, --speculative-config ...) may follow.
     Exit: 0 feasible, 3 infeasible, 6 unknown (no memory information), 2 usage.
     """
-    target = context_from(context, max_model_len)
     chosen = [
         name for name, value in (("--model", model), ("--unit", unit_file), ("--service", service)) if value
     ]
-    if len(chosen) != 1:
-        raise UsageError("give exactly one of --model, --unit or --service")
+    if len(chosen) != 1 and chosen != ["--model", "--unit"]:  # --unit --model: the unit on a local copy
+        raise UsageError("give exactly one of --model, --unit or --service (--model may go with --unit)")
     explicit = {name: options.pop(name) for name in VLLM_OPTION_FIELDS}
     overrides = vllm_overrides(explicit, list(ctx.args))
     # a utilisation given is the one the deployment runs with (as set-context takes it), not a hint
-    request = PlanRequest(target, fixed_gpu_memory_utilization=explicit["gpu_memory_utilization"], **options)
+    fixed = explicit["gpu_memory_utilization"]
     unit_args: ServeArgs | None = None
     if service:
         restarter = restarter_for(ctx, service, True, 60.0)
+        view = read_service(restarter.systemd, restarter.unit)
+        unit_args = replace(view.args, **overrides)
+    elif unit_file:
+        view = view_from_unit(ServiceUnit.load_with_dropins(unit_file))
+        unit_args = replace(view.args, **overrides, **({"model": model} if model else {}))
+    # no CONTEXT: the one the unit (or a vLLM flag after the options, `--max_model_len 64k`) gives
+    given = context is not None or max_model_len is not None
+    if given or unit_args is None:
+        target = context_from(context, max_model_len)
+    else:
+        target = context_from(None, unit_args.max_model_len)
+    request = PlanRequest(target, fixed_gpu_memory_utilization=fixed, **options)
+    if service:
         planned = plan_service(
             restarter.systemd, restarter.store, restarter.service, request, restarter.keep_observation,
             overrides=overrides,
         )  # fmt: skip
-        result, unit_args = planned.plan, replace(planned.view.args, **overrides)
+        result = planned.plan
     else:
-        if model:
-            args = ServeArgs(model=model, **overrides)
-        else:
-            args = unit_args = replace(
-                view_from_unit(ServiceUnit.load_with_dropins(unit_file)).args,  # type: ignore[arg-type]
-                **overrides,
-            )
+        args = unit_args if unit_args is not None else ServeArgs(model=model, **overrides)  # type: ignore[arg-type]
         if target == AUTO_CONTEXT:
             request = replace(request, context=largest_context(args, request))
         result = plan_for(args, request)
     # what set-context would write to this unit: the plan's figure is the least that fits, the unit's
     # own utilisation stays where it holds the target (core.change_policy, the rule set-context applies)
     applied = (
-        flags_to_apply(unit_args, result, result.max_model_len, explicit["gpu_memory_utilization"])
+        flags_to_apply(unit_args, result, result.max_model_len, fixed)
         if unit_args is not None and result.feasible
         else None
     )
@@ -272,21 +281,19 @@ VLLM_OPTION_FIELDS = (
 # ---- changing a service ----------------------------------------------------------------------
 
 
-@main.command("set-context")
+@main.command("set-context", epilog=EXAMPLES["set-context"])
 @click.argument("context", type=CONTEXT, required=False)
+@service_param()
 @click.option("--max-model-len", "max_model_len", type=CONTEXT, default=None, help="The same as CONTEXT.")
-@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
 @click.option("--gpu-memory-utilization", type=UTILIZATION, default=None,
               help="Use this utilisation instead of the planner's choice.")  # fmt: skip
 @click.option("--probe-tokens", type=COUNT, default=None,
               help="max_tokens of the probe (default: what fills the context).")  # fmt: skip
 @click.option("--long-probe", is_flag=True, help="Also send a prompt of about 90% of the context.")
-@click.option("--timeout", type=TIMEOUT, default=1800.0, show_default=True, help="Seconds a start may take.")
+@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time a start may take.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the unit diff; change nothing.")
 @click.option("--force", is_flag=True, help="Apply even when the plan says it will not fit.")
-@click.option(
-    "--wait-lock", type=WAIT_LOCK, default=0.0, help="Seconds to wait for another run on the service."
-)
+@click.option("--wait-lock", type=WAIT_LOCK, default=0.0, help="Time to wait for another run on the service.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the service.")
 @click.option(
     "--edit",
@@ -330,8 +337,8 @@ def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int 
     finish(result, as_json, dry_run=dry_run, systemd=restarter.systemd)
 
 
-@main.command("rollback")
-@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
+@main.command("rollback", epilog=EXAMPLES["rollback"])
+@service_param()
 @click.option(
     "--to",
     "to",
@@ -339,11 +346,9 @@ def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int 
     default=None,
     help="Revision to return to (default: the previous good one; see `ctxmgr history`).",
 )
-@click.option("--timeout", type=TIMEOUT, default=1800.0, show_default=True, help="Seconds a start may take.")
+@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time a start may take.")
 @click.option("--dry-run", is_flag=True, help="Print the unit diff; change nothing.")
-@click.option(
-    "--wait-lock", type=WAIT_LOCK, default=0.0, help="Seconds to wait for another run on the service."
-)
+@click.option("--wait-lock", type=WAIT_LOCK, default=0.0, help="Time to wait for another run on the service.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the service.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
 @click.pass_context
@@ -357,9 +362,9 @@ def rollback_cmd(ctx: click.Context, service: str, to: int | None, timeout: floa
     finish(result, as_json, dry_run=dry_run, systemd=restarter.systemd)
 
 
-@main.command("recover")
-@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
-@click.option("--timeout", type=TIMEOUT, default=1800.0, show_default=True, help="Seconds a start may take.")
+@main.command("recover", epilog=EXAMPLES["recover"])
+@service_param()
+@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time a start may take.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
 @click.pass_context
 @handle_errors
@@ -375,8 +380,8 @@ def recover_cmd(ctx: click.Context, service: str, timeout: float, as_json: bool)
     finish(result, as_json, systemd=restarter.systemd)
 
 
-@main.command("history")
-@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
+@main.command("history", epilog=EXAMPLES["history"])
+@service_param()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 @handle_errors
@@ -394,8 +399,8 @@ def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
         click.echo(report.history_text(service, rows))
 
 
-@main.command("observe")
-@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
+@main.command("observe", epilog=EXAMPLES["observe"])
+@service_param()
 @click.option(
     "--import",
     "import_file",

@@ -9,12 +9,13 @@ from pathlib import Path
 import click
 
 from vllm_ctxmgr.cli.common import (
-    SERVICE,
+    EXAMPLES,
     TIMEOUT,
     WAIT_LOCK,
     emit_json,
     handle_errors,
     invoking_user,
+    service_param,
     systemd_for,
 )
 from vllm_ctxmgr.core.verdict import FAILED, Verification
@@ -39,8 +40,8 @@ def _say(as_json: bool):  # type: ignore[no-untyped-def]
     return say
 
 
-@click.command("verify")
-@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
+@click.command("verify", epilog=EXAMPLES["verify"])
+@service_param()
 @click.option("--long-probe", is_flag=True, help="Also send a prompt of about 90% of the context.")
 @click.option(
     "--textfile",
@@ -61,17 +62,15 @@ def _say(as_json: bool):  # type: ignore[no-untyped-def]
     show_default=True,
     help="When the verification fails: restart the unit, or roll back to the last revision that verified.",
 )
-@click.option("--timeout", type=TIMEOUT, default=120.0, show_default=True, help="Seconds the probe may wait.")
+@click.option("--timeout", type=TIMEOUT, default="2min", show_default=True, help="Time the probe may wait.")
 @click.option(
     "--start-timeout",
     type=TIMEOUT,
-    default=1800.0,
+    default="30min",
     show_default=True,
-    help="Seconds a start may take: until then a vLLM still loading is degraded, not failed.",
+    help="Time a start may take: until then a vLLM still loading is degraded, not failed.",
 )
-@click.option(
-    "--wait-lock", type=WAIT_LOCK, default=0.0, help="Seconds to wait for another run on the service."
-)
+@click.option("--wait-lock", type=WAIT_LOCK, default=0.0, help="Time to wait for another run on the service.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 @handle_errors
@@ -115,8 +114,8 @@ def verify_cmd(ctx: click.Context, service: str, long_probe: bool, textfile: str
     sys.exit(verification.exit_code)
 
 
-@click.command("schedule")
-@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
+@click.command("schedule", epilog=EXAMPLES["schedule"])
+@service_param()
 @click.option(
     "--every",
     default="15min",
@@ -176,8 +175,8 @@ def schedule_cmd(ctx: click.Context, service: str, every: str, on_failure: str, 
         click.echo(f"next run: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(result.next_run))}")
 
 
-@click.command("unschedule")
-@click.option("--service", type=SERVICE, required=True, help="The systemd service that runs vLLM.")
+@click.command("unschedule", epilog=EXAMPLES["unschedule"])
+@service_param()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
 @click.pass_context
 @handle_errors
@@ -197,7 +196,7 @@ def unschedule_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
         click.echo(result.reason)
 
 
-@click.command("status")
+@click.command("status", epilog=EXAMPLES["status"])
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 @handle_errors

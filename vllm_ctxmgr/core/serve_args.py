@@ -153,6 +153,51 @@ def human_readable_int(value: str, *, allow_auto: bool = False) -> int:
         raise UsageError(f"{value!r} is not a number (vLLM accepts forms like 8192, 8k, 32K)") from None
 
 
+_SIZE = r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT](?:[iI]?B)?|B)?\s*"
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+# how a size is written, for error messages
+SIZE_FORMS = "24GiB or 24G (x 2^30), 24GB or 24g (x 10^9), 81920MiB"
+
+
+def parse_size(value: str, *, unit_required: bool = False) -> int:
+    """Bytes in ctxmgr's one size grammar, a superset of vLLM's human_readable_int so that a flag vLLM
+    has reads the same here: `g`/`k`/`m`/`t` (lower case, vLLM's) and `GB`/`kB`/... (SI) are powers of
+    ten; `G`/`K`/... (upper case, vLLM's) and `GiB`/`KiB`/... (IEC) are powers of two; `B` is bytes.
+
+    A bare number is bytes, as vLLM reads --kv-cache-memory-bytes; where it stands for a GPU's memory
+    (`unit_required`), 24 would be 24 bytes, so it is refused with the unit to add."""
+    import re
+
+    match = re.fullmatch(_SIZE, value)
+    if not match:
+        raise UsageError(f"{value!r} is not a size (e.g. {SIZE_FORMS})")
+    number, suffix = match.groups()
+    if suffix is None:
+        if unit_required:
+            raise UsageError(
+                f"{value!r} has no unit, so it would be {value.strip()} bytes: add one, e.g. "
+                f"{number}GiB (= {number} x 2^30 bytes) or {number}GB (= {number} x 10^9)"
+            )
+        if "." in number:
+            raise UsageError(f"{value!r}: a byte count is a whole number")
+        return int(number)
+    if suffix == "B":
+        if "." in number:
+            raise UsageError(f"{value!r}: a byte count is a whole number")
+        return int(number)
+    letter = suffix[0]
+    if suffix[1:].lower() == "ib" or (len(suffix) == 1 and letter.isupper()):
+        if len(suffix) == 1 and "." in number:  # vLLM's own rule for its binary letters
+            raise UsageError(
+                f"{value!r}: decimals are not allowed with binary suffixes like {suffix} "
+                f"(as vLLM reads it); write {number}{letter}iB or {number}{letter.lower()}"
+            )
+        return int(float(number) * _BINARY[letter.lower()])
+    return int(float(number) * _DECIMAL[letter.lower()])
+
+
 def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> ServeArgs:
     """ServeArgs from the words after `vllm serve` (or after `-m vllm.entrypoints.openai.api_server`)."""
 

@@ -137,6 +137,7 @@ class Verification:
     revision: int | None = None
     duration_s: float | None = None
     action: dict[str, Any] = field(default_factory=dict)  # what --on-failure did
+    gpu_memory_checked: bool | None = None  # False: ok says nothing about the next restart's memory
 
     @property
     def exit_code(self) -> int:
@@ -356,6 +357,7 @@ def decide(facts: VerifyFacts, clock: Clock = utc_clock) -> Verification:
     degraded += revision_reasons(facts)
 
     # -- GPU memory now against the plan's margin -----------------------------------------------
+    result.gpu_memory_checked = facts.gpus is not None and planned is not None
     if facts.gpus is None:
         result.notes.append(f"GPU memory not checked: {facts.gpu_note or 'no GPU information'}")
     elif planned is None:
@@ -608,4 +610,5 @@ def record(verification: Verification, facts: VerifyFacts) -> dict[str, Any]:
         "verified_revisions": sorted(verified),
         "gpus": [{"index": g["index"], "service_bytes": g["service_bytes"]} for g in verification.gpus],
         "action": verification.action,
+        "gpu_memory_checked": verification.gpu_memory_checked,
     }

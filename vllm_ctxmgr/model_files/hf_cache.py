@@ -51,7 +51,7 @@ def hf_cache_snapshot(repo_id: str, hf_home: str | None = None) -> Path:
     where = ", ".join(str(c) for c in searched)
     raise ModelFactsError(
         f"{repo_id}: no such local path, and not in the local Hugging Face cache ({where}); "
-        "download it first (huggingface-cli download) or pass a local path"
+        f"download it first (hf download {repo_id}) or pass a local path"
     )
 
 

@@ -66,6 +66,7 @@ def canonical_unit(systemd: Systemd, name: str) -> str:
     props = systemd.show(unit, "Id", "LoadState")
     if props.get("LoadState") in ("not-found", "", None) or not props.get("Id"):
         raise UsageError(
-            f"{unit}: no such unit (systemctl show says LoadState={props.get('LoadState') or '?'})"
+            f"{unit}: no such unit (systemctl show says LoadState={props.get('LoadState') or '?'}); "
+            "`ctxmgr status` lists the vLLM services, `systemctl list-units --type=service --all` every one"
         )
     return unit_name(props["Id"])

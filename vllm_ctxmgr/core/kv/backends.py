@@ -145,6 +145,11 @@ def resolve_kv_cache_dtype(
             f"vLLM {'.'.join(map(str, vllm_version))} has no --kv-cache-dtype {args.kv_cache_dtype} "
             f"(it takes {', '.join(accepted)})"
         )
+    if kv not in accepted and kv != "half":  # a typo (fp9) is vLLM's argparse error, not a gap here
+        raise UsageError(
+            f"vLLM {'.'.join(map(str, vllm_version))} has no such kv-cache dtype: {args.kv_cache_dtype} "
+            f"(choices: {', '.join(accepted)})"
+        )
     if kv not in KNOWN_KV_DTYPES:
         raise UsageError(
             f"--kv-cache-dtype {args.kv_cache_dtype}: not modelled by ctxmgr (scales packed per page)"

@@ -1,5 +1,5 @@
 # Copyright: vllm-ctxmgr contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# Apache License 2.0 (see LICENSE at the collection's root, or https://www.apache.org/licenses/LICENSE-2.0)
 """A small client for HAProxy's runtime API (the "stats socket"), with no dependency beyond the stdlib.
 
 Why our own and not community.general.haproxy: that module comes only with the full `ansible` package
@@ -38,7 +38,7 @@ class Runtime:
                 sock.settimeout(self.timeout)
                 sock.connect(address)
             else:
-                host, _, port = address.removeprefix("ipv4@").rpartition(":")
+                host, _colon, port = address.removeprefix("ipv4@").rpartition(":")
                 sock = socket.create_connection((host, int(port)), timeout=self.timeout)
                 sock.settimeout(self.timeout)
         except (OSError, ValueError) as exc:

@@ -1,6 +1,6 @@
 #!/usr/bin/python
 # Copyright: vllm-ctxmgr contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# Apache License 2.0 (see LICENSE at the collection's root, or https://www.apache.org/licenses/LICENSE-2.0)
 """Drive the installed `ctxmgr --json` on the managed host: ctxmgr does the work, this module only
 maps its one JSON object to Ansible's result (changed, check mode, diff mode, a failure message)."""
 
@@ -83,10 +83,12 @@ notes:
     rollback that needs a human).
 attributes:
   check_mode:
+    description: Runs ctxmgr's dry run (C(--dry-run)); C(changed) then means "would change".
     support: full
   diff_mode:
+    description: Returns the unit diff as ctxmgr printed it, API keys masked.
     support: full
-author: vllm-ctxmgr contributors
+author: vllm-ctxmgr contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -117,7 +119,7 @@ plan:
   type: dict
   returned: when planned
 decisive_line: {description: the journal line that decided a failed start, type: str, returned: always}
-reason: {description: why, in plain words, type: str, returned: always}
+reason: {description: "why, in plain words", type: str, returned: always}
 suggestion: {description: what to try, type: str, returned: always}
 unit_diff: {description: the unit diff (keys masked), type: str, returned: always}
 revision: {description: the revision ctxmgr recorded, type: int, returned: when a change was recorded}
@@ -285,7 +287,7 @@ def main() -> None:
             "context": {"type": "int"},
             "to": {"type": "int"},
             "gpu_memory_utilization": {"type": "float"},
-            "probe_tokens": {"type": "int"},
+            "probe_tokens": {"type": "int", "no_log": False},  # a token count, not a secret token
             "long_probe": {"type": "bool", "default": False},
             "force": {"type": "bool", "default": False},
             "timeout": {"type": "float"},

@@ -1,6 +1,6 @@
 #!/usr/bin/python
 # Copyright: vllm-ctxmgr contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# Apache License 2.0 (see LICENSE at the collection's root, or https://www.apache.org/licenses/LICENSE-2.0)
 """Drain / undrain one HAProxy server through the runtime API and wait until it is idle or UP."""
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ options:
     default: 120
 attributes:
   check_mode:
+    description: Sets nothing and waits for nothing; C(changed) says whether the admin state would change.
     support: full
-author: vllm-ctxmgr contributors
+author: vllm-ctxmgr contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -61,6 +62,10 @@ EXAMPLES = r"""
 
 RETURN = r"""
 status: {description: "HAProxy's status after the task: UP, DRAIN, DOWN, MAINT", type: str, returned: always}
+admin_state_before:
+  description: "the admin state before the task: ready, drain or maint"
+  type: str
+  returned: always
 in_flight: {description: sessions in flight (scur), type: int, returned: always}
 waited_s: {description: seconds spent waiting, type: float, returned: always}
 """
@@ -72,7 +77,8 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.vllm.ctxmgr.plugins.module_utils.haproxy_runtime import HaproxyError, Runtime  # noqa: E402
 
 # `show servers state` srv_admin_state bits (HAProxy's SRV_ADMF_*): forced maintenance, forced drain
-ADMIN_MAINT, ADMIN_DRAIN = 0x01, 0x08
+ADMIN_MAINT = 0x01  # one name per line: ansible-doc cannot read a tuple assignment at module level
+ADMIN_DRAIN = 0x08
 
 
 def admin_state(runtime: Runtime, backend: str, server: str) -> str:
