@@ -220,7 +220,9 @@ def plan_for(
     """Model facts + GPUs + earlier starts -> a Plan: the I/O is here, the planner (core.plan) is pure."""
     args = effective_args(args)
     cpu = is_cpu_deployment(args)
-    model_facts = load_model_facts(args.model, hf_home=args.env.get("HF_HOME"))
+    model_facts = load_model_facts(
+        args.model, hf_home=args.env.get("HF_HOME"), hf_overrides=args.hf_overrides
+    )
     gpu_state = None
     if cpu and not args.kv_cache_memory_bytes:
         gpu_state = cpu_node_memory()  # on the CPU build the utilisation is a fraction of node memory

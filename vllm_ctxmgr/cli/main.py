@@ -34,7 +34,9 @@ from vllm_ctxmgr.cli.common import (
     handle_errors,
     systemd_for,
 )
-from vllm_ctxmgr.core.serve_args import READ_FLAGS, ServeArgs, parse_serve_argv, split_flags
+from vllm_ctxmgr.core.serve_args import ServeArgs, parse_serve_argv, split_flags
+from vllm_ctxmgr.core.vllm_flags import closest as closest_vllm_flag
+from vllm_ctxmgr.core.vllm_flags import flag as vllm_flag
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.deploy import (
     ChangeResult,
@@ -157,15 +159,17 @@ def vllm_overrides(explicit: dict[str, Any], extra: list[str]) -> dict[str, Any]
     """ServeArgs fields from ctxmgr's vLLM options and from any other vLLM flag given after them.
 
     The extra words are parsed by the same parser that reads a unit's ExecStart, so `plan` understands
-    exactly the flags a unit can hold; an unknown flag is refused, since a typo would be a silent no-op.
+    exactly the flags a unit can hold: every flag of vLLM (core/vllm_flags.py); one vLLM does not have is
+    refused with the closest real one, since a typo would be a silent no-op.
     """
     overrides = {k: v for k, v in explicit.items() if v is not None}
     if not extra:
         return overrides
     _positionals, flags = split_flags(extra)
-    unknown = [f for f in flags if f not in READ_FLAGS] + [w for w in _positionals if not w.startswith("-")]
-    if unknown:
-        raise UsageError(f"{unknown[0]}: not a vLLM flag that changes the plan (see `ctxmgr plan --help`)")
+    for name in [f for f in flags if vllm_flag(f) is None] + _positionals:
+        guess = closest_vllm_flag(name)
+        hint = f"; did you mean {guess}?" if guess else ""
+        raise UsageError(f"{name}: not a vLLM flag{hint}")
     base = parse_serve_argv(["MODEL"])
     given = parse_serve_argv(["MODEL", *extra])
     for field in fields(ServeArgs):
@@ -235,7 +239,8 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
             service_pids = tuple(systemd.unit_processes(view.name))
             observations = stored_observations(ctx.find_root().obj["state_dir"], view.name)
             mismatch = running_argv_mismatch(systemd, view)
-        args = replace(view.args, **overrides)
+        extra_flags = overrides.pop("given_flags", ())
+        args = replace(view.args, given_flags=(*view.args.given_flags, *extra_flags), **overrides)
     request = PlanRequest(target, **options)
     if target == AUTO_CONTEXT:
         target = largest_context(args, request, service_pids=service_pids, observations=observations)

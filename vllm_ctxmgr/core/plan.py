@@ -49,7 +49,7 @@ fit) and core/plan_record.py (the stored plan's schema and reader).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -68,6 +68,15 @@ from vllm_ctxmgr.core.budget import (
     requested_bytes,
 )
 from vllm_ctxmgr.core.calibration import Observed, observed_memory
+from vllm_ctxmgr.core.deployment import (
+    NamedFlag,
+    gpu_weights,
+    named_flags_warning,
+    not_modelled_flags,
+    scheduler_args,
+    vllm_refusals,
+    widening_bytes,
+)
 from vllm_ctxmgr.core.facts import ALLOW_LONG_ENV, ModelFacts
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, Platform, platform_for
 from vllm_ctxmgr.core.kv.layout import KVCacheLayout, kv_cache_layout
@@ -229,6 +238,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     concurrency: int = 1  # requests of max_model_len the KV need was sized for
     capacity: tuple[KVCapacity, ...] = ()  # per engine; empty where the KV budget is not known
+    not_modelled: tuple[NamedFlag, ...] = ()  # the unit's flags that change GPU memory, not counted
 
     @property
     def kv_cache_tokens(self) -> int | None:
@@ -282,6 +292,7 @@ class Plan:
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "layout": self.layout.summary(self.max_model_len),
+            "not_modelled_flags": [named.to_json() for named in self.not_modelled],
         }
 
 
@@ -362,18 +373,29 @@ class _Gpu:
         return self.has_observed_budget or self.weights.bytes is not None
 
 
-def _weights(facts: ModelFacts, options: PlanOptions, observed: Observed | None, ranks: int) -> Figure:
-    """Per-GPU weights: as vLLM logged them, else the option, else the model files split over the ranks."""
+def _weights(
+    facts: ModelFacts,
+    options: PlanOptions,
+    observed: Observed | None,
+    ranks: int,
+    args: ServeArgs,
+    model_dtype: str,
+) -> Figure:
+    """Per-GPU weights: as vLLM logged them, else the option, else the model files split over the ranks;
+    the files' bytes as the deployment's flags leave them on a GPU (core/deployment.py gpu_weights)."""
     if observed is not None and observed.weights is not None:
         return Figure(observed.weights, "vllm log")
     if options.weights_bytes is not None:
-        return Figure(options.weights_bytes // ranks, "option")
-    if facts.weight_bytes is not None:
+        total, source = options.weights_bytes, "option"
+    elif facts.weight_bytes is not None:
+        total = facts.weight_bytes
         source = facts.provenance.get("weight_bytes") or (
             "gguf" if facts.source_format == "gguf" else "safetensors"
         )
-        return Figure(facts.weight_bytes // ranks, source)
-    return Figure(None, "unknown")
+    else:
+        return Figure(None, "unknown")
+    held = gpu_weights(total // ranks, facts, args, model_dtype, ranks)
+    return Figure(held.bytes, source + (" (" + "; ".join(held.notes) + ")" if held.notes else ""))
 
 
 def _used_by_others(gpu: GpuInfo, service_pids: tuple[int, ...], source: str, warnings: list[str]) -> Figure:
@@ -415,7 +437,8 @@ def _gpu_models(
     world = ranks * dp if len(gpus.gpus) >= ranks * dp else ranks
     source = "nvml" if gpus.source == "nvml" else "given"
     graphs_counted = cuda_graphs_in_budget(options.vllm_version, args)
-    weights = _weights(facts, options, observed, ranks)
+    weights = _weights(facts, options, observed, ranks, args, layout.model_dtype)
+    named = not_modelled_flags(args, facts, options.vllm_version)
     cpu = options.cpu or (options.platform is not None and options.platform.is_cpu)
     models = []
     for rank, info in enumerate(gpus.gpus[:world]):
@@ -425,6 +448,7 @@ def _gpu_models(
         if observed is not None and observed.cuda_graphs is not None:
             graphs = Figure(observed.cuda_graphs, "vllm log")
         margin = margin_bytes(info.total_bytes, options.margin_fraction, options.margin_min_bytes)
+        margin += widening_bytes(named, info.total_bytes)  # flags that change memory, not counted
         if observed is None or observed.available_kv is None:
             margin += margin_widening(memory, graphs_counted and graphs.source != "vllm log")
         peak = memory.activation_peak
@@ -753,6 +777,7 @@ def _run(
 ) -> tuple[KVCacheLayout, _Outcome, list[str]]:
     """Lay out the KV cache for `args` and evaluate `target` on the GPUs."""
     warnings: list[str] = []
+    args = _scheduled(ctx.facts, args, ctx.platform, ctx.options.vllm_version, target)
     layout = kv_cache_layout(ctx.facts, args, ctx.platform, ctx.options.vllm_version)
     # logged non-KV memory still holds when only the KV layout changes, not when the ranks change
     same_ranks = (args.tensor_parallel_size, args.pipeline_parallel_size) == (
@@ -768,6 +793,16 @@ def _run(
     upper = _upper(target, ctx.derived, allow_long)
     outcome = _evaluate(layout, args, models, ctx.options, ctx.platform, observed, target, upper, same_config)
     return layout, outcome, warnings
+
+
+def _scheduled(
+    facts: ModelFacts, args: ServeArgs, platform: Platform, version: VllmVersion, target: int
+) -> ServeArgs:
+    """max_num_batched_tokens as vLLM derives it for `target` (chunked prefill off, throughput mode)."""
+    if args.max_num_batched_tokens is not None:
+        return args
+    default = kv_cache_layout(facts, args, platform, version).max_num_batched_tokens
+    return scheduler_args(args, target, default)
 
 
 def _flag_changes(args: ServeArgs, outcome: _Outcome, target: int, options: PlanOptions) -> dict[str, str]:
@@ -823,6 +858,12 @@ def make_plan(
         )
     version = options.vllm_version
     platform = options.platform or platform_for(gpus, options.cpu)
+    if args.env.get(ALLOW_LONG_ENV, "0").strip().lower() in ("1", "true"):
+        options = replace(options, allow_long=True)  # envs.py: the unit already allows a long context
+    default_mnbt = kv_cache_layout(facts, args, platform, version).max_num_batched_tokens
+    refusals = vllm_refusals(args, target, facts, version, default_mnbt)
+    if refusals:
+        raise UsageError(f"vLLM refuses this configuration: {refusals[0]}")
     derived, derived_key = _derived(facts, args, options)
     warnings: list[str] = []
     notes: list[str] = list(args.notes)  # how the unit's arguments were read (a --config YAML)
@@ -830,7 +871,9 @@ def make_plan(
     if unknown_version:
         warnings.append(unknown_version)
 
-    base_layout = kv_cache_layout(facts, args, platform, version)
+    base_layout = kv_cache_layout(
+        facts, _scheduled(facts, args, platform, version, target), platform, version
+    )
     observed, observation_notes = observed_memory(observations, base_layout, version, platform)
     notes.extend(observation_notes)
     ctx = _Context(facts, args, gpus, options, platform, observed, derived, target)
@@ -880,6 +923,12 @@ def make_plan(
             f"{layout.bytes_needed(target):,} B its blocks take: it may start and still not hold that request"
         )
     notes.extend(_estimated_terms_notes(outcome.lines))
+    named = not_modelled_flags(args, facts, version)
+    named_warning = named_flags_warning(
+        named, min((line.total.bytes or 0 for line in outcome.lines), default=None)
+    )
+    if named_warning:
+        warnings.append(named_warning)
     if outcome.lines and outcome.utilization is not None and outcome.utilization > 0:
         null_block = " (+1 null block)" if layout.null_block_reserve() else ""
         notes.append(
@@ -918,6 +967,7 @@ def make_plan(
         alternatives=alternatives,
         warnings=tuple(dict.fromkeys(warnings)),
         notes=tuple(dict.fromkeys(notes + list(layout.notes))),
+        not_modelled=tuple(named),
     )
 
 
