@@ -1,0 +1,256 @@
+"""Deployment flags the plan models: each planned with and without the flag, the difference checked
+against figures derived from vLLM 0.33.0's code (the file named in each test), not from ctxmgr."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from vllm_ctxmgr.cli.main import main
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = REPO / "examples" / "models"
+QWEN25_VL = REPO / "tests" / "data" / "deployment" / "qwen2.5-vl-72b-instruct"
+LLAMA70B = str(MODELS / "llama-3.1-70b")
+QWEN3_32B = str(MODELS / "qwen3-32b")
+GPT_OSS = str(MODELS / "gpt-oss-120b")
+GLM5 = str(MODELS / "glm-5")
+UNITS = REPO / "units"
+GIB = 1 << 30
+H100 = ("--gpu-memory", "80GiB", "--gpu-name", "NVIDIA H100 80GB HBM3")
+
+
+def plan(*args: str, code: int | None = 0) -> dict:
+    result = CliRunner().invoke(main, ["plan", *args, "--json"])
+    output = result.stdout + result.stderr
+    if code is not None:
+        assert result.exit_code == code, output
+    return json.loads(result.stdout)
+
+
+def refused(*args: str) -> str:
+    result = CliRunner().invoke(main, ["plan", *args])
+    output = result.stdout + result.stderr
+    assert result.exit_code == 2 and "Traceback" not in output, output
+    return output
+
+
+# ---- a. use_sliding_window: false (transformers' configuration_qwen2_5_vl.py / qwen2_vl.py) --------
+
+
+def _vl_layouts(tmp_path: Path) -> list[Path]:
+    """The published Qwen2.5-VL-72B config, its transformers-5 text_config layout, and Qwen2-VL."""
+    top = json.loads((QWEN25_VL / "config.json").read_text())
+    vision_keys = {"architectures", "vision_config", "model_type", "image_token_id", "video_token_id"}
+    text = {k: v for k, v in top.items() if k not in vision_keys and not k.startswith("vision_")}
+    nested = {
+        "architectures": top["architectures"],
+        "model_type": "qwen2_5_vl",
+        "text_config": {**text, "model_type": "qwen2_5_vl_text"},
+        "vision_config": top["vision_config"],
+    }
+    qwen2_vl = {**top, "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"]}
+    out = [QWEN25_VL]
+    for name, config in (("nested", nested), ("qwen2-vl", qwen2_vl)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        out.append(tmp_path / name)
+    return out
+
+
+def test_qwen_vl_without_use_sliding_window_keeps_every_token(tmp_path: Path) -> None:
+    for model in _vl_layouts(tmp_path):
+        data = plan("128000", "--model", str(model), "-tp", "4", "--gpu-count", "4", *H100)
+        # Qwen2_5_VLTextConfig: sliding_window = None when use_sliding_window is false, so vLLM's
+        # qwen2 layers are all full attention: 80 layers x 2 (K, V) x 8/4 KV heads x 128 x 2 bytes
+        assert data["kv_bytes_per_token_per_gpu"] == 80 * 2 * 2 * 128 * 2
+        assert data["kv_bytes_per_gpu"] == 128000 * 81920  # 9.77 GiB, not the 3.75 of a window
+
+
+# ---- b. --hf-overrides and --rope-scaling (config/model.py _apply_dict_overrides, get_max_model_len) --
+
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+
+
+def test_qwens_yarn_recipe_through_hf_overrides_raises_the_derived_maximum() -> None:
+    base = ("131072", "--model", QWEN3_32B, "-tp", "2", "--gpu-count", "2", *H100)
+    without = plan(*base, code=3)
+    assert without["derived_max_model_len"] == 40960 and not without["feasible"]
+    overrides = json.dumps({"rope_scaling": YARN, "max_position_embeddings": 131072})
+    data = plan(*base, "--hf-overrides", overrides)
+    # 0.33: yarn is exempt from the factor, so the derived maximum is max_position_embeddings itself
+    assert data["derived_max_model_len"] == 131072 and data["feasible"] and data["env_changes"] == {}
+    dotted = plan(*base, "--hf-overrides.max_position_embeddings", "131072")
+    assert dotted["derived_max_model_len"] == 131072
+    assert data["kv_bytes_per_token_per_gpu"] == without["kv_bytes_per_token_per_gpu"]  # 64 x 2 x 4 x 128 x 2
+
+
+def test_legacy_rope_scaling_on_0_11_scales_the_original_length() -> None:
+    # 0.11's config/model.py: yarn derives original_max_position_embeddings x factor
+    data = plan(
+        "131072", "--model", QWEN3_32B, "-tp", "2", "--gpu-count", "2", *H100, "--vllm-version", "0.11.0",
+        "--rope-scaling", json.dumps(YARN),
+    )  # fmt: skip
+    assert data["derived_max_model_len"] == 32768 * 4
+
+
+# ---- c. VLLM_ALLOW_LONG_MAX_MODEL_LEN in the unit (envs.py) ------------------------------------
+
+
+def test_allow_long_in_the_units_environment_is_honoured(tmp_path: Path) -> None:
+    text = (
+        (UNITS / "vllm-llama70b.service").read_text().replace("/srv/models/Llama-3.1-70B-Instruct", LLAMA70B)
+    )
+    local = REPO / ".cache" / "test-units-i15"
+    local.mkdir(parents=True, exist_ok=True)
+    plain = local / "plain.service"
+    plain.write_text(text)
+    allowed = local / "allowed.service"
+    allowed.write_text(
+        text.replace("[Service]\n", "[Service]\nEnvironment=VLLM_ALLOW_LONG_MAX_MODEL_LEN=1\n")
+    )
+    args = ("200000", "--gpu-memory", "80GiB", "--gpu-count", "4")
+    before = plan("--unit", str(plain), *args, code=3)
+    assert "refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in before["reason"]
+    after = plan("--unit", str(allowed), *args)
+    assert after["feasible"] and after["env_changes"] == {}  # nothing to suggest: the unit sets it
+    assert any("above the derived maximum" in w for w in after["warnings"])
+
+
+# ---- d. --no-enable-chunked-prefill (engine/arg_utils.py, config/scheduler.py) ----------------
+
+
+def test_chunked_prefill_off_batches_the_whole_context() -> None:
+    base = ("131072", "--model", LLAMA70B, "-tp", "4", "--gpu-count", "4", *H100)
+    on = plan(*base)
+    off = plan(*base, "--no-enable-chunked-prefill")
+    # _set_default_max_num_seqs_and_batched_tokens_args: max(max_model_len, default) when unset
+    assert on["layout"]["max_num_batched_tokens"] == 8192  # get_batch_defaults: H100, >= 70 GiB
+    assert off["layout"]["max_num_batched_tokens"] == 131072
+    # the profile run's forward pass is 16x the tokens: its activation dwarfs the 8192-token one
+    assert off["gpus"][0]["activation_peak"]["bytes"] > 5 * on["gpus"][0]["activation_peak"]["bytes"]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        # config/scheduler.py SchedulerConfig.verify_max_model_len
+        (
+            ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"],
+            "max_num_batched_tokens (8192) is smaller than max_model_len (32768)",
+        ),
+        (
+            ["--max-num-batched-tokens", "256", "--max-num-seqs", "512"],
+            "max_num_batched_tokens (256) must be greater than or equal to max_num_seqs (512)",
+        ),
+        # engine/arg_utils.py parse_type(json.loads)
+        (["--speculative-config", '{"method": "ngram",'], "--speculative-config/-sc: Value"),
+        # config/speculative.py SpeculativeConfig.__post_init__
+        (["--speculative-config", '{"num_speculative_tokens": 2}'], "without speculative model"),
+        # engine/arg_utils.py create_speculative_config
+        (
+            ["--spec-tokens", "2", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'],
+            "--spec-tokens and --speculative-config['num_speculative_tokens'] are mutually exclusive",
+        ),
+        # model_executor/layers/quantization/fp8.py Fp8Config.__init__
+        (["--quantization", "fp8"], "no longer supports online quantization"),
+    ],
+)
+def test_what_vllm_refuses_at_config_time_is_refused(flags: list[str], message: str) -> None:
+    output = refused("32768", "--model", LLAMA70B, "-tp", "4", "--gpu-count", "4", *H100, *flags)
+    assert "vLLM refuses this configuration" in output and message in output
+
+
+# ---- e. weights on the GPU ----------------------------------------------------------------------
+
+LLAMA70B_TOTAL = 141_107_412_992  # the example's model.safetensors.index.json metadata.total_size
+
+
+def _weights(*flags: str) -> int:
+    data = plan("32768", "--model", LLAMA70B, "-tp", "4", "--gpu-count", "4", *H100, *flags, code=None)
+    return int(data["gpus"][0]["weights"]["bytes"])
+
+
+def test_cpu_offload_quantization_and_dtype_move_the_weights() -> None:
+    per_gpu = LLAMA70B_TOTAL // 4
+    assert _weights() == per_gpu
+    # model_executor/offloader/uva.py: cpu_offload_gb GiB per GPU stay in host memory
+    assert _weights("--cpu-offload-gb", "10") == per_gpu - 10 * GIB
+    # quantization/online: each LinearBase weight at 1 byte; embed_tokens and lm_head (vocab 128256
+    # x hidden 8192, bf16, sharded over TP 4) are not LinearBase and stay
+    embeddings = 2 * 128256 * 8192 * 2 // 4
+    assert _weights("--quantization", "fp8_per_tensor") == (per_gpu - embeddings) // 2 + embeddings
+    # model_loader/utils.py set_default_torch_dtype: float32 weights from a bf16 checkpoint
+    assert _weights("--dtype", "float32") == per_gpu * 2
+
+
+# ---- f. speculative decoding (config/speculative.py) --------------------------------------------
+
+
+def test_ngram_adds_no_draft_layer_and_mtp_in_its_dotted_form_adds_one() -> None:
+    base = ("65536", "--model", GLM5, "-tp", "8", "--gpu-count", "8", *H100, "--weights-bytes", "700GiB")
+    plain = plan(*base, code=None)
+    ngram = plan(*base, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}', code=None)
+    mtp = plan(
+        *base,
+        "--speculative-config.method",
+        "mtp",
+        "--speculative-config.num_speculative_tokens",
+        "1",
+        code=None,
+    )
+    # GLM-5: 78 MLA layers (576 x 2 B latent + 132 B DSA indexer per token), num_nextn_predict_layers 1
+    per_layer = 576 * 2 + 132
+    assert plain["kv_bytes_per_token_per_gpu"] == 78 * per_layer
+    assert ngram["kv_bytes_per_token_per_gpu"] == 78 * per_layer
+    assert mtp["kv_bytes_per_token_per_gpu"] == 79 * per_layer
+
+
+def test_a_draft_model_is_named() -> None:
+    data = plan(
+        "32768", "--model", LLAMA70B, "-tp", "4", "--gpu-count", "4", *H100,
+        "--speculative-config", '{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-70B", '
+        '"num_speculative_tokens": 3}',
+    )  # fmt: skip
+    named = data["not_modelled_flags"]
+    assert [(n["flag"], n["family"]) for n in named] == [("--speculative-config", "speculative draft")]
+    assert "eagle3" in named[0]["detail"]
+
+
+# ---- g. KV connectors without SupportsHMA (config/vllm.py, kv_connector/v1/base.py) --------------
+
+
+def test_lmcache_turns_the_hybrid_manager_off_and_sliding_layers_keep_every_token() -> None:
+    base = (
+        "131072",
+        "--model",
+        GPT_OSS,
+        "--gpu-count",
+        "1",
+        "--gpu-memory",
+        "141GiB",
+        "--gpu-name",
+        "NVIDIA H200",
+    )
+    hybrid = plan(*base)
+    nixl = plan(*base, "--kv-transfer-config", '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}')
+    lmcache = plan(
+        *base, "--kv-transfer-config", '{"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}'
+    )
+    # all 36 layers full attention: 36 x 2 x 8 KV heads x 64 x 2 bytes per token = 9.0 GiB at 131,072
+    assert lmcache["kv_bytes_per_gpu"] == 131072 * 36 * 2 * 8 * 64 * 2
+    assert nixl["kv_bytes_per_gpu"] == hybrid["kv_bytes_per_gpu"] < lmcache["kv_bytes_per_gpu"]
+    assert any("lacks SupportsHMA" in note for note in lmcache["notes"])
+
+
+def test_a_connector_this_release_does_not_list_is_named(tmp_path: Path) -> None:
+    shutil.copytree(MODELS / "gpt-oss-120b", tmp_path / "oss")
+    data = plan(
+        "8192", "--model", str(tmp_path / "oss"), "--gpu-count", "1", "--gpu-memory", "141GiB",
+        "--kv-transfer-config", '{"kv_connector": "MyConnector", "kv_connector_module_path": "my.mod"}',
+    )  # fmt: skip
+    assert [n["flag"] for n in data["not_modelled_flags"]] == ["--kv-transfer-config"]
