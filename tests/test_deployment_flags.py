@@ -188,6 +188,26 @@ def test_cpu_offload_quantization_and_dtype_move_the_weights() -> None:
     assert _weights("--dtype", "float32") == per_gpu * 2
 
 
+def test_lora_buffers_are_counted_in_the_weights_of_a_dense_model() -> None:
+    plain = _weights()
+    with_lora = _weights("--enable-lora", "--max-loras", "4", "--max-lora-rank", "64")
+    # lora/layers/base_linear.py create_lora_weights on Llama-3.1-70B at TP 4 (hidden 8192, MLP 28672,
+    # 64 query heads, 8 KV heads, head 128, 80 layers): A [4, 1, 64, in] and B [4, 1, out, 64] in bf16
+    rank, hidden, q, kv, mlp = 64, 8192, 8192 // 4, 8 // 4 * 128, 28672 // 4
+    qkv = 3 * rank * hidden + (q + kv + kv) * rank  # column parallel: whole input, output shards
+    o_proj = rank * q + hidden * rank  # row parallel: input shard, whole output
+    gate_up = 2 * rank * hidden + 2 * mlp * rank
+    down = rank * mlp + hidden * rank
+    assert with_lora - plain == 4 * (qkv + o_proj + gate_up + down) * 80 * 2  # 3.18 GiB
+
+
+def test_lora_on_a_moe_model_is_named() -> None:
+    data = plan(
+        "8192", "--model", GPT_OSS, "--gpu-count", "1", "--gpu-memory", "141GiB", "--enable-lora", code=None
+    )
+    assert [n["flag"] for n in data["not_modelled_flags"]] == ["--enable-lora"]
+
+
 # ---- f. speculative decoding (config/speculative.py) --------------------------------------------
 
 

@@ -102,16 +102,16 @@ def test_flag_kinds_decide_what_takes_a_value() -> None:
 def test_plan_takes_every_real_vllm_flag_and_names_the_unmodelled_ones() -> None:
     code, out = run(
         "plan", "32768", "--model", LLAMA70B, "-tp", "4", "--gpu-memory", "80GiB", "--gpu-count", "4",
-        "--enable-lora", "--max-loras", "4", "--max-lora-rank", "64", "--disable-log-stats",
+        "--enable-eplb", "--eplb-config.num_redundant_experts", "32", "--disable-log-stats",
         "--tool-call-parser", "llama3_json", "--json",
     )  # fmt: skip
     assert code == 0, out
     data = json.loads(out)
     named = {entry["flag"] for entry in data["not_modelled_flags"]}
-    assert named == {"--enable-lora", "--max-loras", "--max-lora-rank"}
+    assert named == {"--enable-eplb", "--eplb-config"}
     warning = next(w for w in data["warnings"] if w.startswith("changes GPU memory, not modelled"))
-    assert "--enable-lora, --max-loras, --max-lora-rank" in warning and "5%" in warning
-    # the margin grew by the LoRA family's 5% of each 80 GiB GPU
+    assert "--enable-eplb, --eplb-config" in warning and "5%" in warning
+    # the margin grew by the expert-parallel family's 5% of each 80 GiB GPU
     code, plain = run(
         "plan", "32768", "--model", LLAMA70B, "-tp", "4", "--gpu-memory", "80GiB", "--gpu-count", "4",
         "--json",
@@ -152,7 +152,7 @@ def test_a_unit_names_its_unmodelled_flags(tmp_path: Path) -> None:
         (UNITS / "vllm-llama70b.service").read_text().replace("/srv/models/Llama-3.1-70B-Instruct", LLAMA70B)
     )
     text = text.replace(
-        "--port 8001", "--port 8001 --enable-lora --max-lora-rank 32 --limit-mm-per-prompt.image 0"
+        "--port 8001", "--port 8001 --moe-backend triton --enable-lora --limit-mm-per-prompt.image 0"
     )
     local = REPO / ".cache" / "test-units-i15"
     local.mkdir(parents=True, exist_ok=True)
@@ -163,12 +163,10 @@ def test_a_unit_names_its_unmodelled_flags(tmp_path: Path) -> None:
     )  # fmt: skip
     assert code == 0, out
     data = json.loads(out)
-    assert [e["flag"] for e in data["not_modelled_flags"]] == [
-        "--enable-lora",
-        "--max-lora-rank",
-        "--limit-mm-per-prompt",
-    ]
-    assert {e["family"] for e in data["not_modelled_flags"]} == {"lora", "multimodal"}
+    # --enable-lora is counted (a dense model: core/deployment.py lora_bytes), the other two are named
+    assert [e["flag"] for e in data["not_modelled_flags"]] == ["--moe-backend", "--limit-mm-per-prompt"]
+    assert {e["family"] for e in data["not_modelled_flags"]} == {"kernels", "multimodal"}
+    assert "--enable-lora" in data["gpus"][0]["weights"]["source"]
 
 
 @pytest.mark.skipif(not VLLM_SOURCE.is_dir(), reason="vLLM 0.33.0's source is not unpacked here")

@@ -150,6 +150,13 @@ def gpu_weights(per_gpu: int, facts: ModelFacts, args: ServeArgs, model_dtype: s
             f"kept: {weights / GIB:.2f} -> {quantized / GIB:.2f} GiB per GPU"
         )
         weights = quantized
+    lora = lora_bytes(facts, args, model_dtype)
+    if lora:
+        weights += lora
+        notes.append(
+            f"--enable-lora: {args.max_loras} x rank {args.max_lora_rank} A/B buffers of every wrapped "
+            f"linear, {lora / GIB:.2f} GiB per GPU"
+        )
     if args.cpu_offload_gb > 0:
         offloaded = min(weights, int(args.cpu_offload_gb * GIB))
         notes.append(
@@ -158,6 +165,51 @@ def gpu_weights(per_gpu: int, facts: ModelFacts, args: ServeArgs, model_dtype: s
         )
         weights -= offloaded
     return GpuWeights(weights, tuple(notes))
+
+
+# ---- LoRA ----------------------------------------------------------------------------------------
+
+LORA_FLAGS = ("--enable-lora", "--max-loras", "--max-lora-rank", "--lora-dtype", "--fully-sharded-loras")
+
+
+def lora_bytes(facts: ModelFacts, args: ServeArgs, model_dtype: str) -> int | None:
+    """The stacked LoRA buffers one GPU allocates at load (counted in "Model loading took"), for a
+    dense attention model: None where the model is not one (MoE experts, MLA, mamba: named instead).
+
+    lora/layers/base_linear.py create_lora_weights: per wrapped linear and output slice,
+    lora_a_stacked [max_loras, 1, rank, input_size] and lora_b_stacked [max_loras, 1, output_size,
+    rank] in lora_dtype (auto: the model dtype, config/lora.py). Column-parallel layers (qkv_proj:
+    3 slices, gate_up_proj: 2; column_parallel_linear.py) take the whole input and their output
+    shard; row-parallel ones (o_proj, down_proj; row_parallel_linear.py) their input shard and the
+    whole output. fully_sharded_loras shards A's rank (column) or B's output (row) over TP too.
+    """
+    if not args.enable_lora:
+        return 0
+    dense = facts.layers and all(layer.kind.value == "full" for layer in facts.layers)
+    if not dense or facts.num_experts or not facts.hidden_size or not facts.intermediate_size:
+        return None
+    tp, rank, loras = args.tensor_parallel_size, args.max_lora_rank, args.max_loras
+    size = DTYPE_BYTES.get(
+        model_dtype if args.lora_dtype == "auto" else args.lora_dtype.replace("torch.", "")
+    )
+    if size is None:
+        return None
+    hidden, inter = facts.hidden_size, facts.intermediate_size
+    head = facts.layers[0].head_size
+    q_out = facts.num_attention_heads * head
+    kv_out = max(1, facts.layers[0].num_kv_heads // tp) * head
+    col_rank = rank // tp if args.fully_sharded_loras else rank
+
+    def column(slices: list[int]) -> int:
+        return sum(col_rank * hidden + out * rank for out in slices)
+
+    def row(in_shard: int) -> int:
+        out = hidden // tp if args.fully_sharded_loras else hidden
+        return rank * in_shard + out * rank
+
+    per_layer = column([q_out // tp, kv_out, kv_out]) + row(q_out // tp)
+    per_layer += column([inter // tp, inter // tp]) + row(inter // tp)
+    return loras * per_layer * len(facts.layers) * size
 
 
 # ---- the scheduler's batch ------------------------------------------------------------------------
@@ -213,7 +265,10 @@ def not_modelled_flags(args: ServeArgs, facts: ModelFacts, version: VllmVersion)
     plus the modelled flags used in a way that is not modelled (a draft model, an hf-override key
     ctxmgr does not read, a connector whose HMA support this release's table does not know)."""
     named: list[NamedFlag] = []
+    lora_modelled = bool(lora_bytes(facts, args, facts.dtype))
     for name in args.given_flags:
+        if lora_modelled and name in LORA_FLAGS:
+            continue  # counted in the weights (lora_bytes)
         known = flag(name)
         kind = classify(name)
         if known is None or kind is None:

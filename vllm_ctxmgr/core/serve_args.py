@@ -61,6 +61,11 @@ class ServeArgs:
     kv_transfer_config: dict[str, Any] | None = None  # --kv-transfer-config
     async_scheduling: bool | None = None  # None: vLLM's default (on, on GPUs)
     performance_mode: str | None = None  # --performance-mode (throughput doubles the batch defaults)
+    enable_lora: bool = False  # --enable-lora with LoRAConfig's defaults (config/lora.py) below
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    lora_dtype: str = "auto"
+    fully_sharded_loras: bool = False
     # what vLLM's parser refuses in these arguments (malformed JSON ...): the planner refuses it too
     refusals: tuple[str, ...] = ()
 
@@ -336,6 +341,11 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
         kv_transfer_config=kv_transfer,
         async_scheduling=boolean("--async-scheduling"),
         performance_mode=mode if isinstance(mode, str) else None,
+        enable_lora=bool(boolean("--enable-lora")),
+        max_loras=int(num("--max-loras") or 1),
+        max_lora_rank=int(num("--max-lora-rank") or 16),
+        lora_dtype=str(flags.get("--lora-dtype", "auto")),
+        fully_sharded_loras=bool(boolean("--fully-sharded-loras")),
         refusals=tuple(refusals),
         served_model_name=flags.get("--served-model-name")
         if isinstance(flags.get("--served-model-name"), str)

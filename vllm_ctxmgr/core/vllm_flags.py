@@ -176,7 +176,8 @@ FAMILIES: dict[str, tuple[float, str]] = {
     "other": (0.02, "a buffer ctxmgr does not size"),
 }
 
-# flag -> (family, what it changes)
+# flag -> (family, what it changes). The LoRA flags are counted for dense attention models
+# (core/deployment.py lora_bytes) and named for the others.
 NOT_MODELLED: dict[str, tuple[str, str]] = {
     # LoRA (config/lora.py; lora/layers)
     "--enable-lora": ("lora", "LoRA buffers"),
