@@ -267,8 +267,8 @@ def not_modelled_flags(args: ServeArgs, facts: ModelFacts, version: VllmVersion)
     named: list[NamedFlag] = []
     lora_modelled = bool(lora_bytes(facts, args, facts.dtype))
     for name in args.given_flags:
-        if lora_modelled and name in LORA_FLAGS:
-            continue  # counted in the weights (lora_bytes)
+        if name in LORA_FLAGS and (lora_modelled or not args.enable_lora):
+            continue  # counted in the weights (lora_bytes), or no LoRA at all without --enable-lora
         known = flag(name)
         kind = classify(name)
         if known is None or kind is None:

@@ -860,6 +860,8 @@ def make_plan(
     platform = options.platform or platform_for(gpus, options.cpu)
     if args.env.get(ALLOW_LONG_ENV, "0").strip().lower() in ("1", "true"):
         options = replace(options, allow_long=True)  # envs.py: the unit already allows a long context
+    if args.refusals:  # what vLLM's parser refuses, before any layout is built from it
+        raise UsageError(f"vLLM refuses this configuration: {args.refusals[0]}")
     default_mnbt = kv_cache_layout(facts, args, platform, version).max_num_batched_tokens
     refusals = vllm_refusals(args, target, facts, version, default_mnbt)
     if refusals:

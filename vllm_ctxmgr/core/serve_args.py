@@ -14,6 +14,9 @@ from vllm_ctxmgr.core.vllm_flags import canonical_name
 from vllm_ctxmgr.core.vllm_flags import flag as vllm_flag
 from vllm_ctxmgr.errors import UsageError
 
+# vLLM 0.33's --dtype choices (config/model.py ModelDType)
+MODEL_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+
 
 @dataclass(frozen=True)
 class ServeArgs:
@@ -271,6 +274,10 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
             return None
         return parsed
 
+    dtype = str(flags.get("--dtype", "auto"))
+    if dtype not in MODEL_DTYPES:  # config/model.py ModelDType: argparse's choices
+        choices = ", ".join(repr(c) for c in MODEL_DTYPES)
+        refusals.append(f"argument --dtype: invalid choice: {dtype!r} (choose from {choices})")
     speculative = json_flag("--speculative-config", "--speculative-config/-sc") or {}
     speculative = {key.replace("-", "_"): item for key, item in speculative.items()}
     for flag_name, key in (
