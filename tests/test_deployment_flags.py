@@ -274,3 +274,32 @@ def test_a_connector_this_release_does_not_list_is_named(tmp_path: Path) -> None
         "--kv-transfer-config", '{"kv_connector": "MyConnector", "kv_connector_module_path": "my.mod"}',
     )  # fmt: skip
     assert [n["flag"] for n in data["not_modelled_flags"]] == ["--kv-transfer-config"]
+
+
+# ---- the scheduler: async scheduling and throughput mode (config/vllm.py, engine/arg_utils.py) ---
+
+
+def test_no_async_scheduling_halves_the_sliding_windows_in_flight_tokens() -> None:
+    base = (
+        "131072",
+        "--model",
+        GPT_OSS,
+        "--gpu-count",
+        "1",
+        "--gpu-memory",
+        "141GiB",
+        "--gpu-name",
+        "NVIDIA H200",
+    )
+    asynchronous = plan(*base)
+    synchronous = plan(*base, "--no-async-scheduling")
+    # VllmConfig.max_concurrent_batches: 2 with async scheduling, else 1 (PP 1); a sliding layer keeps
+    # window - 1 + max_concurrent_batches x max_num_batched_tokens (8192 on an H200) tokens: 18 sliding
+    # layers x 8192 tokens x (2 x 8 KV heads x 64 x 2 bytes) fewer
+    assert asynchronous["kv_bytes_per_gpu"] - synchronous["kv_bytes_per_gpu"] == 18 * 8192 * 2048
+
+
+def test_throughput_mode_doubles_the_default_batch() -> None:
+    base = ("32768", "--model", LLAMA70B, "-tp", "4", "--gpu-count", "4", *H100)
+    assert plan(*base)["layout"]["max_num_batched_tokens"] == 8192
+    assert plan(*base, "--performance-mode", "throughput")["layout"]["max_num_batched_tokens"] == 16384

@@ -181,3 +181,18 @@ def test_the_committed_table_is_what_the_generator_reads_from_vllm() -> None:
     assert [line for line in generated.splitlines() if line.startswith("    ((")] == [
         line for line in committed.splitlines() if line.startswith("    ((")
     ]
+
+
+def test_a_dry_run_repeats_the_named_flags() -> None:
+    from vllm_ctxmgr.deploy import ChangeResult
+    from vllm_ctxmgr.planning import PlanRequest, plan_for
+    from vllm_ctxmgr.report import change_text
+
+    args = parse_serve_argv([LLAMA70B, "-tp", "4", "--enable-eplb", "--max-model-len", "8192"])
+    plan = plan_for(args, PlanRequest(32768, gpu_memory=80 * (1 << 30), gpu_count=4))
+    result = ChangeResult("vllm-llama70b.service", "set-context", "dry-run", False, plan=plan.to_json())
+    text = change_text(result)
+    assert "warning: changes GPU memory, not modelled: --enable-eplb" in text
+    assert (
+        json.loads(json.dumps(result.to_json()))["plan"]["not_modelled_flags"][0]["flag"] == "--enable-eplb"
+    )
