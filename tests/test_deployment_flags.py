@@ -303,3 +303,68 @@ def test_throughput_mode_doubles_the_default_batch() -> None:
     base = ("32768", "--model", LLAMA70B, "-tp", "4", "--gpu-count", "4", *H100)
     assert plan(*base)["layout"]["max_num_batched_tokens"] == 8192
     assert plan(*base, "--performance-mode", "throughput")["layout"]["max_num_batched_tokens"] == 16384
+
+
+# ---- i. data parallelism on a MoE model (model_executor/layers/fused_moe/config.py) --------------
+
+H, V, LAYERS, EXPERTS, MOE_MLP = 256, 4096, 4, 16, 128
+
+
+def _moe_checkpoint(directory: Path) -> tuple[int, int]:
+    """A small Qwen3-MoE checkpoint: config.json and two safetensors shards whose headers declare
+    every tensor (the data region is a sparse run of zeros). Returns (expert bytes, other bytes)."""
+    directory.mkdir()
+    config = {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": H,
+        "num_hidden_layers": LAYERS, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
+        "num_experts": EXPERTS, "num_experts_per_tok": 4, "moe_intermediate_size": MOE_MLP,
+        "intermediate_size": 512, "vocab_size": V, "max_position_embeddings": 32768,
+        "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+    }  # fmt: skip
+    (directory / "config.json").write_text(json.dumps(config))
+    shapes = {"model.embed_tokens.weight": [V, H], "lm_head.weight": [V, H]}
+    for i in range(LAYERS):
+        prefix = f"model.layers.{i}"
+        for name, rows in (("q_proj", 256), ("k_proj", 64), ("v_proj", 64)):
+            shapes[f"{prefix}.self_attn.{name}.weight"] = [rows, H]
+        shapes[f"{prefix}.self_attn.o_proj.weight"] = [H, 256]
+        shapes[f"{prefix}.mlp.gate.weight"] = [EXPERTS, H]  # the router: not an expert
+        for e in range(EXPERTS):
+            shapes[f"{prefix}.mlp.experts.{e}.gate_proj.weight"] = [MOE_MLP, H]
+            shapes[f"{prefix}.mlp.experts.{e}.up_proj.weight"] = [MOE_MLP, H]
+            shapes[f"{prefix}.mlp.experts.{e}.down_proj.weight"] = [H, MOE_MLP]
+    names = list(shapes)
+    for part, chunk in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
+        header, offset = {}, 0
+        for name in chunk:
+            nbytes = shapes[name][0] * shapes[name][1] * 2
+            header[name] = {"dtype": "BF16", "shape": shapes[name], "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        blob = json.dumps(header).encode()
+        with open(directory / f"model-0000{part + 1}-of-00002.safetensors", "wb") as handle:
+            handle.write(len(blob).to_bytes(8, "little") + blob)
+            handle.truncate(8 + len(blob) + offset)
+    experts = LAYERS * EXPERTS * 3 * MOE_MLP * H * 2
+    other = 2 * V * H * 2 + LAYERS * ((256 + 64 + 64) * H + H * 256 + EXPERTS * H) * 2
+    return experts, other
+
+
+def test_data_parallel_splits_the_routed_experts_over_every_gpu(tmp_path: Path) -> None:
+    experts, other = _moe_checkpoint(tmp_path / "moe")
+    base = ("8192", "--model", str(tmp_path / "moe"), "--gpu-count", "4", *H100)
+    alone = plan(*base)
+    assert alone["gpus"][0]["weights"]["bytes"] == experts + other  # TP 1, DP 1: everything
+    for flags in (["-dp", "4"], ["-dp", "4", "--enable-expert-parallel"]):
+        data = plan(*base, *flags)
+        # FusedMoEParallelConfig.make: the experts' "TP" is DP x TP = 4 (whole experts with EP);
+        # attention, router and embeddings stay whole on every DP rank
+        assert data["gpus"][0]["weights"]["bytes"] == other + experts // 4
+        assert data["not_modelled_flags"] == []
+
+
+def test_without_shard_headers_the_split_is_named(tmp_path: Path) -> None:
+    _moe_checkpoint(tmp_path / "moe")
+    for shard in (tmp_path / "moe").glob("*.safetensors"):
+        shard.unlink()
+    data = plan("8192", "--model", str(tmp_path / "moe"), "--gpu-count", "4", *H100, "-dp", "4")
+    assert [n["flag"] for n in data["not_modelled_flags"]] == ["--data-parallel-size"]

@@ -20,7 +20,7 @@ from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.errors import EXIT_INFEASIBLE, CtxmgrError, UsageError
-from vllm_ctxmgr.model_files.load import load_model_facts
+from vllm_ctxmgr.model_files.load import load_expert_weight_bytes, load_model_facts
 from vllm_ctxmgr.nvml import gpus_from_file, read_nvml
 from vllm_ctxmgr.store import ServiceStore
 
@@ -246,6 +246,9 @@ def plan_for(
         service_pids=service_pids,
         cpu=cpu,
     )
+    if model_facts.num_experts and args.data_parallel_size > 1:  # experts split over DP x TP
+        experts = load_expert_weight_bytes(args.model, hf_home=args.env.get("HF_HOME"))
+        options = replace(options, expert_weight_bytes=experts)
     cuda = request.cuda_version or args.cuda_version  # the flag, else what the unit's venv's torch says
     if cuda is not None and not cpu:
         platform = platform_for(gpu_state, cpu)

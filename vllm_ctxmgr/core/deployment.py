@@ -260,7 +260,9 @@ class NamedFlag:
         }
 
 
-def not_modelled_flags(args: ServeArgs, facts: ModelFacts, version: VllmVersion) -> list[NamedFlag]:
+def not_modelled_flags(
+    args: ServeArgs, facts: ModelFacts, version: VllmVersion, experts_known: bool = False
+) -> list[NamedFlag]:
     """Every flag of the unit that moves GPU memory the plan does not count (core/vllm_flags.py),
     plus the modelled flags used in a way that is not modelled (a draft model, an hf-override key
     ctxmgr does not read, a connector whose HMA support this release's table does not know)."""
@@ -292,6 +294,14 @@ def not_modelled_flags(args: ServeArgs, facts: ModelFacts, version: VllmVersion)
         named.append(
             NamedFlag(
                 "--kv-transfer-config", "kv layout", f"{connector}: hybrid KV manager support unknown here"
+            )
+        )
+    if facts.num_experts and args.data_parallel_size > 1 and not experts_known:
+        named.append(
+            NamedFlag(
+                "--data-parallel-size",
+                "expert parallel",
+                "routed experts split over DP x TP; their bytes need the safetensors shard headers",
             )
         )
     method = args.quantization

@@ -10,7 +10,7 @@ and sets any other dict-valued parameter (rope_scaling, rope_parameters) whole. 
 
 from __future__ import annotations
 
-import copy
+import json
 from typing import Any
 
 
@@ -18,13 +18,13 @@ def apply_hf_overrides(config: dict[str, Any], overrides: dict[str, Any] | None)
     """A copy of `config` with the overrides applied as vLLM applies them; `config` itself is kept."""
     if not overrides:
         return config
-    out = copy.deepcopy(config)
+    out = _copy(config)
     for key, value in overrides.items():
         current = out.get(key)
         if isinstance(value, dict) and isinstance(current, dict) and _is_sub_config(key, current):
             _update_nested(current, value)
         else:
-            out[key] = copy.deepcopy(value)
+            out[key] = _copy(value)
     return out
 
 
@@ -40,4 +40,9 @@ def _update_nested(target: dict[str, Any], update: dict[str, Any]) -> None:
         if isinstance(value, dict) and isinstance(target.get(key), dict):
             _update_nested(target[key], value)
         else:
-            target[key] = copy.deepcopy(value)
+            target[key] = _copy(value)
+
+
+def _copy(value: Any) -> Any:
+    """A deep copy of JSON data (config.json and the overrides are JSON)."""
+    return json.loads(json.dumps(value))

@@ -136,6 +136,9 @@ class PlanOptions:
     cpu: bool = False
     # size for this many requests of the full context at once: the KV need is N x blocks per request
     concurrency: int = 1
+    # the routed experts' bytes (all ranks), where the shard headers say: with DP > 1 vLLM splits
+    # them over DP x TP (fused_moe/config.py flatten_tp_across_dp_and_pcp)
+    expert_weight_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -394,7 +397,13 @@ def _weights(
         )
     else:
         return Figure(None, "unknown")
-    held = gpu_weights(total // ranks, facts, args, model_dtype, ranks)
+    per_gpu = total // ranks
+    dp = args.data_parallel_size
+    if facts.num_experts and dp > 1 and options.expert_weight_bytes is not None:
+        experts = min(options.expert_weight_bytes, total)
+        per_gpu = (total - experts) // ranks + experts // (ranks * dp)
+        source += f" (routed experts split over DP {dp} x {ranks} ranks)"
+    held = gpu_weights(per_gpu, facts, args, model_dtype, ranks)
     return Figure(held.bytes, source + (" (" + "; ".join(held.notes) + ")" if held.notes else ""))
 
 
@@ -438,7 +447,7 @@ def _gpu_models(
     source = "nvml" if gpus.source == "nvml" else "given"
     graphs_counted = cuda_graphs_in_budget(options.vllm_version, args)
     weights = _weights(facts, options, observed, ranks, args, layout.model_dtype)
-    named = not_modelled_flags(args, facts, options.vllm_version)
+    named = not_modelled_flags(args, facts, options.vllm_version, options.expert_weight_bytes is not None)
     cpu = options.cpu or (options.platform is not None and options.platform.is_cpu)
     models = []
     for rank, info in enumerate(gpus.gpus[:world]):
@@ -925,7 +934,7 @@ def make_plan(
             f"{layout.bytes_needed(target):,} B its blocks take: it may start and still not hold that request"
         )
     notes.extend(_estimated_terms_notes(outcome.lines))
-    named = not_modelled_flags(args, facts, version)
+    named = not_modelled_flags(args, facts, version, options.expert_weight_bytes is not None)
     named_warning = named_flags_warning(
         named, min((line.total.bytes or 0 for line in outcome.lines), default=None)
     )

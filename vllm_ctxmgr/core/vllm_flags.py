@@ -124,7 +124,8 @@ MODELLED: dict[str, str] = {
     "--tensor-parallel-size": "KV heads and weights per GPU",
     "--pipeline-parallel-size": "layers and weights per stage",
     "--decode-context-parallel-size": "KV tokens per rank",
-    "--data-parallel-size": "engines (GPUs) planned",
+    "--data-parallel-size": "engines planned; routed experts split over DP x TP (fused_moe/config.py)",
+    "--enable-expert-parallel": "whole experts per GPU instead of shards: the same bytes over DP x TP",
     "--kv-cache-dtype": "KV bytes per token",
     "--dtype": "KV bytes per token; weights cast to it (model_executor/model_loader/utils.py)",
     "--block-size": "KV block rounding",
@@ -277,7 +278,6 @@ NOT_MODELLED: dict[str, tuple[str, str]] = {
     "--sleep-mode-backend": ("allocator", "sleep mode allocator"),
     "--enable-cumem-allocator": ("allocator", "CuMem allocator pool"),
     # expert and data parallelism
-    "--enable-expert-parallel": ("expert parallel", "experts per GPU (DP x TP)"),
     "--enable-eplb": ("expert parallel", "redundant experts"),
     "--eplb-config": ("expert parallel", "redundant experts"),
     "--all2all-backend": ("expert parallel", "all2all buffers"),

@@ -7,6 +7,7 @@ from typing import Any
 
 from vllm_ctxmgr.core.facts import ModelFacts
 from vllm_ctxmgr.errors import ModelFactsError
+from vllm_ctxmgr.model_files.expert_weights import expert_weight_bytes
 from vllm_ctxmgr.model_files.gguf import load_gguf_facts
 from vllm_ctxmgr.model_files.hf import load_hf_facts
 from vllm_ctxmgr.model_files.hf_cache import HF_REPO_ID, hf_cache_snapshot
@@ -32,3 +33,19 @@ def load_model_facts(
     if model.startswith((".", "/", "~")) or not HF_REPO_ID.match(model):
         raise ModelFactsError(f"model path not found: {model}")
     return load_hf_facts(hf_cache_snapshot(model, hf_home), source=model, hf_overrides=hf_overrides)
+
+
+def load_expert_weight_bytes(model: str, *, hf_home: str | None = None) -> int | None:
+    """The routed experts' bytes of MODEL's safetensors shards (model_files/expert_weights.py);
+    None for a GGUF, a config-only directory, or a repo id that is not cached."""
+    path = Path(model).expanduser()
+    if path.is_file() and path.name == "config.json":
+        path = path.parent
+    if not path.is_dir():
+        if path.exists() or model.startswith((".", "/", "~")) or not HF_REPO_ID.match(model):
+            return None
+        try:
+            path = hf_cache_snapshot(model, hf_home)
+        except ModelFactsError:
+            return None
+    return expert_weight_bytes(path)
