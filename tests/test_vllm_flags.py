@@ -196,3 +196,30 @@ def test_a_dry_run_repeats_the_named_flags() -> None:
     assert (
         json.loads(json.dumps(result.to_json()))["plan"]["not_modelled_flags"][0]["flag"] == "--enable-eplb"
     )
+
+
+def test_a_logged_start_with_the_same_flags_widens_only_for_the_kv_layout() -> None:
+    from vllm_ctxmgr.core.hardware import GpuInfo, GpuState
+    from vllm_ctxmgr.core.observations import Observation
+    from vllm_ctxmgr.core.plan import PlanOptions, make_plan
+    from vllm_ctxmgr.model_files.load import load_model_facts
+
+    facts = load_model_facts(LLAMA70B)
+    total = 80 * (1 << 30)
+    gpus = GpuState(tuple(GpuInfo(i, "NVIDIA H100 80GB HBM3", total, total, 0) for i in range(4)), "given")
+    logged = Observation(
+        vllm_version="0.33.0", platform="GPU", max_model_len=8192, gpu_memory_utilization=0.9,
+        model_loading_gib=35.0, available_kv_gib=30.0, ready=True,
+    )  # fmt: skip
+
+    def margin(*flags: str, observations: tuple[Observation, ...] = ()) -> int:
+        args = parse_serve_argv([LLAMA70B, "-tp", "4", "--max-model-len", "8192", *flags])
+        plan = make_plan(facts, args, gpus, PlanOptions(16384), observations)
+        return int(plan.gpus[0].margin.bytes or 0)
+
+    # estimated: every family widens; logged: the start's own budget already holds EPLB's experts
+    assert margin("--enable-eplb") - margin() == int(0.05 * total)
+    assert margin("--enable-eplb", observations=(logged,)) == margin(observations=(logged,))
+    # a changed KV layout is still ctxmgr's own arithmetic after a logged start
+    kv = margin("--num-gpu-blocks-override", "100", observations=(logged,)) - margin(observations=(logged,))
+    assert kv == int(0.02 * total)

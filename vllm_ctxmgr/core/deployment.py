@@ -315,19 +315,36 @@ def not_modelled_flags(
     return list({(n.flag, n.detail): n for n in named}.values())
 
 
-def widening_bytes(named: list[NamedFlag], total_bytes: int) -> int:
-    """The margin the named flags add on one GPU: each family's share of it, once per family."""
-    return int(sum(FAMILIES[f][0] for f in {n.family for n in named}) * total_bytes)
+# what a start logged with the same flags does not calibrate: the KV layout itself
+FAMILIES_BEYOND_A_LOGGED_START = frozenset({"kv layout"})
 
 
-def named_flags_warning(named: list[NamedFlag], total_bytes: int | None) -> str | None:
+def _widened_families(named: list[NamedFlag], calibrated: bool) -> set[str]:
+    families = {n.family for n in named}
+    return families & FAMILIES_BEYOND_A_LOGGED_START if calibrated else families
+
+
+def widening_bytes(named: list[NamedFlag], total_bytes: int, calibrated: bool = False) -> int:
+    """The margin the named flags add on one GPU: each family's share of it, once per family. A
+    budget logged by an earlier start (`calibrated`) already holds their weights, buffers and
+    activations, so then only a changed KV layout widens it."""
+    return int(sum(FAMILIES[f][0] for f in _widened_families(named, calibrated)) * total_bytes)
+
+
+def named_flags_warning(
+    named: list[NamedFlag], total_bytes: int | None, calibrated: bool = False
+) -> str | None:
     """The plan's one line for them: which flags, and how much margin they added and why."""
     if not named:
         return None
     flags = ", ".join(dict.fromkeys(n.flag for n in named))
-    families = sorted({n.family for n in named})
+    families = sorted(_widened_families(named, calibrated))
     shares = ", ".join(f"{f} +{FAMILIES[f][0]:.0%} ({FAMILIES[f][1]})" for f in families)
     widened = ""
     if total_bytes:
-        widened = f"; margin widened by {widening_bytes(named, total_bytes) / GIB:.2f} GiB per GPU"
-    return f"changes GPU memory, not modelled: {flags}{widened}: {shares}"
+        widened = (
+            f"; margin widened by {widening_bytes(named, total_bytes, calibrated) / GIB:.2f} GiB per GPU"
+        )
+    if calibrated:
+        widened += " (the logged start of this service already holds the rest)"
+    return f"changes GPU memory, not modelled: {flags}{widened}" + (f": {shares}" if shares else "")

@@ -457,7 +457,8 @@ def _gpu_models(
         if observed is not None and observed.cuda_graphs is not None:
             graphs = Figure(observed.cuda_graphs, "vllm log")
         margin = margin_bytes(info.total_bytes, options.margin_fraction, options.margin_min_bytes)
-        margin += widening_bytes(named, info.total_bytes)  # flags that change memory, not counted
+        calibrated = observed is not None and observed.available_kv is not None
+        margin += widening_bytes(named, info.total_bytes, calibrated)  # flags that change memory, not counted
         if observed is None or observed.available_kv is None:
             margin += margin_widening(memory, graphs_counted and graphs.source != "vllm log")
         peak = memory.activation_peak
@@ -936,7 +937,9 @@ def make_plan(
     notes.extend(_estimated_terms_notes(outcome.lines))
     named = not_modelled_flags(args, facts, version, options.expert_weight_bytes is not None)
     named_warning = named_flags_warning(
-        named, min((line.total.bytes or 0 for line in outcome.lines), default=None)
+        named,
+        min((line.total.bytes or 0 for line in outcome.lines), default=None),
+        observed is not None and observed.available_kv is not None,
     )
     if named_warning:
         warnings.append(named_warning)
