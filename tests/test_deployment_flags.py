@@ -158,6 +158,33 @@ def test_chunked_prefill_off_batches_the_whole_context() -> None:
         ),
         # model_executor/layers/quantization/fp8.py Fp8Config.__init__
         (["--quantization", "fp8"], "no longer supports online quantization"),
+        # config/scheduler.py SchedulerConfig.verify_max_model_len
+        (
+            ["--max-num-active-seqs", "64", "--max-num-seqs", "32"],
+            "max_num_active_seqs (64) cannot be greater",
+        ),
+        (
+            ["--long-prefill-token-threshold", "65536"],
+            "long_prefill_token_threshold (65536) cannot be greater",
+        ),
+        # config/speculative.py SpeculativeConfig.__post_init__
+        (
+            [
+                "--speculative-config",
+                '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 6, '
+                '"prompt_lookup_max": 4}',
+            ],
+            "prompt_lookup_min=6 must be <= prompt_lookup_max=4",
+        ),
+        # config/vllm.py: the hybrid manager forced on with a connector without SupportsHMA
+        (
+            [
+                "--no-disable-hybrid-kv-cache-manager",
+                "--kv-transfer-config",
+                '{"kv_connector": "LMCacheConnectorV1"}',
+            ],
+            "Hybrid KV cache manager was explicitly enabled but is not supported",
+        ),
     ],
 )
 def test_what_vllm_refuses_at_config_time_is_refused(flags: list[str], message: str) -> None:

@@ -70,6 +70,28 @@ def vllm_refusals(
             f"max_num_batched_tokens ({effective_mnbt}) must be greater than or equal to max_num_seqs "
             f"({args.max_num_seqs})."
         )
+    active = args.max_num_active_seqs
+    if active is not None and args.max_num_seqs is not None and active > args.max_num_seqs:
+        # config/scheduler.py SchedulerConfig.verify_max_model_len
+        out.append(
+            f"max_num_active_seqs ({active}) cannot be greater than max_num_seqs ({args.max_num_seqs})."
+        )
+    threshold = args.long_prefill_token_threshold
+    if threshold is not None and threshold > target:
+        # config/scheduler.py SchedulerConfig.verify_max_model_len
+        out.append(
+            f"long_prefill_token_threshold ({threshold}) cannot be greater than the max_model_len ({target})."
+        )
+    if (
+        args.hybrid_kv_cache_manager_forced
+        and args.kv_transfer_config
+        and connector_supports_hma(args.kv_transfer_config, version) is False
+    ):
+        # config/vllm.py VllmConfig.__post_init__
+        out.append(
+            "Hybrid KV cache manager was explicitly enabled but is not supported in this configuration. "
+            "Consider omitting the --enable-hybrid-kv-cache-manager flag to let vLLM decide automatically."
+        )
     unquantized = facts.quantization is None and facts.source_format == "hf"
     if args.quantization == "fp8" and unquantized and version >= FP8_ONLINE_REFUSED_SINCE:
         # model_executor/layers/quantization/fp8.py Fp8Config.__init__

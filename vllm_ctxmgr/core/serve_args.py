@@ -71,6 +71,10 @@ class ServeArgs:
     fully_sharded_loras: bool = False
     # what vLLM's parser refuses in these arguments (malformed JSON ...): the planner refuses it too
     refusals: tuple[str, ...] = ()
+    long_prefill_token_threshold: int | None = None  # checked against max_model_len (config/scheduler.py)
+    max_num_active_seqs: int | None = None  # checked against max_num_seqs (config/scheduler.py)
+    # --no-disable-hybrid-kv-cache-manager: the hybrid manager asked for explicitly (config/vllm.py)
+    hybrid_kv_cache_manager_forced: bool = False
 
 
 # Flags whose next word is NOT a value (vLLM's store_true / BooleanOptionalAction flags we meet in units).
@@ -353,6 +357,9 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
         max_lora_rank=int(num("--max-lora-rank") or 16),
         lora_dtype=str(flags.get("--lora-dtype", "auto")),
         fully_sharded_loras=bool(boolean("--fully-sharded-loras")),
+        long_prefill_token_threshold=num("--long-prefill-token-threshold"),  # type: ignore[arg-type]
+        max_num_active_seqs=num("--max-num-active-seqs"),  # type: ignore[arg-type]
+        hybrid_kv_cache_manager_forced=flags.get("--disable-hybrid-kv-cache-manager") is False,
         refusals=tuple(refusals),
         served_model_name=flags.get("--served-model-name")
         if isinstance(flags.get("--served-model-name"), str)
@@ -379,6 +386,11 @@ def speculative_method(config: dict[str, Any], refusals: list[str]) -> tuple[str
         method = "mtp"
     if method == "[ngram]":
         method = "ngram"
+    if method in ("ngram", "ngram_gpu"):
+        low, high = config.get("prompt_lookup_min"), config.get("prompt_lookup_max")
+        low, high = (high if low is None else low), (low if high is None else high)
+        if isinstance(low, int) and isinstance(high, int) and low > high:
+            refusals.append(f"prompt_lookup_min={low} must be <= prompt_lookup_max={high}")
     self_drafting = ("mtp", "dspark", "ngram", "ngram_gpu", "suffix", "extract_hidden_states")
     if model is None and config.get("num_speculative_tokens") is not None and method not in self_drafting:
         refusals.append("num_speculative_tokens was provided but without speculative model.")
