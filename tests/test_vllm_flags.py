@@ -165,7 +165,7 @@ def test_a_unit_names_its_unmodelled_flags(tmp_path: Path) -> None:
     data = json.loads(out)
     # --enable-lora is counted (a dense model: core/deployment.py lora_bytes), the other two are named
     assert [e["flag"] for e in data["not_modelled_flags"]] == ["--moe-backend", "--limit-mm-per-prompt"]
-    assert {e["family"] for e in data["not_modelled_flags"]} == {"kernels", "multimodal"}
+    assert {e["family"] for e in data["not_modelled_flags"]} == {"kernels", "lowers memory"}
     assert "--enable-lora" in data["gpus"][0]["weights"]["source"]
 
 
@@ -223,3 +223,28 @@ def test_a_logged_start_with_the_same_flags_widens_only_for_the_kv_layout() -> N
     # a changed KV layout is still ctxmgr's own arithmetic after a logged start
     kv = margin("--num-gpu-blocks-override", "100", observations=(logged,)) - margin(observations=(logged,))
     assert kv == int(0.02 * total)
+
+
+def test_no_modality_at_all_is_named_without_widening() -> None:
+    base = (
+        "plan",
+        "32768",
+        "--model",
+        LLAMA70B,
+        "-tp",
+        "4",
+        "--gpu-memory",
+        "80GiB",
+        "--gpu-count",
+        "4",
+        "--json",
+    )
+    _, plain = run(*base)
+    _, images = run(*base, "--limit-mm-per-prompt", '{"image": 2, "video": 0}')
+    _, none = run(*base, "--limit-mm-per-prompt.image", "0", "--limit-mm-per-prompt.video", "0")
+    margin = {
+        k: json.loads(v)["gpus"][0]["margin"]["bytes"] for k, v in (("p", plain), ("i", images), ("n", none))
+    }
+    assert margin["i"] - margin["p"] == int(0.05 * 80 * (1 << 30))  # the multimodal family
+    assert margin["n"] == margin["p"]  # every limit 0 is --language-model-only: it only lowers memory
+    assert json.loads(none)["not_modelled_flags"][0]["family"] == "lowers memory"

@@ -299,6 +299,10 @@ def not_modelled_flags(
             named.append(NamedFlag(name, "other", "not a flag of vLLM 0.33: its effect is unknown"))
             continue
         if kind.effect == "not modelled":
+            if known.name == "--limit-mm-per-prompt" and _all_zero(args.limit_mm_per_prompt):
+                # config/multimodal.py: a limit of 0 on every modality is --language-model-only
+                named.append(NamedFlag(known.name, "lowers memory", "every modality at 0: no encoder"))
+                continue
             named.append(NamedFlag(known.name, kind.family or "other", kind.detail))
     if args.speculative_method in DRAFT_METHODS:
         model = f" {args.speculative_model}" if args.speculative_model else ""
@@ -344,6 +348,14 @@ FAMILIES_BEYOND_A_LOGGED_START = frozenset({"kv layout"})
 def _widened_families(named: list[NamedFlag], calibrated: bool) -> set[str]:
     families = {n.family for n in named}
     return families & FAMILIES_BEYOND_A_LOGGED_START if calibrated else families
+
+
+def _all_zero(limits: dict[str, Any] | None) -> bool:
+    """--limit-mm-per-prompt with every modality's count 0 (`{"image": 0}` or `{"image": {"count": 0}}`)."""
+    if not limits:
+        return False
+    counts = [v.get("count") if isinstance(v, dict) else v for v in limits.values()]
+    return all(c == 0 for c in counts)
 
 
 def widening_bytes(named: list[NamedFlag], total_bytes: int, calibrated: bool = False) -> int:

@@ -73,6 +73,7 @@ class ServeArgs:
     refusals: tuple[str, ...] = ()
     long_prefill_token_threshold: int | None = None  # checked against max_model_len (config/scheduler.py)
     max_num_active_seqs: int | None = None  # checked against max_num_seqs (config/scheduler.py)
+    limit_mm_per_prompt: dict[str, Any] | None = None  # --limit-mm-per-prompt (JSON or dotted)
     # --no-disable-hybrid-kv-cache-manager: the hybrid manager asked for explicitly (config/vllm.py)
     hybrid_kv_cache_manager_forced: bool = False
 
@@ -359,6 +360,7 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
         fully_sharded_loras=bool(boolean("--fully-sharded-loras")),
         long_prefill_token_threshold=num("--long-prefill-token-threshold"),  # type: ignore[arg-type]
         max_num_active_seqs=num("--max-num-active-seqs"),  # type: ignore[arg-type]
+        limit_mm_per_prompt=json_flag("--limit-mm-per-prompt", "--limit-mm-per-prompt"),
         hybrid_kv_cache_manager_forced=flags.get("--disable-hybrid-kv-cache-manager") is False,
         refusals=tuple(refusals),
         served_model_name=flags.get("--served-model-name")
