@@ -395,3 +395,24 @@ def test_without_shard_headers_the_split_is_named(tmp_path: Path) -> None:
         shard.unlink()
     data = plan("8192", "--model", str(tmp_path / "moe"), "--gpu-count", "4", *H100, "-dp", "4")
     assert [n["flag"] for n in data["not_modelled_flags"]] == ["--data-parallel-size"]
+
+
+def test_o0_and_cudagraph_mode_none_plan_as_enforce_eager() -> None:
+    base = ("32768", "--model", LLAMA70B, "-tp", "4", "--gpu-count", "4", *H100)
+    graphs = plan(*base)["gpus"][0]["cuda_graphs"]["bytes"]
+    eager = plan(*base, "--enforce-eager")
+    assert graphs > 0 and eager["gpus"][0]["cuda_graphs"]["bytes"] == 0
+    # config/vllm.py OPTIMIZATION_LEVEL_00 and CompilationConfig.cudagraph_mode NONE: no CUDA graphs
+    for flags in (
+        ["-O0"],
+        ["--compilation-config", '{"cudagraph_mode": "NONE"}'],
+        ["--compilation-config.cudagraph_mode", "NONE"],
+    ):
+        data = plan(*base, *flags)
+        assert data["gpus"][0]["cuda_graphs"]["bytes"] == 0 and data["not_modelled_flags"] == []
+        assert data["gpus"][0]["margin"] == eager["gpus"][0]["margin"]
+    # -O1 keeps PIECEWISE graphs only: fewer than the default's, so named without widening
+    o1 = plan(*base, "-O1")
+    assert [(n["flag"], n["family"]) for n in o1["not_modelled_flags"]] == [
+        ("--optimization-level", "lowers memory")
+    ]

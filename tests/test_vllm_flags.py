@@ -248,3 +248,11 @@ def test_no_modality_at_all_is_named_without_widening() -> None:
     assert margin["i"] - margin["p"] == int(0.05 * 80 * (1 << 30))  # the multimodal family
     assert margin["n"] == margin["p"]  # every limit 0 is --language-model-only: it only lowers memory
     assert json.loads(none)["not_modelled_flags"][0]["family"] == "lowers memory"
+
+
+def test_a_units_short_dotted_alias_reads_like_the_long_form() -> None:
+    # FlexibleArgumentParser takes any "-x.key" word as dotted; -cc is --compilation-config's alias
+    short = parse_serve_argv(["m", "-cc.cudagraph_mode", "NONE"])
+    long = parse_serve_argv(["m", "--compilation-config", '{"cudagraph_mode": "NONE"}'])
+    assert short.compilation_config == long.compilation_config == {"cudagraph_mode": "NONE"}
+    assert short.enforce_eager and long.enforce_eager

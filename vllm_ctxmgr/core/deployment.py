@@ -299,6 +299,11 @@ def not_modelled_flags(
             named.append(NamedFlag(name, "other", "not a flag of vLLM 0.33: its effect is unknown"))
             continue
         if kind.effect == "not modelled":
+            graphs = _graphs_flag(known.name, args)
+            if graphs is not None:
+                if graphs:
+                    named.append(NamedFlag(known.name, *graphs))
+                continue
             if known.name == "--limit-mm-per-prompt" and _all_zero(args.limit_mm_per_prompt):
                 # config/multimodal.py: a limit of 0 on every modality is --language-model-only
                 named.append(NamedFlag(known.name, "lowers memory", "every modality at 0: no encoder"))
@@ -348,6 +353,24 @@ FAMILIES_BEYOND_A_LOGGED_START = frozenset({"kv layout"})
 def _widened_families(named: list[NamedFlag], calibrated: bool) -> set[str]:
     families = {n.family for n in named}
     return families & FAMILIES_BEYOND_A_LOGGED_START if calibrated else families
+
+
+def _graphs_flag(name: str, args: ServeArgs) -> tuple[str, str] | tuple[()] | None:
+    """-O / --compilation-config as config/vllm.py reads them: () where the plan counts them (-O0 and
+    cudagraph_mode NONE are --enforce-eager; -O2 is the default, -O3 the same graphs), (family,
+    detail) where they are named, None for any other flag."""
+    if name == "--optimization-level":
+        if args.optimization_level in ("0", "2", "3"):
+            return ()
+        if args.optimization_level == "1":
+            return ("lowers memory", "-O1: PIECEWISE graphs only")
+        return ("cuda graphs", f"optimization level {args.optimization_level}")
+    if name == "--compilation-config":
+        config = args.compilation_config or {}
+        if set(config) <= {"cudagraph_mode"} and str(config.get("cudagraph_mode", "")).upper() == "NONE":
+            return ()
+        return ("cuda graphs", "cudagraph_mode, capture sizes")
+    return None
 
 
 def _all_zero(limits: dict[str, Any] | None) -> bool:

@@ -74,6 +74,8 @@ class ServeArgs:
     long_prefill_token_threshold: int | None = None  # checked against max_model_len (config/scheduler.py)
     max_num_active_seqs: int | None = None  # checked against max_num_seqs (config/scheduler.py)
     limit_mm_per_prompt: dict[str, Any] | None = None  # --limit-mm-per-prompt (JSON or dotted)
+    compilation_config: dict[str, Any] | None = None  # --compilation-config / -cc (JSON or dotted)
+    optimization_level: str | None = None  # -O / --optimization-level
     # --no-disable-hybrid-kv-cache-manager: the hybrid manager asked for explicitly (config/vllm.py)
     hybrid_kv_cache_manager_forced: bool = False
 
@@ -322,6 +324,12 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
     quantization = flags.get("--quantization")
     load_format = flags.get("--load-format")
     mode = flags.get("--performance-mode")
+    compilation = json_flag("--compilation-config", "--compilation-config/-cc")
+    level = flags.get("--optimization-level")
+    level = level if isinstance(level, str) else None
+    # config/vllm.py OPTIMIZATION_LEVEL_00 and CompilationConfig.cudagraph_mode NONE: no CUDA graphs,
+    # as --enforce-eager
+    graphs_off = level == "0" or str((compilation or {}).get("cudagraph_mode", "")).upper() == "NONE"
     port = num("--port")
     return ServeArgs(
         model=model,
@@ -338,7 +346,7 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
         gpu_memory_utilization=num("--gpu-memory-utilization", float),  # type: ignore[arg-type]
         kv_cache_memory_bytes=num("--kv-cache-memory-bytes"),  # type: ignore[arg-type]
         enable_prefix_caching=boolean("--enable-prefix-caching"),
-        enforce_eager=bool(boolean("--enforce-eager")),
+        enforce_eager=bool(boolean("--enforce-eager")) or graphs_off,
         disable_sliding_window=bool(boolean("--disable-sliding-window")),
         disable_hybrid_kv_cache_manager=bool(boolean("--disable-hybrid-kv-cache-manager")),
         num_speculative_tokens=num_spec,
@@ -361,6 +369,8 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
         long_prefill_token_threshold=num("--long-prefill-token-threshold"),  # type: ignore[arg-type]
         max_num_active_seqs=num("--max-num-active-seqs"),  # type: ignore[arg-type]
         limit_mm_per_prompt=json_flag("--limit-mm-per-prompt", "--limit-mm-per-prompt"),
+        compilation_config=compilation,
+        optimization_level=level,
         hybrid_kv_cache_manager_forced=flags.get("--disable-hybrid-kv-cache-manager") is False,
         refusals=tuple(refusals),
         served_model_name=flags.get("--served-model-name")
