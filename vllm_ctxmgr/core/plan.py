@@ -809,8 +809,10 @@ def _scheduled(
     facts: ModelFacts, args: ServeArgs, platform: Platform, version: VllmVersion, target: int
 ) -> ServeArgs:
     """max_num_batched_tokens as vLLM derives it for `target` (chunked prefill off, throughput mode)."""
-    if args.max_num_batched_tokens is not None:
-        return args
+    if args.max_num_batched_tokens is not None or (
+        args.enable_chunked_prefill is not False and args.performance_mode != "throughput"
+    ):
+        return args  # vLLM's default stands: the layout derives it
     default = kv_cache_layout(facts, args, platform, version).max_num_batched_tokens
     return scheduler_args(args, target, default)
 
