@@ -211,6 +211,11 @@ def test_cpu_offload_quantization_and_dtype_move_the_weights() -> None:
     # x hidden 8192, bf16, sharded over TP 4) are not LinearBase and stay
     embeddings = 2 * 128256 * 8192 * 2 // 4
     assert _weights("--quantization", "fp8_per_tensor") == (per_gpu - embeddings) // 2 + embeddings
+    # bitsandbytes in-flight 4-bit (quantization/bitsandbytes.py): nf4 payload + a float32 absmax per
+    # 64 weights = 0.5625 bytes per linear weight, by --quantization or by --load-format
+    four_bit = int((per_gpu - embeddings) * 0.5625 / 2) + embeddings
+    assert _weights("--quantization", "bitsandbytes") == four_bit
+    assert _weights("--load-format", "bitsandbytes") == four_bit
     # model_loader/utils.py set_default_torch_dtype: float32 weights from a bf16 checkpoint
     assert _weights("--dtype", "float32") == per_gpu * 2
 
@@ -416,3 +421,16 @@ def test_o0_and_cudagraph_mode_none_plan_as_enforce_eager() -> None:
     assert [(n["flag"], n["family"]) for n in o1["not_modelled_flags"]] == [
         ("--optimization-level", "lowers memory")
     ]
+
+
+def test_flags_after_a_unit_add_to_the_units_own(tmp_path: Path) -> None:
+    text = (
+        (UNITS / "vllm-llama70b.service").read_text().replace("/srv/models/Llama-3.1-70B-Instruct", LLAMA70B)
+    )
+    unit = REPO / ".cache" / "test-units-i15" / "eplb.service"
+    unit.parent.mkdir(parents=True, exist_ok=True)
+    unit.write_text(text.replace("--port 8001", "--port 8001 --enable-eplb"))
+    data = plan(
+        "32768", "--unit", str(unit), "--gpu-memory", "80GiB", "--gpu-count", "4", "--moe-backend", "triton"
+    )
+    assert [n["flag"] for n in data["not_modelled_flags"]] == ["--enable-eplb", "--moe-backend"]
