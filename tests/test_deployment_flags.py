@@ -434,3 +434,39 @@ def test_flags_after_a_unit_add_to_the_units_own(tmp_path: Path) -> None:
         "32768", "--unit", str(unit), "--gpu-memory", "80GiB", "--gpu-count", "4", "--moe-backend", "triton"
     )
     assert [n["flag"] for n in data["not_modelled_flags"]] == ["--enable-eplb", "--moe-backend"]
+
+
+def test_mamba_state_dtypes_follow_the_flags() -> None:
+    from vllm_ctxmgr.core.hardware import Platform
+    from vllm_ctxmgr.core.kv.layout import kv_cache_layout
+    from vllm_ctxmgr.core.kv.specs import MambaSpec
+    from vllm_ctxmgr.core.serve_args import parse_serve_argv
+    from vllm_ctxmgr.model_files.load import load_model_facts
+
+    model = str(MODELS / "qwen3-next-80b-a3b")
+    facts = load_model_facts(model)
+    h200 = Platform(
+        "cuda", compute_capability=(9, 0), device_name="NVIDIA H200", total_memory_bytes=141 * GIB
+    )
+
+    def state(*flags: str) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+        layout = kv_cache_layout(facts, parse_serve_argv([model, "-tp", "4", *flags]), h200)
+        spec = next(s for g in layout.groups for s in g.specs if isinstance(s, MambaSpec))
+        return spec.shapes, spec.dtype_sizes
+
+    # mamba_utils.py gated_delta_net_state_shape at TP 4 (16 K heads, 32 V heads, dims 128, kernel 4):
+    # conv (3, (2 x 16 x 128 + 32 x 128) / 4), ssm (32 / 4, 128, 128)
+    shapes, sizes = state()
+    assert shapes == ((3, 2048), (8, 128, 128)) and sizes == (2, 2)  # bf16 model: both bf16
+    assert state("--mamba-ssm-cache-dtype", "float32")[1] == (2, 4)  # MambaStateDtypeCalculator
+    assert state("--mamba-cache-dtype", "float32")[1] == (4, 4)  # "auto" SSM follows the conv state
+    assert "--mamba-ssm-cache-dtype" not in {
+        n["flag"] for n in plan_named(model, "--mamba-ssm-cache-dtype", "float32")
+    }
+    refused("8192", "--model", model, "-tp", "4", "--gpu-count", "4", *H100, "--mamba-cache-dtype", "fp8")
+
+
+def plan_named(model: str, *flags: str) -> list[dict]:
+    return plan("8192", "--model", model, "-tp", "4", "--gpu-count", "4", *H100, *flags, code=None)[
+        "not_modelled_flags"
+    ]

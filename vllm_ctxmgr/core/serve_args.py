@@ -16,6 +16,8 @@ from vllm_ctxmgr.errors import UsageError
 
 # vLLM 0.33's --dtype choices (config/model.py ModelDType)
 MODEL_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+# and its --mamba-cache-dtype / --mamba-ssm-cache-dtype choices (config/cache.py MambaDType)
+MAMBA_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ class ServeArgs:
     max_num_active_seqs: int | None = None  # checked against max_num_seqs (config/scheduler.py)
     limit_mm_per_prompt: dict[str, Any] | None = None  # --limit-mm-per-prompt (JSON or dotted)
     compilation_config: dict[str, Any] | None = None  # --compilation-config / -cc (JSON or dotted)
+    mamba_cache_dtype: str = "auto"  # conv (and linear-attention) state dtype (config/cache.py)
+    mamba_ssm_cache_dtype: str = "auto"  # the SSM / delta-net state's dtype; auto follows the conv state
     optimization_level: str | None = None  # -O / --optimization-level
     # --no-disable-hybrid-kv-cache-manager: the hybrid manager asked for explicitly (config/vllm.py)
     hybrid_kv_cache_manager_forced: bool = False
@@ -285,6 +289,14 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
     if dtype not in MODEL_DTYPES:  # config/model.py ModelDType: argparse's choices
         choices = ", ".join(repr(c) for c in MODEL_DTYPES)
         refusals.append(f"argument --dtype: invalid choice: {dtype!r} (choose from {choices})")
+    mamba_dtypes = {}
+    for flag_name in ("--mamba-cache-dtype", "--mamba-ssm-cache-dtype"):
+        value = str(flags.get(flag_name, "auto"))
+        if value not in MAMBA_DTYPES:  # config/cache.py MambaDType: argparse's choices
+            choices = ", ".join(repr(c) for c in MAMBA_DTYPES)
+            refusals.append(f"argument {flag_name}: invalid choice: {value!r} (choose from {choices})")
+            value = "auto"
+        mamba_dtypes[flag_name] = value
     speculative = json_flag("--speculative-config", "--speculative-config/-sc") or {}
     speculative = {key.replace("-", "_"): item for key, item in speculative.items()}
     for flag_name, key in (
@@ -370,6 +382,8 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
         max_num_active_seqs=num("--max-num-active-seqs"),  # type: ignore[arg-type]
         limit_mm_per_prompt=json_flag("--limit-mm-per-prompt", "--limit-mm-per-prompt"),
         compilation_config=compilation,
+        mamba_cache_dtype=mamba_dtypes["--mamba-cache-dtype"],
+        mamba_ssm_cache_dtype=mamba_dtypes["--mamba-ssm-cache-dtype"],
         optimization_level=level,
         hybrid_kv_cache_manager_forced=flags.get("--disable-hybrid-kv-cache-manager") is False,
         refusals=tuple(refusals),

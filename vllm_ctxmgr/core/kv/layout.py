@@ -377,6 +377,20 @@ def pp_stage_layers(num_layers: int, pp: int, partition: str | None = None) -> t
     return tuple(stages)
 
 
+def _with_mamba_dtypes(layer: LayerFacts, args: ServeArgs) -> LayerFacts:
+    """--mamba-cache-dtype / --mamba-ssm-cache-dtype on a recurrent layer's state (mamba_utils.py
+    MambaStateDtypeCalculator._mamba_state_dtype: the conv state takes mamba_cache_dtype, the SSM state
+    mamba_ssm_cache_dtype, which "auto" leaves to the model's default or the conv state's dtype)."""
+    if layer.state is None or (args.mamba_cache_dtype == "auto" and args.mamba_ssm_cache_dtype == "auto"):
+        return layer
+    state = layer.state
+    if args.mamba_cache_dtype != "auto":
+        state = replace(state, conv_dtype=args.mamba_cache_dtype)
+    if args.mamba_ssm_cache_dtype != "auto":
+        state = replace(state, ssm_dtype=args.mamba_ssm_cache_dtype)
+    return replace(layer, state=state)
+
+
 def _max_concurrent_batches(
     facts: ModelFacts, platform: Platform, args: ServeArgs, vllm_version: VllmVersion
 ) -> int:
@@ -434,7 +448,7 @@ def kv_cache_layout(
     # Phase 1: the block size every backend takes.
     block_size = backend_block_size(facts, args, platform, backend, has_attention, notes)
 
-    layers = list(facts.layers)
+    layers = [_with_mamba_dtypes(layer, args) for layer in facts.layers]
     # an MTP method drafts with the checkpoint's own MTP layers; ngram / suffix / a draft model do not
     # (config/speculative.py SpeculativeConfig.__post_init__); None: ServeArgs built without a method
     if args.num_speculative_tokens and facts.mtp_layers and args.speculative_method in (None, "mtp"):
