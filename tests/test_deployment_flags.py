@@ -470,3 +470,19 @@ def plan_named(model: str, *flags: str) -> list[dict]:
     return plan("8192", "--model", model, "-tp", "4", "--gpu-count", "4", *H100, *flags, code=None)[
         "not_modelled_flags"
     ]
+
+
+def test_a_unit_on_0_33_with_a_flag_0_33_lacks_is_refused_as_argparse_does() -> None:
+    from dataclasses import replace
+
+    from vllm_ctxmgr.core.serve_args import parse_serve_argv
+    from vllm_ctxmgr.errors import UsageError
+    from vllm_ctxmgr.planning import PlanRequest, plan_for
+
+    request = PlanRequest(32768, gpu_memory=80 * GIB, gpu_count=4)
+    args = parse_serve_argv([LLAMA70B, "-tp", "4", "--disable-log-requests", "--swap-space", "4"])
+    # an older vLLM had both flags: without the unit's version they are read, and --swap-space is named
+    assert plan_for(args, request).feasible
+    with pytest.raises(UsageError, match="unrecognized arguments: --disable-log-requests --swap-space"):
+        plan_for(replace(args, vllm_version="0.33.0"), request)  # engine/arg_utils.py has neither
+    plan_for(replace(args, vllm_version="0.11.0"), request)

@@ -25,7 +25,8 @@ from vllm_ctxmgr.core.facts import DTYPE_BYTES, ModelFacts
 from vllm_ctxmgr.core.hardware import GIB
 from vllm_ctxmgr.core.kv_connectors import connector_supports_hma
 from vllm_ctxmgr.core.serve_args import ServeArgs
-from vllm_ctxmgr.core.vllm_flags import FAMILIES, classify, flag
+from vllm_ctxmgr.core.vllm_flags import FAMILIES, FLAG_LIST_VERSION, classify, flag
+from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 
 VllmVersion = tuple[int, int, int]
 
@@ -52,6 +53,14 @@ def vllm_refusals(
 ) -> list[str]:
     """vLLM's config-time ValueErrors for these flags at `target` tokens, in vLLM's words."""
     out = list(args.refusals)
+    unit_version = parse_vllm_version(args.vllm_version)
+    if unit_version is not None and unit_version[:2] == FLAG_LIST_VERSION[:2]:
+        # the unit runs the release whose parser the table is: argparse refuses any other flag
+        unknown = [
+            name for name in args.given_flags if (known := flag(name)) is None or known.source == "legacy"
+        ]
+        if unknown:
+            out.append(f"vllm serve: error: unrecognized arguments: {' '.join(unknown)}")
     chunked = args.enable_chunked_prefill is not False
     mnbt = args.max_num_batched_tokens
     if mnbt is not None and mnbt < target and not chunked:
