@@ -55,9 +55,12 @@ def vllm_refusals(
     out = list(args.refusals)
     unit_version = parse_vllm_version(args.vllm_version)
     if unit_version is not None and unit_version[:2] == FLAG_LIST_VERSION[:2]:
-        # the unit runs the release whose parser the table is: argparse refuses any other flag
+        # the unit runs the release whose parser the table is: argparse refuses the flags it dropped
+        # (a flag in no table at all may come from a plugin's parser hook: that one is only named)
         unknown = [
-            name for name in args.given_flags if (known := flag(name)) is None or known.source == "legacy"
+            name
+            for name in args.given_flags
+            if (known := flag(name)) is not None and known.source == "legacy"
         ]
         if unknown:
             out.append(f"vllm serve: error: unrecognized arguments: {' '.join(unknown)}")
