@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "vllm_ctxmgr"
 
 # pure standard modules the core may use: no files, processes, sockets, clocks or environment
-PURE_STDLIB = {"__future__", "collections", "dataclasses", "enum", "fractions", "functools", "itertools",
-               "json", "math", "re", "typing"}  # fmt: skip
+PURE_STDLIB = {"__future__", "collections", "dataclasses", "difflib", "enum", "fractions", "functools",
+               "itertools", "json", "math", "re", "typing"}  # fmt: skip
 # the edges: one concern each; none may reach up into the orchestrator or the CLI
 EDGES = ("model_files", "systemd", "vllm_log", "probe", "nvml", "store", "files")
 ORCHESTRATION = ("deploy", "planning", "observing", "restart", "change", "recovery")

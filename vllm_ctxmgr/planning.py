@@ -18,10 +18,10 @@ from vllm_ctxmgr.core.hardware import GpuInfo, GpuState, platform_for, uniform_g
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
-from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, ServeArgs
+from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, ServeArgs, with_overrides
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
-from vllm_ctxmgr.model_files.load import load_model_facts
+from vllm_ctxmgr.model_files.load import load_expert_weight_bytes, load_model_facts
 from vllm_ctxmgr.nvml import gpus_from_file, read_nvml
 from vllm_ctxmgr.observing import learn_from_running_instance
 from vllm_ctxmgr.service import ServiceView, read_service, running_argv_mismatch
@@ -195,7 +195,9 @@ def plan_for(
     """Model facts + GPUs + earlier starts -> a Plan: the I/O is here, the planner (core.plan) is pure."""
     args = effective_args(args)
     cpu = is_cpu_deployment(args)
-    model_facts = load_model_facts(args.model, hf_home=args.env.get("HF_HOME"))
+    model_facts = load_model_facts(
+        args.model, hf_home=args.env.get("HF_HOME"), hf_overrides=args.hf_overrides
+    )
     gpu_state = None
     if cpu and not args.kv_cache_memory_bytes:
         gpu_state = cpu_node_memory()  # on the CPU build the utilisation is a fraction of node memory
@@ -219,6 +221,9 @@ def plan_for(
         service_pids=service_pids,
         cpu=cpu,
     )
+    if model_facts.num_experts and args.data_parallel_size > 1:  # experts split over DP x TP
+        experts = load_expert_weight_bytes(args.model, hf_home=args.env.get("HF_HOME"))
+        options = replace(options, expert_weight_bytes=experts)
     cuda = request.cuda_version or args.cuda_version  # the flag, else what the unit's venv's torch says
     if cuda is not None and not cpu:
         platform = platform_for(gpu_state, cpu)
@@ -276,7 +281,7 @@ def plan_service(
     learned = learn_from_running_instance(systemd, store, service, view, keep_observation)
     observations = observations_from_store([*store.observations(), *unsaved_observations])
     pids = tuple(systemd.unit_processes(view.name))
-    args = replace(view.args, **overrides) if overrides else view.args
+    args = with_overrides(view.args, overrides) if overrides else view.args
     if fixed_gpu_memory_utilization is not None or request.fixed_gpu_memory_utilization is not None:
         request = replace(
             request,

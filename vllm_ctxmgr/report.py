@@ -255,6 +255,12 @@ def change_text(result: Any) -> str:
     if result.suggestion:
         out.append(f"{'note' if result.result == 'unchanged' else 'what to try'}: {result.suggestion}")
     out.extend(f"warning: {warning}" for warning in getattr(result, "warnings", ()))
+    if result.plan:  # the unit's flags that change GPU memory and that the plan did not count
+        out.extend(
+            f"warning: {warning}"
+            for warning in result.plan.get("warnings", ())
+            if warning.startswith("changes GPU memory, not modelled")
+        )
     if result.observation:
         obs = result.observation
         facts = [

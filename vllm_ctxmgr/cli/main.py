@@ -36,7 +36,9 @@ from vllm_ctxmgr.cli.common import (
     systemd_for,
 )
 from vllm_ctxmgr.core.change_policy import flags_to_apply
-from vllm_ctxmgr.core.serve_args import READ_FLAGS, ServeArgs, parse_serve_argv, split_flags
+from vllm_ctxmgr.core.serve_args import ServeArgs, parse_serve_argv, split_flags, with_overrides
+from vllm_ctxmgr.core.vllm_flags import closest as closest_vllm_flag
+from vllm_ctxmgr.core.vllm_flags import flag as vllm_flag
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.deploy import SetContextRequest, rollback, set_context
 from vllm_ctxmgr.errors import ExitCode, UsageError
@@ -152,15 +154,17 @@ def vllm_overrides(explicit: dict[str, Any], extra: list[str]) -> dict[str, Any]
     """ServeArgs fields from ctxmgr's vLLM options and from any other vLLM flag given after them.
 
     The extra words are parsed by the same parser that reads a unit's ExecStart, so `plan` understands
-    exactly the flags a unit can hold; an unknown flag is refused, since a typo would be a silent no-op.
+    exactly the flags a unit can hold: every flag of vLLM (core/vllm_flags.py); one vLLM does not have is
+    refused with the closest real one, since a typo would be a silent no-op.
     """
     overrides = {k: v for k, v in explicit.items() if v is not None}
     if not extra:
         return overrides
     _positionals, flags = split_flags(extra)
-    unknown = [f for f in flags if f not in READ_FLAGS] + [w for w in _positionals if not w.startswith("-")]
-    if unknown:
-        raise UsageError(f"{unknown[0]}: not a vLLM flag that changes the plan (see `ctxmgr plan --help`)")
+    for name in [f for f in flags if vllm_flag(f) is None] + _positionals:
+        guess = closest_vllm_flag(name)
+        hint = f"; did you mean {guess}?" if guess else ""
+        raise UsageError(f"{name}: not a vLLM flag{hint}")
     base = parse_serve_argv(["MODEL"])
     given = parse_serve_argv(["MODEL", *extra])
     for field in fields(ServeArgs):
@@ -220,10 +224,10 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     if service:
         restarter = restarter_for(ctx, service, True, 60.0)
         view = read_service(restarter.systemd, restarter.unit)
-        unit_args = replace(view.args, **overrides)
+        unit_args = with_overrides(view.args, overrides)
     elif unit_file:
         view = view_from_unit(ServiceUnit.load_with_dropins(unit_file))
-        unit_args = replace(view.args, **overrides, **({"model": model} if model else {}))
+        unit_args = with_overrides(view.args, {**overrides, **({"model": model} if model else {})})
     # no CONTEXT: the one the unit (or a vLLM flag after the options, `--max_model_len 64k`) gives
     given = context is not None or max_model_len is not None
     if given or unit_args is None:

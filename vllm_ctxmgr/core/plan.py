@@ -49,7 +49,7 @@ fit) and core/plan_record.py (the stored plan's schema and reader).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -68,6 +68,15 @@ from vllm_ctxmgr.core.budget import (
     requested_bytes,
 )
 from vllm_ctxmgr.core.calibration import Observed, observed_memory
+from vllm_ctxmgr.core.deployment import (
+    NamedFlag,
+    gpu_weights,
+    named_flags_warning,
+    not_modelled_flags,
+    scheduler_args,
+    vllm_refusals,
+    widening_bytes,
+)
 from vllm_ctxmgr.core.facts import ALLOW_LONG_ENV, ModelFacts
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, Platform, platform_for
 from vllm_ctxmgr.core.kv.layout import KVCacheLayout, kv_cache_layout
@@ -130,6 +139,9 @@ class PlanOptions:
     cpu: bool = False
     # size for this many requests of the full context at once: the KV need is N x blocks per request
     concurrency: int = 1
+    # the routed experts' bytes (all ranks), where the shard headers say: with DP > 1 vLLM splits
+    # them over DP x TP (fused_moe/config.py flatten_tp_across_dp_and_pcp)
+    expert_weight_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +244,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     concurrency: int = 1  # requests of max_model_len the KV need was sized for
     capacity: tuple[KVCapacity, ...] = ()  # per engine; empty where the KV budget is not known
+    not_modelled: tuple[NamedFlag, ...] = ()  # the unit's flags that change GPU memory, not counted
 
     @property
     def result(self) -> str:
@@ -299,6 +312,7 @@ class Plan:
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "layout": self.layout.summary(self.max_model_len),
+            "not_modelled_flags": [named.to_json() for named in self.not_modelled],
         }
 
 
@@ -379,18 +393,35 @@ class _Gpu:
         return self.has_observed_budget or self.weights.bytes is not None
 
 
-def _weights(facts: ModelFacts, options: PlanOptions, observed: Observed | None, ranks: int) -> Figure:
-    """Per-GPU weights: as vLLM logged them, else the option, else the model files split over the ranks."""
+def _weights(
+    facts: ModelFacts,
+    options: PlanOptions,
+    observed: Observed | None,
+    ranks: int,
+    args: ServeArgs,
+    model_dtype: str,
+) -> Figure:
+    """Per-GPU weights: as vLLM logged them, else the option, else the model files split over the ranks;
+    the files' bytes as the deployment's flags leave them on a GPU (core/deployment.py gpu_weights)."""
     if observed is not None and observed.weights is not None:
         return Figure(observed.weights, "vllm log")
     if options.weights_bytes is not None:
-        return Figure(options.weights_bytes // ranks, "option")
-    if facts.weight_bytes is not None:
+        total, source = options.weights_bytes, "option"
+    elif facts.weight_bytes is not None:
+        total = facts.weight_bytes
         source = facts.provenance.get("weight_bytes") or (
             "gguf" if facts.source_format == "gguf" else "safetensors"
         )
-        return Figure(facts.weight_bytes // ranks, source)
-    return Figure(None, "unknown")
+    else:
+        return Figure(None, "unknown")
+    per_gpu = total // ranks
+    dp = args.data_parallel_size
+    if facts.num_experts and dp > 1 and options.expert_weight_bytes is not None:
+        experts = min(options.expert_weight_bytes, total)
+        per_gpu = (total - experts) // ranks + experts // (ranks * dp)
+        source += f" (routed experts split over DP {dp} x {ranks} ranks)"
+    held = gpu_weights(per_gpu, facts, args, model_dtype, ranks)
+    return Figure(held.bytes, source + (" (" + "; ".join(held.notes) + ")" if held.notes else ""))
 
 
 def _used_by_others(gpu: GpuInfo, service_pids: tuple[int, ...], source: str, warnings: list[str]) -> Figure:
@@ -432,7 +463,8 @@ def _gpu_models(
     world = ranks * dp if len(gpus.gpus) >= ranks * dp else ranks
     source = "nvml" if gpus.source == "nvml" else "given"
     graphs_counted = cuda_graphs_in_budget(options.vllm_version, args)
-    weights = _weights(facts, options, observed, ranks)
+    weights = _weights(facts, options, observed, ranks, args, layout.model_dtype)
+    named = not_modelled_flags(args, facts, options.vllm_version, options.expert_weight_bytes is not None)
     cpu = options.cpu or (options.platform is not None and options.platform.is_cpu)
     models = []
     for rank, info in enumerate(gpus.gpus[:world]):
@@ -442,6 +474,8 @@ def _gpu_models(
         if observed is not None and observed.cuda_graphs is not None:
             graphs = Figure(observed.cuda_graphs, "vllm log")
         margin = margin_bytes(info.total_bytes, options.margin_fraction, options.margin_min_bytes)
+        calibrated = observed is not None and observed.available_kv is not None
+        margin += widening_bytes(named, info.total_bytes, calibrated)  # flags that change memory, not counted
         if observed is None or observed.available_kv is None:
             margin += margin_widening(memory, graphs_counted and graphs.source != "vllm log")
         peak = memory.activation_peak
@@ -770,6 +804,7 @@ def _run(
 ) -> tuple[KVCacheLayout, _Outcome, list[str]]:
     """Lay out the KV cache for `args` and evaluate `target` on the GPUs."""
     warnings: list[str] = []
+    args = _scheduled(ctx.facts, args, ctx.platform, ctx.options.vllm_version, target)
     layout = kv_cache_layout(ctx.facts, args, ctx.platform, ctx.options.vllm_version)
     # logged non-KV memory still holds when only the KV layout changes, not when the ranks change
     same_ranks = (args.tensor_parallel_size, args.pipeline_parallel_size) == (
@@ -785,6 +820,18 @@ def _run(
     upper = _upper(target, ctx.derived, allow_long)
     outcome = _evaluate(layout, args, models, ctx.options, ctx.platform, observed, target, upper, same_config)
     return layout, outcome, warnings
+
+
+def _scheduled(
+    facts: ModelFacts, args: ServeArgs, platform: Platform, version: VllmVersion, target: int
+) -> ServeArgs:
+    """max_num_batched_tokens as vLLM derives it for `target` (chunked prefill off, throughput mode)."""
+    if args.max_num_batched_tokens is not None or (
+        args.enable_chunked_prefill is not False and args.performance_mode != "throughput"
+    ):
+        return args  # vLLM's default stands: the layout derives it
+    default = kv_cache_layout(facts, args, platform, version).max_num_batched_tokens
+    return scheduler_args(args, target, default)
 
 
 def _flag_changes(args: ServeArgs, outcome: _Outcome, target: int, options: PlanOptions) -> dict[str, str]:
@@ -840,6 +887,14 @@ def make_plan(
         )
     version = options.vllm_version
     platform = options.platform or platform_for(gpus, options.cpu)
+    if args.env.get(ALLOW_LONG_ENV, "0").strip().lower() in ("1", "true"):
+        options = replace(options, allow_long=True)  # envs.py: the unit already allows a long context
+    if args.refusals:  # what vLLM's parser refuses, before any layout is built from it
+        raise UsageError(f"vLLM refuses this configuration: {args.refusals[0]}")
+    default_mnbt = kv_cache_layout(facts, args, platform, version).max_num_batched_tokens
+    refusals = vllm_refusals(args, target, facts, version, default_mnbt)
+    if refusals:
+        raise UsageError(f"vLLM refuses this configuration: {refusals[0]}")
     derived, derived_key = _derived(facts, args, options)
     warnings: list[str] = []
     notes: list[str] = list(args.notes)  # how the unit's arguments were read (a --config YAML)
@@ -847,7 +902,9 @@ def make_plan(
     if unknown_version:
         warnings.append(unknown_version)
 
-    base_layout = kv_cache_layout(facts, args, platform, version)
+    base_layout = kv_cache_layout(
+        facts, _scheduled(facts, args, platform, version, target), platform, version
+    )
     observed, observation_notes = observed_memory(observations, base_layout, version, platform)
     notes.extend(observation_notes)
     ctx = _Context(facts, args, gpus, options, platform, observed, derived, target)
@@ -900,6 +957,14 @@ def make_plan(
             f"{layout.bytes_needed(target):,} B its blocks take: it may start and still not hold that request"
         )
     notes.extend(_estimated_terms_notes(outcome.lines))
+    named = not_modelled_flags(args, facts, version, options.expert_weight_bytes is not None)
+    named_warning = named_flags_warning(
+        named,
+        min((line.total.bytes or 0 for line in outcome.lines), default=None),
+        observed is not None and observed.available_kv is not None,
+    )
+    if named_warning:
+        warnings.append(named_warning)
     if outcome.lines and outcome.utilization is not None and outcome.utilization > 0:
         null_block = " (+1 null block)" if layout.null_block_reserve() else ""
         notes.append(
@@ -939,6 +1004,7 @@ def make_plan(
         alternatives=alternatives,
         warnings=tuple(dict.fromkeys(warnings)),
         notes=tuple(dict.fromkeys(notes + list(layout.notes))),
+        not_modelled=tuple(named),
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from vllm_ctxmgr.core.budget import kv_budget_at_utilization
 from vllm_ctxmgr.errors import CtxmgrError
@@ -82,6 +82,9 @@ class PlanRecord(TypedDict):
     warnings: list[str]
     notes: list[str]
     layout: dict[str, Any]
+    # the unit's flags that change GPU memory and were not counted (core/deployment.py NamedFlag);
+    # absent from plans stored before it existed
+    not_modelled_flags: NotRequired[list[dict[str, Any]]]
 
 
 def _record_bytes(entry: Mapping[str, Any], name: str) -> int | None:

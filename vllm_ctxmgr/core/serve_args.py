@@ -6,9 +6,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from vllm_ctxmgr.core.vllm_flags import canonical_name
+from vllm_ctxmgr.core.vllm_flags import flag as vllm_flag
 from vllm_ctxmgr.errors import UsageError
+
+# vLLM 0.33's --dtype choices (config/model.py ModelDType)
+MODEL_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+# and its --mamba-cache-dtype / --mamba-ssm-cache-dtype choices (config/cache.py MambaDType)
+MAMBA_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,35 @@ class ServeArgs:
     flashinfer_installed: bool | None = None  # in its venv or image; None where that cannot be seen
     config_file: str | None = None  # vLLM's `--config FILE` (YAML), as the command names it
     notes: tuple[str, ...] = ()  # what the planner should tell about how these arguments were read
+    # every flag the command sets to something other than off (canonical names): the flag table
+    # (core/vllm_flags.py) names those that change GPU memory and are not modelled
+    given_flags: tuple[str, ...] = ()
+    hf_overrides: dict[str, Any] | None = None  # --hf-overrides (JSON or dotted), applied to config.json
+    enable_chunked_prefill: bool | None = None  # None: vLLM's default (on for generative models)
+    cpu_offload_gb: float = 0.0  # --cpu-offload-gb: GiB of weights per GPU kept in host memory
+    quantization: str | None = None  # --quantization / -q
+    load_format: str | None = None  # --load-format (bitsandbytes quantizes the weights)
+    speculative_method: str | None = None  # as SpeculativeConfig.__post_init__ resolves it
+    speculative_model: str | None = None  # a draft model or its path
+    kv_transfer_config: dict[str, Any] | None = None  # --kv-transfer-config
+    async_scheduling: bool | None = None  # None: vLLM's default (on, on GPUs)
+    performance_mode: str | None = None  # --performance-mode (throughput doubles the batch defaults)
+    enable_lora: bool = False  # --enable-lora with LoRAConfig's defaults (config/lora.py) below
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    lora_dtype: str = "auto"
+    fully_sharded_loras: bool = False
+    # what vLLM's parser refuses in these arguments (malformed JSON ...): the planner refuses it too
+    refusals: tuple[str, ...] = ()
+    long_prefill_token_threshold: int | None = None  # checked against max_model_len (config/scheduler.py)
+    max_num_active_seqs: int | None = None  # checked against max_num_seqs (config/scheduler.py)
+    limit_mm_per_prompt: dict[str, Any] | None = None  # --limit-mm-per-prompt (JSON or dotted)
+    compilation_config: dict[str, Any] | None = None  # --compilation-config / -cc (JSON or dotted)
+    mamba_cache_dtype: str = "auto"  # conv (and linear-attention) state dtype (config/cache.py)
+    mamba_ssm_cache_dtype: str = "auto"  # the SSM / delta-net state's dtype; auto follows the conv state
+    optimization_level: str | None = None  # -O / --optimization-level
+    # --no-disable-hybrid-kv-cache-manager: the hybrid manager asked for explicitly (config/vllm.py)
+    hybrid_kv_cache_manager_forced: bool = False
 
 
 # Flags whose next word is NOT a value (vLLM's store_true / BooleanOptionalAction flags we meet in units).
@@ -87,25 +126,44 @@ _LIST_FLAGS = {"--served-model-name", "--api-key"}
 
 
 def split_flags(args: list[str]) -> tuple[list[str], dict[str, str | bool]]:
-    """(positionals, {canonical flag: value}) from vLLM arguments; later flags win like argparse.
+    """(positionals, {canonical flag: value}) from vLLM arguments, read as vLLM 0.33's parser reads them.
 
-    `--no-NAME` (argparse's BooleanOptionalAction, which every boolean engine argument has in vLLM 0.33)
-    is stored as `--NAME: False`, so `--enforce-eager ... --no-enforce-eager` ends False as in vLLM.
-    A list option (`--served-model-name a b`) keeps its first word and takes the others with it."""
+    Later flags win like argparse. A flag vLLM has takes its value by its kind in vLLM's table
+    (core/vllm_flags.py): a boolean takes none and `--no-NAME` is stored as `--NAME: False`; a list
+    option (`--served-model-name a b`) keeps its first word and takes the others with it; an optional
+    one (`--hf-token`) takes the next word unless it is a flag. The dotted form `--x.key value` (and
+    `--x.key=value`, `--x.key+ a,b`) is merged per flag into one JSON object that replaces any
+    `--x '{json}'`, as FlexibleArgumentParser.parse_args appends it after every other word; `-O3`
+    is `--optimization-level 3`. An unknown flag takes the next word unless that word is a flag."""
 
     positionals: list[str] = []
     flags: dict[str, str | bool] = {}
+    dotted: dict[str, dict[str, Any]] = {}
     i = 0
     while i < len(args):
         word = args[i]
-        if word.startswith("-") and len(word) > 1 and not _is_number(word):
+        if word.startswith("-O") and not word.startswith("--") and word != "-O":
+            flags["--optimization-level"] = word[3:] if word[2:3] == "=" else word[2:]
+        elif word.startswith("-") and len(word) > 1 and not _is_number(word):
             name = canonical_flag(word)
-            if "=" in word:
+            known = vllm_flag(name)
+            kind = known.kind if known is not None else None
+            if "." in name.split("=", 1)[0]:
+                if "=" in word:
+                    value_text = word.split("=", 1)[1]
+                elif i + 1 < len(args):
+                    value_text = args[i + 1]
+                    i += 1
+                else:
+                    value_text = ""
+                _merge_dotted(dotted, name, value_text)
+            elif "=" in word:
                 flags[name] = word.split("=", 1)[1]
-            elif name.startswith("--no-"):
+            elif name.startswith("--no-") and (kind in (None, "bool") or name in _BOOLEAN_FLAGS):
                 flags[canonical_flag("--" + name[5:])] = False
             elif (
-                name in _BOOLEAN_FLAGS
+                kind in ("bool", "switch")
+                or name in _BOOLEAN_FLAGS
                 or i + 1 >= len(args)
                 or (args[i + 1].startswith("-") and not _is_number(args[i + 1]))
             ):
@@ -113,12 +171,43 @@ def split_flags(args: list[str]) -> tuple[list[str], dict[str, str | bool]]:
             else:
                 flags[name] = args[i + 1]
                 i += 1
-                while name in _LIST_FLAGS and i + 1 < len(args) and not args[i + 1].startswith("-"):
+                while (
+                    (kind == "list" or name in _LIST_FLAGS)
+                    and i + 1 < len(args)
+                    and not args[i + 1].startswith("-")
+                ):
                     i += 1
         else:
             positionals.append(word)
         i += 1
+    for name, value in dotted.items():
+        flags[name] = json.dumps(value)
     return positionals, flags
+
+
+def _merge_dotted(dotted: dict[str, dict[str, Any]], name: str, value_text: str) -> None:
+    """FlexibleArgumentParser's dotted key: JSON, else a human-readable int (`80g`), else the text;
+    `key+` splits a comma list; keys nest by their dots and later keys win."""
+    head, *keys = name.split(".")
+    if keys and keys[-1].endswith("+"):
+        keys[-1] = keys[-1][:-1]
+        value_text = json.dumps(value_text.split(","))
+    value: Any
+    try:
+        value = json.loads(value_text)
+    except ValueError:
+        try:
+            value = human_readable_int(value_text)
+        except UsageError:
+            value = value_text
+    target = dotted.setdefault(head, {})
+    for key in keys[:-1]:
+        nested = target.get(key)
+        if not isinstance(nested, dict):
+            nested = target[key] = {}
+        target = nested
+    if keys:
+        target[keys[-1]] = value
 
 
 def _is_number(word: str) -> bool:
@@ -225,15 +314,83 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
         value = flags.get(on)
         return value if isinstance(value, bool) else None
 
-    speculative = flags.get("--speculative-config")
-    num_spec = 0
-    if isinstance(speculative, str):
-        import json
+    refusals: list[str] = []
 
+    def json_flag(name: str, label: str) -> dict[str, Any] | None:
+        """A JSON-valued flag as vLLM's type parses it (engine/arg_utils.py parse_type: json.loads)."""
+        value = flags.get(name)
+        if not isinstance(value, str) or value in ("", "None"):
+            return None
         try:
-            num_spec = int(json.loads(speculative).get("num_speculative_tokens", 0))
-        except (ValueError, AttributeError):
-            num_spec = 0
+            parsed = json.loads(value)
+        except ValueError:
+            refusals.append(
+                f"argument {label}: Value {value} cannot be converted to json.loads "
+                "(vLLM's parser refuses it: engine/arg_utils.py parse_type)"
+            )
+            return None
+        if not isinstance(parsed, dict):
+            refusals.append(f"argument {label}: {value} is not a JSON object (vLLM's config refuses it)")
+            return None
+        return parsed
+
+    dtype = str(flags.get("--dtype", "auto"))
+    if dtype not in MODEL_DTYPES:  # config/model.py ModelDType: argparse's choices
+        choices = ", ".join(repr(c) for c in MODEL_DTYPES)
+        refusals.append(f"argument --dtype: invalid choice: {dtype!r} (choose from {choices})")
+    mamba_dtypes = {}
+    for flag_name in ("--mamba-cache-dtype", "--mamba-ssm-cache-dtype"):
+        value = str(flags.get(flag_name, "auto"))
+        if value not in MAMBA_DTYPES:  # config/cache.py MambaDType: argparse's choices
+            choices = ", ".join(repr(c) for c in MAMBA_DTYPES)
+            refusals.append(f"argument {flag_name}: invalid choice: {value!r} (choose from {choices})")
+            value = "auto"
+        mamba_dtypes[flag_name] = value
+    speculative = json_flag("--speculative-config", "--speculative-config/-sc") or {}
+    speculative = {key.replace("-", "_"): item for key, item in speculative.items()}
+    for flag_name, key in (
+        ("--spec-method", "method"),
+        ("--spec-model", "model"),
+        ("--spec-tokens", "num_speculative_tokens"),
+    ):
+        value = flags.get(flag_name)
+        if isinstance(value, str):
+            if key in speculative:
+                # engine/arg_utils.py create_speculative_config
+                refusals.append(f"{flag_name} and --speculative-config['{key}'] are mutually exclusive")
+            speculative[key] = value
+    num_spec = 0
+    try:
+        num_spec = int(speculative.get("num_speculative_tokens") or 0)
+    except (TypeError, ValueError):
+        refusals.append(
+            f"speculative num_speculative_tokens {speculative.get('num_speculative_tokens')!r} "
+            "is not an integer (vLLM's config refuses it)"
+        )
+    method, spec_model = speculative_method(speculative, refusals)
+    hf_overrides = json_flag("--hf-overrides", "--hf-overrides")
+    for legacy, key in (("--rope-scaling", "rope_scaling"), ("--rope-theta", "rope_theta")):
+        if legacy == "--rope-scaling":
+            value = json_flag(legacy, legacy)
+        else:
+            value = flags.get(legacy) if isinstance(flags.get(legacy), str) else None
+        if value is not None:
+            hf_overrides = {**(hf_overrides or {}), key: value}
+    kv_transfer = json_flag("--kv-transfer-config", "--kv-transfer-config")
+    offload = flags.get("--cpu-offload-gb")
+    try:
+        cpu_offload_gb = float(offload) if isinstance(offload, str) else 0.0
+    except ValueError:
+        raise UsageError(f"--cpu-offload-gb {offload!r} is not a number") from None
+    quantization = flags.get("--quantization")
+    load_format = flags.get("--load-format")
+    mode = flags.get("--performance-mode")
+    compilation = json_flag("--compilation-config", "--compilation-config/-cc")
+    level = flags.get("--optimization-level")
+    level = level if isinstance(level, str) else None
+    # config/vllm.py OPTIMIZATION_LEVEL_00 and CompilationConfig.cudagraph_mode NONE: no CUDA graphs,
+    # as --enforce-eager
+    graphs_off = level == "0" or str((compilation or {}).get("cudagraph_mode", "")).upper() == "NONE"
     port = num("--port")
     return ServeArgs(
         model=model,
@@ -250,10 +407,35 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
         gpu_memory_utilization=num("--gpu-memory-utilization", float),  # type: ignore[arg-type]
         kv_cache_memory_bytes=num("--kv-cache-memory-bytes"),  # type: ignore[arg-type]
         enable_prefix_caching=boolean("--enable-prefix-caching"),
-        enforce_eager=bool(boolean("--enforce-eager")),
+        enforce_eager=bool(boolean("--enforce-eager")) or graphs_off,
         disable_sliding_window=bool(boolean("--disable-sliding-window")),
         disable_hybrid_kv_cache_manager=bool(boolean("--disable-hybrid-kv-cache-manager")),
         num_speculative_tokens=num_spec,
+        given_flags=tuple(name for name, value in flags.items() if value is not False),
+        hf_overrides=hf_overrides,
+        enable_chunked_prefill=boolean("--enable-chunked-prefill"),
+        cpu_offload_gb=cpu_offload_gb,
+        quantization=quantization if isinstance(quantization, str) else None,
+        load_format=load_format if isinstance(load_format, str) else None,
+        speculative_method=method,
+        speculative_model=spec_model,
+        kv_transfer_config=kv_transfer,
+        async_scheduling=boolean("--async-scheduling"),
+        performance_mode=mode if isinstance(mode, str) else None,
+        enable_lora=bool(boolean("--enable-lora")),
+        max_loras=int(num("--max-loras") or 1),
+        max_lora_rank=int(num("--max-lora-rank") or 16),
+        lora_dtype=str(flags.get("--lora-dtype", "auto")),
+        fully_sharded_loras=bool(boolean("--fully-sharded-loras")),
+        long_prefill_token_threshold=num("--long-prefill-token-threshold"),  # type: ignore[arg-type]
+        max_num_active_seqs=num("--max-num-active-seqs"),  # type: ignore[arg-type]
+        limit_mm_per_prompt=json_flag("--limit-mm-per-prompt", "--limit-mm-per-prompt"),
+        compilation_config=compilation,
+        mamba_cache_dtype=mamba_dtypes["--mamba-cache-dtype"],
+        mamba_ssm_cache_dtype=mamba_dtypes["--mamba-ssm-cache-dtype"],
+        optimization_level=level,
+        hybrid_kv_cache_manager_forced=flags.get("--disable-hybrid-kv-cache-manager") is False,
+        refusals=tuple(refusals),
         served_model_name=flags.get("--served-model-name")
         if isinstance(flags.get("--served-model-name"), str)
         else None,  # type: ignore[arg-type]
@@ -264,33 +446,30 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
     )
 
 
-# The flags parse_serve_argv reads (canonical names): what `ctxmgr plan` also takes after the model, so
-# a plan from the command line can say everything a unit can.
-READ_FLAGS = frozenset(
-    {
-        "--model",
-        "--tensor-parallel-size",
-        "--pipeline-parallel-size",
-        "--decode-context-parallel-size",
-        "--data-parallel-size",
-        "--kv-cache-dtype",
-        "--dtype",
-        "--block-size",
-        "--max-num-batched-tokens",
-        "--max-num-seqs",
-        "--max-model-len",
-        "--gpu-memory-utilization",
-        "--kv-cache-memory-bytes",
-        "--enable-prefix-caching",
-        "--no-enable-prefix-caching",
-        "--enforce-eager",
-        "--disable-sliding-window",
-        "--disable-hybrid-kv-cache-manager",
-        "--speculative-config",
-        "--served-model-name",
-        "--quantization",
-    }
-)
+def speculative_method(config: dict[str, Any], refusals: list[str]) -> tuple[str | None, str | None]:
+    """(method, draft model) as SpeculativeConfig.__post_init__ resolves them (config/speculative.py):
+    no method and a model of "ngram" is ngram, any other model a draft model; the `*_mtp` methods are
+    mtp; tokens without a model are refused unless the method brings its own (mtp, ngram, ...)."""
+    if not config:
+        return None, None
+    model = config.get("model")
+    method = config.get("method")
+    if method is None:
+        method = "ngram" if model in ("ngram", "[ngram]") else "draft_model"
+    method = str(method)
+    if method.endswith("_mtp"):
+        method = "mtp"
+    if method == "[ngram]":
+        method = "ngram"
+    if method in ("ngram", "ngram_gpu"):
+        low, high = config.get("prompt_lookup_min"), config.get("prompt_lookup_max")
+        low, high = (high if low is None else low), (low if high is None else high)
+        if isinstance(low, int) and isinstance(high, int) and low > high:
+            refusals.append(f"prompt_lookup_min={low} must be <= prompt_lookup_max={high}")
+    self_drafting = ("mtp", "dspark", "ngram", "ngram_gpu", "suffix", "extract_hidden_states")
+    if model is None and config.get("num_speculative_tokens") is not None and method not in self_drafting:
+        refusals.append("num_speculative_tokens was provided but without speculative model.")
+    return method, None if model is None or method in self_drafting else str(model)
 
 
 # vLLM's flags and their aliases (vllm/engine/arg_utils.py); underscores are accepted too.
@@ -309,10 +488,8 @@ FLAG_ALIASES: dict[str, tuple[str, ...]] = {
 
 
 def canonical_flag(word: str) -> str:
-    """`--max_model_len=5` -> `--max-model-len`; aliases map to their main name."""
-    name = word.split("=", 1)[0]
-    if name.startswith("--"):
-        name = "--" + name[2:].replace("_", "-")
+    """`--max_model_len=5` -> `--max-model-len`; aliases map to their main name (vLLM's table)."""
+    name = canonical_name(word)
     for main, aliases in FLAG_ALIASES.items():
         if name in aliases:
             return main
@@ -402,3 +579,11 @@ def config_notes(args: list[str], config_flags: list[str], source: str) -> list[
                 "the unit's command line, which overrides the YAML value (the YAML file is left as it is)"
             )
     return notes
+
+
+def with_overrides(args: ServeArgs, overrides: Mapping[str, object]) -> ServeArgs:
+    """A unit's arguments with vLLM flags given on ctxmgr's command line on top: each field replaced,
+    except `given_flags`, which adds to the unit's own (both are what vLLM would be given)."""
+    extra = tuple(overrides.get("given_flags", ()))  # type: ignore[call-overload]
+    fields_ = {k: v for k, v in overrides.items() if k != "given_flags"}
+    return replace(args, given_flags=(*args.given_flags, *extra), **fields_)  # type: ignore[arg-type]

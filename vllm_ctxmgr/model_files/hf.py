@@ -31,6 +31,7 @@ from vllm_ctxmgr.core.facts import (
     StateFacts,
     auto_dtype,
 )
+from vllm_ctxmgr.core.hf_overrides import apply_hf_overrides
 from vllm_ctxmgr.errors import ModelFactsError
 from vllm_ctxmgr.model_files.files import MAX_CONFIG_BYTES, read_json_object
 from vllm_ctxmgr.model_files.hf_defaults import transformers_defaults
@@ -90,7 +91,28 @@ KV_HEAD_KEYS = (
 )
 # Models whose vLLM module ignores layer_types: only an all-sliding config slides (via
 # cache_config.sliding_window); qwen2.py asserts on a mixed one.
-GLOBAL_SLIDING_ONLY = frozenset({"qwen2", "qwen3", "qwen2_moe", "qwen3_moe"})
+# transformers' configs whose sliding_window is None unless use_sliding_window (Qwen2Config and the
+# configs copied from it: configuration_qwen2_vl.py, qwen2_5_vl, qwen2_5_omni, deepseek_ocr2 set
+# `self.sliding_window = self.sliding_window if self.use_sliding_window else None`), top-level or as
+# the text_config's model type
+GLOBAL_SLIDING_ONLY = frozenset(
+    {
+        "qwen2",
+        "qwen3",
+        "qwen2_moe",
+        "qwen3_moe",
+        "qwen2_vl",
+        "qwen2_vl_text",
+        "qwen2_5_vl",
+        "qwen2_5_vl_text",
+        "qwen2_5_omni_text",
+        "qwen2_5_omni_thinker",
+        "qwen2_5_omni_talker",
+        "deepseek_ocr2_text",
+    }
+)
+# of those, the ones whose layers slide from max_window_layers on (Qwen2Config's layer_types)
+QWEN2_WINDOW_LAYERS = GLOBAL_SLIDING_ONLY - {"qwen2_moe"}
 QWEN2_MIXED_SLIDING_REFUSED = frozenset({"qwen2", "qwen3"})
 # The attention layer types vLLM counts (config/model.py _ATTENTION_LAYER_TYPES)
 FULL_LAYER_TYPES = frozenset(
@@ -308,12 +330,16 @@ def _text_model_type(raw: dict[str, Any], text: dict[str, Any]) -> str:
     return parent
 
 
-def load_hf_facts(directory: Path, *, source: str | None = None) -> ModelFacts:
-    """Facts from a HF model directory (config.json and safetensors headers)."""
+def load_hf_facts(
+    directory: Path, *, source: str | None = None, hf_overrides: dict[str, Any] | None = None
+) -> ModelFacts:
+    """Facts from a HF model directory (config.json and safetensors headers), with vLLM's
+    `--hf-overrides` applied first (core/hf_overrides.py), as vLLM applies them before it reads the
+    config."""
     config_path = directory / "config.json"
     if not config_path.is_file() and any(directory.glob("*.gguf")):
         raise ModelFactsError(f"no config.json in {directory}; for a GGUF model pass the .gguf file itself")
-    raw = read_json(config_path)
+    raw = apply_hf_overrides(read_json(config_path), hf_overrides)
     text, label = text_config(raw)
     check_config_values(raw, str(config_path))
     if text is not raw:
@@ -580,7 +606,7 @@ def _layer_types(cfg: HfConfig, num_layers: int) -> list[str] | None:
         derived = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(num_layers)]
     elif model_type in ("gemma3n", "gemma3n_text"):
         derived = ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(num_layers)]
-    elif model_type in ("qwen2", "qwen3", "qwen3_moe"):
+    elif model_type in QWEN2_WINDOW_LAYERS:
         sliding = window is not None and cfg.get("use_sliding_window", False)
         max_window_layers = int(cfg.get("max_window_layers") or 0)
         derived = [

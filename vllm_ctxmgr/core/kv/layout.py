@@ -60,6 +60,7 @@ from vllm_ctxmgr.core.kv.specs import (
     mamba_state_shapes,
     round_up,
 )
+from vllm_ctxmgr.core.kv_connectors import hybrid_manager_off_by_connector
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.core.vllm_versions import NEWEST_VLLM, VllmVersion, rule
 from vllm_ctxmgr.errors import UsageError
@@ -376,6 +377,20 @@ def pp_stage_layers(num_layers: int, pp: int, partition: str | None = None) -> t
     return tuple(stages)
 
 
+def _with_mamba_dtypes(layer: LayerFacts, args: ServeArgs) -> LayerFacts:
+    """--mamba-cache-dtype / --mamba-ssm-cache-dtype on a recurrent layer's state (mamba_utils.py
+    MambaStateDtypeCalculator._mamba_state_dtype: the conv state takes mamba_cache_dtype, the SSM state
+    mamba_ssm_cache_dtype, which "auto" leaves to the model's default or the conv state's dtype)."""
+    if layer.state is None or (args.mamba_cache_dtype == "auto" and args.mamba_ssm_cache_dtype == "auto"):
+        return layer
+    state = layer.state
+    if args.mamba_cache_dtype != "auto":
+        state = replace(state, conv_dtype=args.mamba_cache_dtype)
+    if args.mamba_ssm_cache_dtype != "auto":
+        state = replace(state, ssm_dtype=args.mamba_ssm_cache_dtype)
+    return replace(layer, state=state)
+
+
 def _max_concurrent_batches(
     facts: ModelFacts, platform: Platform, args: ServeArgs, vllm_version: VllmVersion
 ) -> int:
@@ -384,8 +399,8 @@ def _max_concurrent_batches(
     Which runner is the default is rule v2_model_runner_default ("dense": not MoE, not hybrid).
     """
     pp = args.pipeline_parallel_size
-    if platform.is_cpu:
-        return pp  # the CPU platform turns async scheduling off
+    if platform.is_cpu or args.async_scheduling is False:
+        return pp  # the CPU platform turns async scheduling off; so does --no-async-scheduling
     runner_env = args.env.get("VLLM_USE_V2_MODEL_RUNNER")
     default = rule("v2_model_runner_default", vllm_version)
     dense = not facts.num_experts and facts.count(LayerKind.MAMBA) == 0
@@ -433,8 +448,10 @@ def kv_cache_layout(
     # Phase 1: the block size every backend takes.
     block_size = backend_block_size(facts, args, platform, backend, has_attention, notes)
 
-    layers = list(facts.layers)
-    if args.num_speculative_tokens and facts.mtp_layers:
+    layers = [_with_mamba_dtypes(layer, args) for layer in facts.layers]
+    # an MTP method drafts with the checkpoint's own MTP layers; ngram / suffix / a draft model do not
+    # (config/speculative.py SpeculativeConfig.__post_init__); None: ServeArgs built without a method
+    if args.num_speculative_tokens and facts.mtp_layers and args.speculative_method in (None, "mtp"):
         layers += [layers[-1]] * facts.mtp_layers
         notes.append(
             f"MTP speculative decoding adds {facts.mtp_layers} draft layer(s) to the KV cache [unverified]"
@@ -490,6 +507,12 @@ def kv_cache_layout(
         notes.append("--disable-sliding-window: sliding layers keep every token (full attention)")
 
     disable_hybrid = args.disable_hybrid_kv_cache_manager
+    if hybrid_manager_off_by_connector(args, vllm_version):
+        disable_hybrid = True
+        notes.append(
+            f"--kv-transfer-config {args.kv_transfer_config.get('kv_connector')}: the connector lacks "  # type: ignore[union-attr]
+            "SupportsHMA, so vLLM turns the hybrid KV cache manager off (config/vllm.py)"
+        )
     chunked_env = args.env.get("VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE")
     if chunked_env in ("0", "false") and any(isinstance(s, ChunkedLocalAttentionSpec) for _, s in specs):
         disable_hybrid = True
