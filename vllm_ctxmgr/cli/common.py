@@ -77,14 +77,17 @@ def fail(message: str, exit_code: int, *, as_json: bool, command: str | None) ->
 def vllm_spelling(argv: list[str]) -> list[str]:
     """`--max_model_len 64k` as `--max-model-len 64k`: vLLM's argparse takes either spelling of every
     flag (FlexibleArgumentParser), and a unit's ExecStart may use it, so the command line takes it too.
-    Only option names change (the part before `=`), and nothing after a bare `--`."""
+    Only option names change (the part before `=`, and before the first dot: a dotted
+    `--hf-overrides.max_position_embeddings` keeps its key, as vLLM's parser does), and nothing after a
+    bare `--`."""
     out: list[str] = []
     for index, word in enumerate(argv):
         if word == "--":
             return out + argv[index:]
-        if word.startswith("--") and "_" in word.partition("=")[0]:
-            name, eq, value = word.partition("=")
-            word = name.replace("_", "-") + eq + value
+        name, eq, value = word.partition("=")
+        head, dot, key = name.partition(".")
+        if word.startswith("--") and "_" in head:
+            word = head.replace("_", "-") + dot + key + eq + value
         out.append(word)
     return out
 
