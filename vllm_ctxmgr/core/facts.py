@@ -221,13 +221,40 @@ def _check_layer(facts: ModelFacts, index: int, layer: LayerFacts) -> None:
     elif layer.kind == LayerKind.MAMBA:
         if not isinstance(layer.state, StateFacts):
             raise ModelFactsError(f"{facts.source}: layer {index} is a state layer without state dims")
+        used = STATE_DIMS_USED.get(layer.state.family)
+        if used is None:
+            raise ModelFactsError(
+                f"{facts.source}: layer {index} state family {layer.state.family!r} is unknown"
+            )
         for name in (
             "conv_kernel", "intermediate_size", "n_groups", "state_size", "num_heads", "head_dim",
             "num_k_heads", "num_v_heads", "k_head_dim", "v_head_dim",
         ):  # fmt: skip
-            check(f"state {name}", getattr(layer.state, name), 0, MAX_STATE_DIM)
+            # a dimension vLLM's state shapes multiply by is at least 1: a 0 would shrink the pool
+            check(f"state {name}", getattr(layer.state, name), 1 if name in used else 0, MAX_STATE_DIM)
+        for name in ("conv_dtype", "ssm_dtype"):
+            value = getattr(layer.state, name)
+            if value is not None and (not isinstance(value, str) or value not in MAMBA_DTYPES):
+                raise ModelFactsError(
+                    f"{facts.source}: layer {index} state {name} is {value!r:.40}, "
+                    f"expected one of {', '.join(MAMBA_DTYPES)}"
+                )
     check("window", layer.window, 1, MAX_POSITIONS, optional=True)
 
+
+# The dimensions each state family's shapes multiply by (kv/specs.py mamba_state_shapes, after
+# vLLM's mamba_utils.py): each must be at least 1.
+STATE_DIMS_USED: dict[str, frozenset[str]] = {
+    "mamba2": frozenset(
+        {"conv_kernel", "intermediate_size", "n_groups", "state_size", "num_heads", "head_dim"}
+    ),
+    "mamba1": frozenset({"conv_kernel", "intermediate_size", "state_size"}),
+    "gdn": frozenset({"conv_kernel", "num_k_heads", "num_v_heads", "k_head_dim", "v_head_dim"}),
+    "linear": frozenset({"num_heads", "head_dim"}),
+}
+# vLLM's MambaDType (config/cache.py) less "auto", which StateFacts spells None: what a
+# mamba_ssm_cache_dtype / mamba_ssm_dtype in a config may name.
+MAMBA_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
@@ -250,8 +277,8 @@ def dtype_bytes(dtype: str) -> int:
     """
     try:
         return DTYPE_BYTES[dtype]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}") from None
+    except (KeyError, TypeError):  # TypeError: a list or dict from a config is unhashable
+        raise ValueError(f"unknown dtype {dtype!r:.40}") from None
 
 
 # --- vLLM's maximum model length (pure; vllm/config/model.py `_get_and_verify_max_len`) ---
