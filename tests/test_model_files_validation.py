@@ -308,6 +308,10 @@ def facts(**changes: Any) -> ModelFacts:
         ({"weight_bytes": -5}, r"weight_bytes is -5"),
         ({"kv_lora_rank": 0}, r"kv_lora_rank is 0"),
         ({"dtype": "float64"}, r"dtype 'float64' is not one vLLM serves"),
+        (
+            {"layers": (LayerFacts(LayerKind.FULL, 16, 128, 128),)},
+            r"layer 0 num_kv_heads is 16, expected .* 1\.\.8$",
+        ),
     ],
 )
 def test_model_facts_refuse_garbage_whoever_builds_them(changes: dict[str, Any], pattern: str) -> None:

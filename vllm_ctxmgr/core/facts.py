@@ -211,7 +211,8 @@ def _check_layer(facts: ModelFacts, index: int, layer: LayerFacts) -> None:
     if not isinstance(layer, LayerFacts) or not isinstance(layer.kind, LayerKind):
         raise ModelFactsError(f"{facts.source}: layer {index} is {layer!r}, not a decoder layer")
     if layer.kind in (LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED):
-        check("num_kv_heads", layer.num_kv_heads, 1, MAX_HEADS)
+        # vLLM's Attention asserts num_heads % num_kv_heads == 0: never more KV heads than heads
+        check("num_kv_heads", layer.num_kv_heads, 1, max(1, min(MAX_HEADS, facts.num_attention_heads)))
         check("head_size", layer.head_size, 1, MAX_HEAD_SIZE)
         check("head_size_v", layer.head_size_v, 0, MAX_HEAD_SIZE)
     elif layer.kind == LayerKind.MLA:
