@@ -640,3 +640,26 @@ def test_an_index_without_any_shard_keeps_its_total_size(tmp_path: Path) -> None
     index = {"metadata": {"total_size": 1 << 22}, "weight_map": names}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))
     assert load_model_facts(str(directory)).weight_bytes == 1 << 22
+
+
+@pytest.mark.parametrize(
+    ("changes", "tp", "pattern"),
+    [
+        ({}, "3", r"Total number of attention heads \(64\) must be divisible by tensor parallel size \(3\)"),
+        ({"num_attention_heads": 48, "num_key_value_heads": 12, "head_dim": 128}, "8",
+         r"12 KV heads are not divisible by tensor parallel size 8"),
+        ({"num_attention_heads": 48, "num_key_value_heads": 16, "head_dim": 128}, "24",
+         r"tensor parallel size 24 is not a multiple of the 16 KV heads"),
+    ],
+)  # fmt: skip
+def test_tensor_parallel_against_heads_and_kv_heads_is_one_line(
+    tmp_path: Path, changes: dict[str, Any], tp: str, pattern: str
+) -> None:
+    """Issue 20, item 2 (TP against both): already refused by the planner; kept as a regression test."""
+    directory = hf_dir(tmp_path, "llama-3.1-70b", **changes)
+    result = CliRunner().invoke(
+        main, ["plan", "--model", str(directory), "4096", "-tp", tp, "--gpu-memory", "80G", "--gpu-count", tp]
+    )
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert __import__("re").search(pattern, result.output), result.output
