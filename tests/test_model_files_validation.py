@@ -663,3 +663,11 @@ def test_tensor_parallel_against_heads_and_kv_heads_is_one_line(
     assert result.exit_code == EXIT_USAGE, result.output
     assert len(result.output.strip().splitlines()) == 1
     assert __import__("re").search(pattern, result.output), result.output
+
+
+@pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/passwd", ""])
+def test_index_naming_a_file_outside_the_model_directory_is_refused(tmp_path: Path, name: str) -> None:
+    directory = hf_dir(tmp_path)
+    index = {"metadata": {"total_size": 1 << 22}, "weight_map": {"a": name}}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    refused(directory, r"model\.safetensors\.index\.json names '.*', not a file in the model directory$")

@@ -80,8 +80,8 @@ def _check_index_files(index: Path, weight_map: Any) -> None:
         return
     names = sorted({value for value in weight_map.values() if isinstance(value, str)})
     for name in names:
-        if "/" in name or name in ("", ".", ".."):
-            raise ModelFactsError(f"{index} names {name[:80]!r}, not a file beside it")
+        if not name or name.startswith("/") or ".." in name.split("/"):
+            raise ModelFactsError(f"{index} names {name[:80]!r}, not a file in the model directory")
     if not any(os.path.lexists(index.parent / name) for name in names):
         return
     for name in names:
