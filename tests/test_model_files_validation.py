@@ -671,3 +671,12 @@ def test_index_naming_a_file_outside_the_model_directory_is_refused(tmp_path: Pa
     index = {"metadata": {"total_size": 1 << 22}, "weight_map": {"a": name}}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))
     refused(directory, r"model\.safetensors\.index\.json names '.*', not a file in the model directory$")
+
+
+def test_index_total_size_beside_a_partial_series_is_refused(tmp_path: Path) -> None:
+    """An index without weight_map must not vouch for 2 of 4 shards with its total_size."""
+    directory = hf_dir(tmp_path)
+    for i in (1, 2):
+        named_shard(directory, f"model-{i:05d}-of-00004.safetensors", 1 << 21)
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 1 << 23}}))
+    refused(directory, r"safetensors shard missing: .*model-00003-of-00004\.safetensors$")

@@ -34,21 +34,24 @@ class SafetensorsWeights:
 
 
 def safetensors_weights(directory: Path) -> SafetensorsWeights:
-    """Total tensor bytes from the index, else from each shard's header (never the data)."""
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        data = read_json_any(index)
-        _check_index_files(index, data.get("weight_map"))
-        metadata = data.get("metadata")
-        total = metadata.get("total_size") if isinstance(metadata, dict) else None
-        if isinstance(total, int) and not isinstance(total, bool) and total > 0:
-            return SafetensorsWeights(int(total), "safetensors index")
+    """Total tensor bytes from the index, else from each shard's header (never the data).
+
+    A partial checkpoint (shards missing from a -NNNNN-of-MMMMM series or from the index's
+    weight_map) is refused: vLLM could not load it, and its sum would be wrong.
+    """
     shards = sorted(directory.glob("*.safetensors"))
     if any(s.name != "consolidated.safetensors" for s in shards):
         shards = [s for s in shards if s.name != "consolidated.safetensors"]  # Mistral-format duplicate
+    index = directory / "model.safetensors.index.json"
+    data = read_json_any(index) if index.is_file() else {}
+    _check_index_files(index, data.get("weight_map"))
+    _check_shard_series(shards)
+    metadata = data.get("metadata")
+    total = metadata.get("total_size") if isinstance(metadata, dict) else None
+    if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+        return SafetensorsWeights(int(total), "safetensors index")
     if not shards:
         return SafetensorsWeights()
-    _check_shard_series(shards)
     total = 0
     dtypes: set[str] = set()
     for shard in shards:
