@@ -554,8 +554,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=20.0)
     parser.add_argument("--show", type=int, default=5, help="examples to print per bad outcome")
     parser.add_argument("--only", help="run only the kinds whose name contains this")
+    parser.add_argument("--work", type=Path, default=REPO / ".cache" / "campaign_model_files")
     args = parser.parse_args()
-    work = REPO / ".cache" / "campaign_model_files"
+    work = args.work.resolve()
     shutil.rmtree(work, ignore_errors=True)
     os.environ["HF_HUB_CACHE"] = str(work / "hub")  # the refs/main inputs resolve repo ids here
     kinds: dict[str, Callable[[random.Random, Path], Case]] = {
