@@ -578,7 +578,7 @@ def _kv_heads_and_head_size(cfg: HfConfig, num_heads: int) -> tuple[int, int]:
         kv_heads = num_heads
         cfg.provenance["num_kv_heads"] = "num_attention_heads (no KV-head key)"
     elif int(kv_heads) >= 1:
-        kv_key = next(key for key in KV_HEAD_KEYS if cfg.get(key) is not None)
+        kv_key = next((key for key in KV_HEAD_KEYS if cfg.lookup(key)[1] is not None), "num_key_value_heads")
         check_head_geometry(cfg.label, num_heads, int(kv_heads), kv_key)
     head_dim = cfg.get("head_dim", fact="head_size")
     if not head_dim or head_dim <= 0:

@@ -24,7 +24,8 @@ def _check_ref(repo: Path) -> None:
     try:
         if not ref.is_file():
             return
-        text = ref.read_bytes()[:4096].decode("utf-8", errors="replace").strip()
+        with ref.open("rb") as handle:
+            text = handle.read(4096).decode("utf-8", errors="replace").strip()
     except OSError:
         return
     if not REVISION.match(text):
