@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -379,7 +380,7 @@ def facts_and_plan_refuse(directory: Path, pattern: str) -> None:
         assert result.exit_code == EXIT_USAGE, (argv, result.output)
         assert "unexpected error" not in result.output and "Traceback" not in result.output
         assert len(result.output.strip().splitlines()) == 1, result.output
-        assert __import__("re").search(pattern, result.output), result.output
+        assert re.search(pattern, result.output), result.output
 
 
 @pytest.mark.parametrize("value", ["int3", ["float32"], {"a": 1}, 4])
@@ -662,7 +663,7 @@ def test_tensor_parallel_against_heads_and_kv_heads_is_one_line(
     )
     assert result.exit_code == EXIT_USAGE, result.output
     assert len(result.output.strip().splitlines()) == 1
-    assert __import__("re").search(pattern, result.output), result.output
+    assert re.search(pattern, result.output), result.output
 
 
 @pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/passwd", ""])
