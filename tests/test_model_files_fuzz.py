@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests import gguf_builders
@@ -231,3 +231,56 @@ def test_garbage_gguf_header(
     path = workdir / "g.gguf"
     path.write_bytes(bytes(data))
     assert_clean(str(path))
+
+
+# nvidia/Nemotron-H-8B-Base-8K's config.json, the keys the readers use (issue 20)
+NEMOTRON_H: dict[str, Any] = {
+    "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 4096,
+    "num_hidden_layers": 52, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+    "mamba_num_heads": 128, "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
+    "max_position_embeddings": 8192, "torch_dtype": "bfloat16",
+}  # fmt: skip
+PLANNED_KEYS = [
+    "mamba_ssm_cache_dtype", "mamba_ssm_dtype", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "hidden_size", "num_kv_shared_layers", "layer_types", "linear_num_value_heads", "full_attention_interval",
+]  # fmt: skip
+
+
+@settings(FUZZ, max_examples=40, deadline=timedelta(seconds=20))
+@example(base="nemotron_h", changes={"mamba_ssm_cache_dtype": "int3"})
+@example(base="qwen3_5_moe", changes={"mamba_ssm_dtype": ["float32"]})
+@given(
+    base=st.sampled_from(["nemotron_h", "qwen3_5_moe", "gemma-3-27b", "llama-3.1-70b"]),
+    changes=st.dictionaries(
+        st.sampled_from(PLANNED_KEYS),
+        HOSTILE | st.sampled_from(["int3", "float32", "auto", ["float32"], 7, 33, 3]),
+        min_size=1,
+        max_size=3,
+    ),
+)
+def test_what_facts_accepts_plan_can_plan(workdir: Path, base: str, changes: dict[str, Any]) -> None:
+    """Issue 20, item 1: `plan` ended in "unexpected error" on inputs `facts` had accepted."""
+    from click.testing import CliRunner
+
+    from vllm_ctxmgr.cli.main import main
+
+    if base == "nemotron_h":
+        config = dict(NEMOTRON_H)
+    elif base == "qwen3_5_moe":
+        config = CONFIGS["qwen3-next-80b-a3b"] | {"model_type": "qwen3_5_moe"}
+    else:
+        config = json.loads(json.dumps(CONFIGS[base]))
+    config.get("text_config", config).update(changes)
+    directory = workdir / "planned"
+    directory.mkdir(exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    facts = CliRunner().invoke(main, ["facts", str(directory)])
+    plan = CliRunner().invoke(main, ["plan", "--model", str(directory), "4096", "--gpu-memory", "80G"])
+    for result in (facts, plan):
+        assert "unexpected error" not in result.output, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    if facts.exit_code == 0:
+        assert plan.exit_code in (0, 3), plan.output
+    else:
+        assert facts.exit_code == plan.exit_code == 2, (facts.output, plan.output)

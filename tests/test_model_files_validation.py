@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,10 @@ def test_zero_kv_lora_rank_is_refused(tmp_path: Path) -> None:
 
 def test_head_size_derived_to_zero_is_refused(tmp_path: Path) -> None:
     """head_dim null falls back to hidden_size // heads, here 0."""
-    refused(hf_dir(tmp_path, head_dim=None, hidden_size=4), r"layer 0 head_size is 0, expected an integer")
+    refused(
+        hf_dir(tmp_path, head_dim=None, hidden_size=4),
+        r"hidden_size 4 is not a multiple of num_attention_heads 64",
+    )
 
 
 def test_facts_and_plan_exit_2_on_negative_heads(tmp_path: Path) -> None:
@@ -305,6 +309,10 @@ def facts(**changes: Any) -> ModelFacts:
         ({"weight_bytes": -5}, r"weight_bytes is -5"),
         ({"kv_lora_rank": 0}, r"kv_lora_rank is 0"),
         ({"dtype": "float64"}, r"dtype 'float64' is not one vLLM serves"),
+        (
+            {"layers": (LayerFacts(LayerKind.FULL, 16, 128, 128),)},
+            r"layer 0 num_kv_heads is 16, expected .* 1\.\.8$",
+        ),
     ],
 )
 def test_model_facts_refuse_garbage_whoever_builds_them(changes: dict[str, Any], pattern: str) -> None:
@@ -334,3 +342,342 @@ def test_gguf_large_scalar_arrays_are_stepped_over_not_decoded(tmp_path: Path) -
 def test_a_fifo_named_as_the_model_is_refused_as_such(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "model.gguf")
     refused(tmp_path / "model.gguf", r"model\.gguf: not a regular file or a directory$")
+
+
+# --- round two (issue 20): what vLLM or transformers would refuse is refused at the door ---
+
+# nvidia/Nemotron-H-8B-Base-8K's config.json, the keys the readers use
+NEMOTRON_H: dict[str, Any] = {
+    "architectures": ["NemotronHForCausalLM"],
+    "model_type": "nemotron_h",
+    "hidden_size": 4096,
+    "num_hidden_layers": 52,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+    "mamba_num_heads": 128,
+    "mamba_head_dim": 64,
+    "ssm_state_size": 128,
+    "n_groups": 8,
+    "conv_kernel": 4,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+}
+
+
+def config_dir(tmp_path: Path, config: dict[str, Any]) -> Path:
+    directory = tmp_path / "model"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def facts_and_plan_refuse(directory: Path, pattern: str) -> None:
+    """`facts` and `plan` both end in one clear line and exit 2 (plan used to crash after facts passed)."""
+    for argv in (["facts", str(directory)], ["plan", "--model", str(directory), "4096"]):
+        result = CliRunner().invoke(main, argv)
+        assert result.exit_code == EXIT_USAGE, (argv, result.output)
+        assert "unexpected error" not in result.output and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
+        assert re.search(pattern, result.output), result.output
+
+
+@pytest.mark.parametrize("value", ["int3", ["float32"], {"a": 1}, 4])
+def test_nemotron_h_state_dtype_that_is_no_dtype_is_refused_by_facts_and_plan(
+    tmp_path: Path, value: Any
+) -> None:
+    directory = config_dir(tmp_path, NEMOTRON_H | {"mamba_ssm_cache_dtype": value})
+    facts_and_plan_refuse(directory, r"config\.json: mamba_ssm_cache_dtype is .*, expected one of")
+
+
+@pytest.mark.parametrize("value", ["int3", ["float32"], {"a": 1}])
+def test_qwen3_5_state_dtype_that_is_no_dtype_is_refused_by_facts_and_plan(
+    tmp_path: Path, value: Any
+) -> None:
+    config = json.loads((MODELS / "qwen3-next-80b-a3b" / "config.json").read_text())
+    directory = config_dir(tmp_path, config | {"model_type": "qwen3_5_moe", "mamba_ssm_dtype": value})
+    facts_and_plan_refuse(directory, r"config\.json: mamba_ssm_dtype is .*, expected one of")
+
+
+def test_state_dtype_auto_follows_the_conv_dtype_as_vllm_does(tmp_path: Path) -> None:
+    """vLLM's MambaDType is auto/float32/float16/bfloat16; "auto" leaves the SSM state at the conv dtype."""
+    model = load_model_facts(str(config_dir(tmp_path, NEMOTRON_H | {"mamba_ssm_cache_dtype": "auto"})))
+    state = model.layers[0].state
+    assert state is not None and state.ssm_dtype is None
+    result = CliRunner().invoke(main, ["plan", "--model", str(tmp_path / "model"), "4096"])
+    assert "unexpected error" not in result.output, result.output
+
+
+def test_model_facts_refuse_a_state_dtype_whoever_builds_them() -> None:
+    from vllm_ctxmgr.core.facts import StateFacts
+
+    state = StateFacts("gdn", conv_kernel=4, num_k_heads=16, num_v_heads=32, k_head_dim=128, v_head_dim=128)
+    for bad in ("int3", ["float32"]):
+        layer = LayerFacts(LayerKind.MAMBA, state=StateFacts(**(state.__dict__ | {"ssm_dtype": bad})))
+        with pytest.raises(ModelFactsError, match=r"layer 0 state ssm_dtype is .*, expected one of"):
+            facts(layers=(layer,))
+
+
+@pytest.mark.parametrize("dtype", ["int3", ["float32"], {"a": 1}, None])
+def test_dtype_bytes_refuses_with_value_error_only(dtype: Any) -> None:
+    from vllm_ctxmgr.core.facts import dtype_bytes
+
+    with pytest.raises(ValueError, match=r"unknown dtype"):
+        dtype_bytes(dtype)
+
+
+@pytest.mark.parametrize(
+    ("model", "changes", "pattern"),
+    [
+        ("llama-3.1-70b", {"num_attention_heads": 32, "num_key_value_heads": 7, "head_dim": 128},
+         r"num_attention_heads 32 is not a multiple of num_key_value_heads 7"),
+        ("llama-3.1-70b", {"num_attention_heads": 8, "num_key_value_heads": 32, "head_dim": 128},
+         r"num_key_value_heads 32 is more than num_attention_heads 8"),
+        ("llama-3.1-70b", {"num_attention_heads": 32, "num_key_value_heads": 33, "head_dim": 128},
+         r"num_key_value_heads 33 is more than num_attention_heads 32"),
+        ("gemma-3-27b", {"num_key_value_heads": 64},
+         r"num_key_value_heads 64 is more than num_attention_heads 32"),
+        ("llama-3.1-70b", {"hidden_size": 8190},
+         r"hidden_size 8190 is not a multiple of num_attention_heads 64"),
+    ],
+)  # fmt: skip
+def test_head_geometry_vllm_refuses_is_refused(
+    tmp_path: Path, model: str, changes: dict[str, Any], pattern: str
+) -> None:
+    config = json.loads((MODELS / model / "config.json").read_text())
+    target = config.get("text_config", config)
+    target.update(changes)
+    if "hidden_size" in changes:
+        target.pop("head_dim", None)
+    facts_and_plan_refuse(config_dir(tmp_path, config), pattern)
+
+
+@pytest.mark.parametrize(
+    ("kv", "pattern"),
+    [(3, r"attention\.head_count 8 is not a multiple of .*head_count_kv 3"),
+     (16, r"attention\.head_count_kv 16 is more than .*head_count 8"),
+     ([8, 8, 3, 8], r"layer 2: llama\.attention\.head_count 8 is not a multiple of .*head_count_kv 3")],
+)  # fmt: skip
+def test_gguf_head_geometry_vllm_refuses_is_refused(tmp_path: Path, kv: Any, pattern: str) -> None:
+    refused(gguf(tmp_path, {"attention.head_count_kv": kv}), pattern)
+
+
+def test_gguf_kv_heads_per_layer_that_divide_are_kept(tmp_path: Path) -> None:
+    model = load_model_facts(str(gguf(tmp_path, {"attention.head_count_kv": [8, 2, 4, 0]})))
+    assert [layer.num_kv_heads for layer in model.layers] == [8, 2, 4, 0]
+
+
+def named_shard(directory: Path, name: str, nbytes: int) -> None:
+    header = json.dumps(
+        {"w": {"dtype": "BF16", "shape": [nbytes // 2], "data_offsets": [0, nbytes]}}
+    ).encode()
+    (directory / name).write_bytes(struct.pack("<Q", len(header)) + header)
+    os.truncate(directory / name, 8 + len(header) + nbytes)
+
+
+def test_two_of_four_shards_without_an_index_are_refused_not_summed(tmp_path: Path) -> None:
+    directory = hf_dir(tmp_path)
+    for i in (1, 2):
+        named_shard(directory, f"model-{i:05d}-of-00004.safetensors", 1 << 21)
+    facts_and_plan_refuse(directory, r"safetensors shard missing: .*model-00003-of-00004\.safetensors")
+
+
+def test_index_without_total_size_naming_missing_shards_is_refused(tmp_path: Path) -> None:
+    directory = hf_dir(tmp_path)
+    names = [f"model-{i:05d}-of-00004.safetensors" for i in range(1, 5)]
+    for name in names[:2]:
+        named_shard(directory, name, 1 << 21)
+    weight_map = {f"layer.{i}.w": name for i, name in enumerate(names)}
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
+    refused(
+        directory,
+        r"model\.safetensors\.index\.json names model-00003-of-00004\.safetensors, which is missing",
+    )
+
+
+def test_index_with_total_size_naming_missing_shards_is_refused(tmp_path: Path) -> None:
+    directory = hf_dir(tmp_path)
+    named_shard(directory, "model-00001-of-00002.safetensors", 1 << 21)
+    names = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
+    index = {"metadata": {"total_size": 1 << 22}, "weight_map": names}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    refused(directory, r"names model-00002-of-00002\.safetensors, which is missing")
+
+
+def test_complete_shards_are_still_summed(tmp_path: Path) -> None:
+    directory = hf_dir(tmp_path)
+    for i in (1, 2):
+        named_shard(directory, f"model-{i:05d}-of-00002.safetensors", 1 << 21)
+    assert load_model_facts(str(directory)).weight_bytes == 1 << 22
+
+
+def test_kv_sharing_beyond_the_layer_count_is_refused(tmp_path: Path) -> None:
+    directory = hf_dir(tmp_path, "gemma-3-27b")
+    config = json.loads((directory / "config.json").read_text())
+    config["text_config"]["num_kv_shared_layers"] = 124
+    (directory / "config.json").write_text(json.dumps(config))
+    facts_and_plan_refuse(directory, r"num_kv_shared_layers is 124, not fewer than the 62 layers")
+
+
+def test_gguf_kv_sharing_beyond_the_layer_count_is_refused(tmp_path: Path) -> None:
+    refused(
+        gguf(tmp_path, {"attention.shared_kv_layers": 8}),
+        r"llama\.attention\.shared_kv_layers is 8, not fewer than the 4 layers",
+    )
+
+
+def test_gguf_zero_state_dimension_is_refused(tmp_path: Path) -> None:
+    """ssm.time_step_rank 0 made the V heads 0 and cut the state pool by 69%."""
+    (path,) = gguf_builders.qwen3_next_gguf(tmp_path / "q.gguf")
+    (bad,) = rewrite_gguf(path, {"qwen3next.ssm.time_step_rank": 0})
+    refused(bad, r"qwen3next\.ssm\.time_step_rank is 0, expected an integer in 1\.\.")
+
+
+def test_gguf_state_width_that_divides_to_zero_is_refused(tmp_path: Path) -> None:
+    (path,) = gguf_builders.qwen3_next_gguf(tmp_path / "q.gguf")
+    (bad,) = rewrite_gguf(path, {"qwen3next.ssm.inner_size": 16})
+    refused(bad, r"qwen3next\.ssm\.inner_size 16 is not a multiple of qwen3next\.ssm\.time_step_rank 32")
+
+
+def test_model_facts_refuse_a_zero_state_dimension() -> None:
+    from vllm_ctxmgr.core.facts import StateFacts
+
+    state = StateFacts("gdn", conv_kernel=4, num_k_heads=16, num_v_heads=0, k_head_dim=128, v_head_dim=128)
+    with pytest.raises(
+        ModelFactsError, match=r"layer 0 state num_v_heads is 0, expected an integer in 1\.\."
+    ):
+        facts(layers=(LayerFacts(LayerKind.MAMBA, state=state),))
+
+
+def rewrite_gguf(path: Path, changes: dict[str, Any]) -> list[Path]:
+    """PATH with some metadata values replaced, the tensor infos kept (the way a broken converter writes)."""
+    from vllm_ctxmgr.model_files.gguf import read_gguf_header
+
+    header = read_gguf_header(path)
+    arch = header.metadata["general.architecture"]
+    values = {k.removeprefix(f"{arch}."): v for k, v in header.metadata.items() if k.startswith(f"{arch}.")}
+    values |= {k.removeprefix(f"{arch}."): v for k, v in changes.items()}
+    tensors = [(t.name, tuple(reversed(t.shape)), header.type_names[t.ggml_type]) for t in header.tensors]
+    return gguf_builders.write_gguf(path.with_name("bad-" + path.name), arch, values, tensors)
+
+
+def test_garbage_layer_types_are_refused_as_transformers_does(tmp_path: Path) -> None:
+    directory = hf_dir(tmp_path, "gemma-3-27b")
+    config = json.loads((directory / "config.json").read_text())
+    config["text_config"]["layer_types"] = ["banana"] * 62
+    (directory / "config.json").write_text(json.dumps(config))
+    refused(directory, r"layer_types entry 'banana' is not a layer type transformers knows")
+
+
+def test_overlapping_tensor_byte_ranges_are_refused(tmp_path: Path) -> None:
+    directory = hf_dir(tmp_path)
+    tensors = {"a": {"dtype": "BF16", "shape": [8], "data_offsets": [0, 16]},
+               "b": {"dtype": "BF16", "shape": [8], "data_offsets": [8, 24]}}  # fmt: skip
+    shard(directory, tensors, data=24)
+    refused(directory, r"model\.safetensors: malformed safetensors header \(tensors 'a' and 'b' overlap\)$")
+
+
+def test_gguf_deepseek2_with_zero_kv_lora_rank_is_refused(tmp_path: Path) -> None:
+    (path,) = gguf_builders.deepseek_v3_gguf(tmp_path / "d.gguf")
+    (bad,) = rewrite_gguf(path, {"deepseek2.attention.kv_lora_rank": 0})
+    refused(bad, r"deepseek2\.attention\.kv_lora_rank is 0, expected an integer in 1\.\.")
+
+
+def test_refs_main_escaping_the_cache_is_refused(tmp_path: Path) -> None:
+    repo = tmp_path / "hub" / "models--org--name"
+    (repo / "snapshots" / "0123456789abcdef0123456789abcdef01234567").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "config.json").write_text((MODELS / "qwen3-32b" / "config.json").read_text())
+    (repo / "refs" / "main").write_text("../../../outside")
+    refused_repo = pytest.raises(
+        ModelFactsError, match=r"refs/main is '\.\./\.\./\.\./outside', not a revision"
+    )
+    with refused_repo:
+        load_model_facts("org/name", hf_home=str(tmp_path))
+
+
+@pytest.mark.parametrize(("kind", "said"), [("fifo", "a FIFO"), ("dir", "a directory")])
+def test_split_gguf_part_that_is_no_file_is_named_for_what_it_is(
+    tmp_path: Path, kind: str, said: str
+) -> None:
+    parts = gguf_builders.llama_70b_gguf(tmp_path / "l.gguf", parts=2)
+    parts[1].unlink()
+    os.mkfifo(parts[1]) if kind == "fifo" else parts[1].mkdir()
+    refused(parts[0], rf"split GGUF part .*{parts[1].name}: {said}, expected a regular file$")
+
+
+def test_safetensors_header_of_millions_of_nodes_is_refused_before_parsing(tmp_path: Path) -> None:
+    """A 6 MB header of `{},{},...` (the 55 MB one took 2.8 GiB and 20 s to parse)."""
+    directory = hf_dir(tmp_path)
+    body = b'{"a": [' + b"{}," * 2_000_000 + b"{}]}"
+    (directory / "model.safetensors").write_bytes(struct.pack("<Q", len(body)) + body)
+    refused(directory, r"model\.safetensors: JSON of more than \d+ values$")
+
+
+def test_gguf_kept_arrays_are_bounded_in_total(tmp_path: Path) -> None:
+    """440 kept UINT16[65536] arrays took 1.18 GiB: past a total, arrays are stepped over, not decoded."""
+    from vllm_ctxmgr.model_files.gguf import MAX_GGUF_KEPT_ITEMS, SkippedArray, read_gguf_header
+
+    count, arrays = 10_000, 2 * MAX_GGUF_KEPT_ITEMS // 10_000 + 1
+    kv = b"".join(
+        struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 2, count) + bytes(2 * count)
+        for key in (f"x.a{i}".encode() for i in range(arrays))
+    )
+    header = read_gguf_header(raw_gguf(tmp_path / "arrays.gguf", kv + bytes(64), kv_count=arrays))
+    kept = sum(len(v) for v in header.metadata.values() if isinstance(v, list))
+    assert 0 < kept <= MAX_GGUF_KEPT_ITEMS
+    assert any(isinstance(v, SkippedArray) for v in header.metadata.values())
+
+
+def test_an_index_without_any_shard_keeps_its_total_size(tmp_path: Path) -> None:
+    """A config-only copy (examples/models) plans with the index's total_size, as before."""
+    directory = hf_dir(tmp_path)
+    names = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
+    index = {"metadata": {"total_size": 1 << 22}, "weight_map": names}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert load_model_facts(str(directory)).weight_bytes == 1 << 22
+
+
+@pytest.mark.parametrize(
+    ("changes", "tp", "pattern"),
+    [
+        ({}, "3", r"Total number of attention heads \(64\) must be divisible by tensor parallel size \(3\)"),
+        ({"num_attention_heads": 48, "num_key_value_heads": 12, "head_dim": 128}, "8",
+         r"12 KV heads are not divisible by tensor parallel size 8"),
+        ({"num_attention_heads": 48, "num_key_value_heads": 16, "head_dim": 128}, "24",
+         r"tensor parallel size 24 is not a multiple of the 16 KV heads"),
+    ],
+)  # fmt: skip
+def test_tensor_parallel_against_heads_and_kv_heads_is_one_line(
+    tmp_path: Path, changes: dict[str, Any], tp: str, pattern: str
+) -> None:
+    """Issue 20, item 2 (TP against both): already refused by the planner; kept as a regression test."""
+    directory = hf_dir(tmp_path, "llama-3.1-70b", **changes)
+    result = CliRunner().invoke(
+        main, ["plan", "--model", str(directory), "4096", "-tp", tp, "--gpu-memory", "80G", "--gpu-count", tp]
+    )
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert re.search(pattern, result.output), result.output
+
+
+@pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/passwd", ""])
+def test_index_naming_a_file_outside_the_model_directory_is_refused(tmp_path: Path, name: str) -> None:
+    directory = hf_dir(tmp_path)
+    index = {"metadata": {"total_size": 1 << 22}, "weight_map": {"a": name}}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    refused(directory, r"model\.safetensors\.index\.json names '.*', not a file in the model directory$")
+
+
+def test_index_total_size_beside_a_partial_series_is_refused(tmp_path: Path) -> None:
+    """An index without weight_map must not vouch for 2 of 4 shards with its total_size."""
+    directory = hf_dir(tmp_path)
+    for i in (1, 2):
+        named_shard(directory, f"model-{i:05d}-of-00004.safetensors", 1 << 21)
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 1 << 23}}))
+    refused(directory, r"safetensors shard missing: .*model-00003-of-00004\.safetensors$")

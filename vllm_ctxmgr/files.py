@@ -18,7 +18,8 @@ from vllm_ctxmgr.errors import CtxmgrError, UsageError
 MIB = 1 << 20
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words for an error ("a FIFO", "a directory")."""
     for test, name in (
         (stat.S_ISDIR, "a directory"),
         (stat.S_ISFIFO, "a FIFO"),
@@ -50,7 +51,7 @@ def open_regular(path: Path | str, *, what: str = "", error: type[CtxmgrError] =
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise error(f"{_label(path, what)}: {_kind(mode)}, expected a regular file")
+            raise error(f"{_label(path, what)}: {file_kind(mode)}, expected a regular file")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)

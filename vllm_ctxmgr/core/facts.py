@@ -211,7 +211,8 @@ def _check_layer(facts: ModelFacts, index: int, layer: LayerFacts) -> None:
     if not isinstance(layer, LayerFacts) or not isinstance(layer.kind, LayerKind):
         raise ModelFactsError(f"{facts.source}: layer {index} is {layer!r}, not a decoder layer")
     if layer.kind in (LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED):
-        check("num_kv_heads", layer.num_kv_heads, 1, MAX_HEADS)
+        # vLLM's Attention asserts num_heads % num_kv_heads == 0: never more KV heads than heads
+        check("num_kv_heads", layer.num_kv_heads, 1, max(1, min(MAX_HEADS, facts.num_attention_heads)))
         check("head_size", layer.head_size, 1, MAX_HEAD_SIZE)
         check("head_size_v", layer.head_size_v, 0, MAX_HEAD_SIZE)
     elif layer.kind == LayerKind.MLA:
@@ -221,13 +222,40 @@ def _check_layer(facts: ModelFacts, index: int, layer: LayerFacts) -> None:
     elif layer.kind == LayerKind.MAMBA:
         if not isinstance(layer.state, StateFacts):
             raise ModelFactsError(f"{facts.source}: layer {index} is a state layer without state dims")
+        used = STATE_DIMS_USED.get(layer.state.family)
+        if used is None:
+            raise ModelFactsError(
+                f"{facts.source}: layer {index} state family {layer.state.family!r} is unknown"
+            )
         for name in (
             "conv_kernel", "intermediate_size", "n_groups", "state_size", "num_heads", "head_dim",
             "num_k_heads", "num_v_heads", "k_head_dim", "v_head_dim",
         ):  # fmt: skip
-            check(f"state {name}", getattr(layer.state, name), 0, MAX_STATE_DIM)
+            # a dimension vLLM's state shapes multiply by is at least 1: a 0 would shrink the pool
+            check(f"state {name}", getattr(layer.state, name), 1 if name in used else 0, MAX_STATE_DIM)
+        for name in ("conv_dtype", "ssm_dtype"):
+            value = getattr(layer.state, name)
+            if value is not None and (not isinstance(value, str) or value not in MAMBA_DTYPES):
+                raise ModelFactsError(
+                    f"{facts.source}: layer {index} state {name} is {value!r:.40}, "
+                    f"expected one of {', '.join(MAMBA_DTYPES)}"
+                )
     check("window", layer.window, 1, MAX_POSITIONS, optional=True)
 
+
+# The dimensions each state family's shapes multiply by (kv/specs.py mamba_state_shapes, after
+# vLLM's mamba_utils.py): each must be at least 1.
+STATE_DIMS_USED: dict[str, frozenset[str]] = {
+    "mamba2": frozenset(
+        {"conv_kernel", "intermediate_size", "n_groups", "state_size", "num_heads", "head_dim"}
+    ),
+    "mamba1": frozenset({"conv_kernel", "intermediate_size", "state_size"}),
+    "gdn": frozenset({"conv_kernel", "num_k_heads", "num_v_heads", "k_head_dim", "v_head_dim"}),
+    "linear": frozenset({"num_heads", "head_dim"}),
+}
+# vLLM's MambaDType (config/cache.py) less "auto", which StateFacts spells None: what a
+# mamba_ssm_cache_dtype / mamba_ssm_dtype in a config may name.
+MAMBA_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
@@ -250,8 +278,8 @@ def dtype_bytes(dtype: str) -> int:
     """
     try:
         return DTYPE_BYTES[dtype]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}") from None
+    except (KeyError, TypeError):  # TypeError: a list or dict from a config is unhashable
+        raise ValueError(f"unknown dtype {dtype!r:.40}") from None
 
 
 # --- vLLM's maximum model length (pure; vllm/config/model.py `_get_and_verify_max_len`) ---

@@ -13,6 +13,10 @@ from vllm_ctxmgr.errors import ModelFactsError
 MAX_CONFIG_BYTES = 8 << 20  # config.json: real ones are a few KiB to a few hundred KiB
 MAX_INDEX_BYTES = 64 << 20  # model.safetensors.index.json: one line per tensor
 MAX_JSON_DEPTH = 64
+# Values one JSON document may build. Parsed, each value is a Python object of 30-60 bytes or more,
+# so the byte caps alone allowed ~5 GiB for a 100 MB header of `{},{},...`. A real index names one
+# tensor per entry (Kimi-K2: ~140k) and a real shard header spends ~8 values per tensor.
+MAX_JSON_VALUES = 2_000_000
 
 
 def open_regular(path: Path) -> int:
@@ -38,8 +42,18 @@ def json_depth_ok(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     return True
 
 
+def json_values_at_most(data: bytes) -> int:
+    """An upper bound on the values DATA can hold: one per separator or opening bracket, plus one.
+
+    Counted on the bytes (C speed, no allocation) before the parser builds anything.
+    """
+    return data.count(b",") + data.count(b"{") + data.count(b"[") + 1
+
+
 def parse_json(data: bytes, path: Path) -> Any:
     """JSON from bytes; malformed, over-deep or over-long input is a one-line ModelFactsError."""
+    if json_values_at_most(data) > MAX_JSON_VALUES:
+        raise ModelFactsError(f"{path}: JSON of more than {MAX_JSON_VALUES} values")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -16,6 +16,7 @@ import math
 import mmap
 import os
 import re
+import stat
 import struct
 import sys
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from vllm_ctxmgr.core.facts import (
     StateFacts,
 )
 from vllm_ctxmgr.errors import ModelFactsError
+from vllm_ctxmgr.files import file_kind
 from vllm_ctxmgr.model_files.files import open_regular
 
 SPLIT_GGUF = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -92,7 +94,7 @@ GGUF_INTEGER_RANGES: dict[str, tuple[int, int]] = {
     "attention.head_count_kv": (0, MAX_HEADS),
     "attention.key_length": (1, MAX_HEAD_SIZE),
     "attention.value_length": (0, MAX_HEAD_SIZE),
-    "attention.kv_lora_rank": (0, MAX_HEAD_SIZE),
+    "attention.kv_lora_rank": (1, MAX_HEAD_SIZE),  # llama.cpp writes it for MLA only: 0 is no latent
     "attention.key_length_mla": (0, MAX_HEAD_SIZE),
     "attention.sliding_window": (0, MAX_POSITIONS),
     "attention.sliding_window_pattern": (0, MAX_LAYERS),
@@ -112,6 +114,10 @@ MAX_GGUF_STRING = 1 << 24
 MAX_GGUF_DECODED = 1 << 26  # all strings decoded from one header (chat templates, names)
 MAX_GGUF_NESTING = 4
 MAX_GGUF_DIMS = 8  # ggml has 4
+# Array items kept (decoded into Python objects) over one header: each costs ~36 bytes or more, so
+# 440 kept UINT16[65536] arrays in a 58 MB file took 1.18 GiB. Past this, arrays are stepped over
+# (SkippedArray); the keys read here are per-layer arrays of at most MAX_LAYERS items.
+MAX_GGUF_KEPT_ITEMS = 1 << 20
 
 
 @functools.cache
@@ -182,6 +188,7 @@ class _Cursor:
         self.offset = 0
         self.size = len(buffer)
         self.decoded = 0  # string bytes decoded so far, bounded by MAX_GGUF_DECODED
+        self.kept = 0  # array items decoded so far, bounded by MAX_GGUF_KEPT_ITEMS
 
     def unpack(self, fmt: str) -> tuple[Any, ...]:
         try:
@@ -233,7 +240,8 @@ _KEEP_STRING_ARRAYS_UP_TO = 4096
 _KEEP_SCALAR_ARRAYS_UP_TO = 65536  # per-layer arrays have one value per layer
 
 
-def _read_value(cursor: _Cursor, value_type: int, depth: int = 0) -> Any:
+def _read_value(cursor: _Cursor, value_type: int, depth: int = 0, *, keep: bool = True) -> Any:
+    """One metadata value; with keep=False (past MAX_GGUF_KEPT_ITEMS) arrays are walked, not built."""
     if value_type in _SCALAR_FORMATS:
         return cursor.unpack(_SCALAR_FORMATS[value_type])[0]
     if value_type == _STRING:
@@ -242,21 +250,29 @@ def _read_value(cursor: _Cursor, value_type: int, depth: int = 0) -> Any:
         if depth >= MAX_GGUF_NESTING:
             raise ModelFactsError(f"{cursor.path}: GGUF arrays nested deeper than {MAX_GGUF_NESTING} levels")
         item_type, count = cursor.unpack("IQ")
+        keep = keep and cursor.kept + count <= MAX_GGUF_KEPT_ITEMS
         if item_type in _SCALAR_FORMATS:
             size = struct.calcsize(_SCALAR_FORMATS[item_type])
             cursor.check_count(count, size)
-            if count > _KEEP_SCALAR_ARRAYS_UP_TO:  # token scores and types: never read here
+            if count > _KEEP_SCALAR_ARRAYS_UP_TO or not keep:  # token scores and types: never read here
                 cursor.offset += count * size
                 return SkippedArray(count)
+            cursor.kept += count
             return list(cursor.unpack(f"{count}{_SCALAR_FORMATS[item_type]}"))
         if item_type == _STRING:
-            if count > _KEEP_STRING_ARRAYS_UP_TO:
+            if count > _KEEP_STRING_ARRAYS_UP_TO or not keep:
                 cursor.skip_strings(count)
                 return SkippedArray(count)
+            cursor.kept += count
             return [cursor.string() for _ in range(count)]
         if count > _KEEP_STRING_ARRAYS_UP_TO:
             raise ModelFactsError(f"{cursor.path}: GGUF array of {count} arrays at byte {cursor.offset}")
         cursor.check_count(count, 12)
+        if not keep:
+            for _ in range(count):
+                _read_value(cursor, item_type, depth + 1, keep=False)
+            return SkippedArray(count)
+        cursor.kept += count
         return [_read_value(cursor, item_type, depth + 1) for _ in range(count)]
     raise ModelFactsError(f"{cursor.path}: unknown GGUF value type {value_type} at byte {cursor.offset}")
 
@@ -347,8 +363,14 @@ def gguf_parts(path: Path) -> list[Path]:
         raise ModelFactsError(f"{path}: split GGUF part {match['no']} of {match['count']} does not exist")
     parts = [path.with_name(f"{match['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
     for part in parts:
-        if not part.is_file():
-            raise ModelFactsError(f"split GGUF part missing: {part}")
+        try:
+            mode = os.stat(part).st_mode
+        except FileNotFoundError:
+            raise ModelFactsError(f"split GGUF part missing: {part}") from None
+        except OSError as error:
+            raise ModelFactsError(f"cannot read split GGUF part {part}: {error.strerror or error}") from None
+        if not stat.S_ISREG(mode):
+            raise ModelFactsError(f"split GGUF part {part}: {file_kind(mode)}, expected a regular file")
     return parts
 
 
@@ -525,7 +547,7 @@ def gguf_facts(
         provenance["head_size"] = f"gguf {arch}.attention.kv_lora_rank + rope.dimension_count"
     else:
         pattern = _gguf_sliding_pattern(arch, meta, num_layers, window)
-        state = _gguf_state(arch, meta)
+        state = _gguf_state(arch, meta, source)
         interval = get("full_attention_interval")
         for i in range(num_layers):
             prefix = f"blk.{i}."
@@ -543,7 +565,14 @@ def gguf_facts(
                 )
             else:
                 layers.append(LayerFacts(LayerKind.FULL, kv_at(i), int(key_length), int(value_length)))
+            if layers[-1].kind in (LayerKind.FULL, LayerKind.SLIDING):
+                _check_gguf_heads(source, arch, i, heads, kv_heads)
         shared = int(get("attention.shared_kv_layers") or 0)
+        if shared and shared >= num_layers:  # a negative slice start would lengthen the layer list
+            raise ModelFactsError(
+                f"GGUF {source}: {arch}.attention.shared_kv_layers is {shared}, "
+                f"not fewer than the {num_layers} layers"
+            )
         if shared:
             layers[num_layers - shared :] = [LayerFacts(LayerKind.NONE)] * shared
 
@@ -602,15 +631,52 @@ def _gguf_sliding_pattern(arch: str, meta: dict[str, Any], num_layers: int, wind
     return [True] * num_layers  # one model-level window: every layer slides
 
 
-def _gguf_state(arch: str, meta: dict[str, Any]) -> StateFacts | None:
-    """Recurrent state dims from {arch}.ssm.* (llama.cpp's qwen3next / mamba2 conventions)."""
+def _check_gguf_heads(source: str, arch: str, index: int, heads: Any, kv_heads: Any) -> None:
+    """vLLM's Attention asserts num_heads % num_kv_heads == 0 (so KV heads <= heads), per layer."""
+    per_layer = isinstance(heads, list) or isinstance(kv_heads, list)
+    q = int(heads[index] if isinstance(heads, list) else heads)
+    kv = int(kv_heads[index] if isinstance(kv_heads, list) else kv_heads)
+    where = f"GGUF {source}: " + (f"layer {index}: " if per_layer else "")
+    if kv > q:
+        raise ModelFactsError(
+            f"{where}{arch}.attention.head_count_kv {kv} is more than {arch}.attention.head_count {q}"
+        )
+    if q % kv:
+        raise ModelFactsError(
+            f"{where}{arch}.attention.head_count {q} is not a multiple of {arch}.attention.head_count_kv {kv}"
+        )
+
+
+def _gguf_state(arch: str, meta: dict[str, Any], source: str) -> StateFacts | None:
+    """Recurrent state dims from {arch}.ssm.* (llama.cpp's qwen3next / mamba2 conventions).
+
+    Every dimension vLLM's state shapes multiply by must be at least 1 (a time_step_rank of 0 cut
+    the state pool by 69%), and a width split over heads must divide evenly.
+    """
 
     def ssm(key: str) -> int:
         return int(meta.get(gguf_key(f"ssm.{key}").format(arch=arch)) or 0)
 
+    def need(*keys: str) -> None:
+        for key in keys:
+            if ssm(key) < 1:
+                name = gguf_key(f"ssm.{key}").format(arch=arch)
+                raise ModelFactsError(
+                    f"GGUF {source}: {name} is {ssm(key)}, expected an integer in 1..{MAX_STATE_DIM}"
+                )
+
+    def divides(width: str, heads: str) -> None:
+        if ssm(width) % ssm(heads):
+            names = [gguf_key(f"ssm.{key}").format(arch=arch) for key in (width, heads)]
+            raise ModelFactsError(
+                f"GGUF {source}: {names[0]} {ssm(width)} is not a multiple of {names[1]} {ssm(heads)}"
+            )
+
     if not ssm("conv_kernel"):
         return None
     if arch.startswith(("qwen3next", "qwen35")):
+        need("time_step_rank", "group_count", "state_size", "inner_size")
+        divides("inner_size", "time_step_rank")
         v_heads = ssm("time_step_rank")
         return StateFacts(
             family="gdn",
@@ -622,6 +688,8 @@ def _gguf_state(arch: str, meta: dict[str, Any]) -> StateFacts | None:
         )
     heads = ssm("time_step_rank")
     if ssm("group_count"):
+        need("time_step_rank", "state_size", "inner_size")
+        divides("inner_size", "time_step_rank")
         return StateFacts(
             family="mamba2",
             conv_kernel=ssm("conv_kernel"),
@@ -631,6 +699,7 @@ def _gguf_state(arch: str, meta: dict[str, Any]) -> StateFacts | None:
             num_heads=heads,
             head_dim=ssm("inner_size") // heads if heads else 0,
         )
+    need("state_size", "inner_size")
     return StateFacts(
         family="mamba1",
         conv_kernel=ssm("conv_kernel"),

@@ -17,6 +17,7 @@ from typing import Any
 
 from vllm_ctxmgr.core.facts import (
     DTYPE_BYTES,
+    MAMBA_DTYPES,
     MAX_HEAD_SIZE,
     MAX_HEADS,
     MAX_HIDDEN_SIZE,
@@ -120,6 +121,25 @@ FULL_LAYER_TYPES = frozenset(
 )
 SLIDING_LAYER_TYPES = frozenset({"sliding_attention"})
 LINEAR_LAYER_TYPES = frozenset({"linear_attention", "mamba"})
+# transformers 5.24 configuration_utils.py ALLOWED_LAYER_TYPES (its validate_layer_type refuses a
+# config naming any other), with the names vLLM's own configs use: an unknown entry is refused,
+# not read as full attention.
+TRANSFORMERS_LAYER_TYPES = (
+    "full_attention", "sliding_attention", "chunked_attention", "window_attention", "indexed_attention",
+    "compressed_sparse_attention", "heavily_compressed_attention", "minimax_m3_sparse", "conv", "moe",
+    "hybrid", "hybrid_sliding", "reference_sliding_attention", "linear_attention", "sparse", "dense",
+)  # fmt: skip
+KNOWN_LAYER_TYPES = (
+    frozenset(TRANSFORMERS_LAYER_TYPES)
+    | {"mlp"}
+    | FULL_LAYER_TYPES
+    | SLIDING_LAYER_TYPES
+    | LINEAR_LAYER_TYPES
+)
+# Block types that hold no cache in a hybrid's layer list (nemotron_h "mlp" / "moe"), and the
+# hybrid_override_pattern characters NemotronHConfig knows (M mamba, * attention, - mlp, E moe).
+NO_CACHE_BLOCK_TYPES = frozenset({"mlp", "moe", "dense", "sparse", "-", "E"})
+NEMOTRON_H_PATTERN = {"M": "state", "*": "attention", "-": "none", "E": "none"}
 TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config")
 # Gemma-4 text configs (gemma4_text, gemma4_unified_text): each layer has its own head size / KV heads
 GEMMA4_MODEL_TYPES = ("gemma4",)
@@ -568,11 +588,24 @@ def _model_sliding_window(cfg: HfConfig) -> int | None:
     return int(window)
 
 
+def check_head_geometry(label: str, heads: int, kv_heads: int, kv_key: str = "num_key_value_heads") -> None:
+    """What vLLM's Attention asserts (num_heads % num_kv_heads == 0) and transformers' GQA repeat needs."""
+    if kv_heads > heads:
+        raise ModelFactsError(f"{label}: {kv_key} {kv_heads} is more than num_attention_heads {heads}")
+    if heads % kv_heads:
+        raise ModelFactsError(
+            f"{label}: num_attention_heads {heads} is not a multiple of {kv_key} {kv_heads}"
+        )
+
+
 def _kv_heads_and_head_size(cfg: HfConfig, num_heads: int) -> tuple[int, int]:
     kv_heads = cfg.first(KV_HEAD_KEYS, fact="num_kv_heads")
     if kv_heads is None:
         kv_heads = num_heads
         cfg.provenance["num_kv_heads"] = "num_attention_heads (no KV-head key)"
+    elif int(kv_heads) >= 1:
+        kv_key = next((key for key in KV_HEAD_KEYS if cfg.lookup(key)[1] is not None), "num_key_value_heads")
+        check_head_geometry(cfg.label, num_heads, int(kv_heads), kv_key)
     head_dim = cfg.get("head_dim", fact="head_size")
     if not head_dim or head_dim <= 0:
         head_dim = cfg.get("hidden_size_per_head", fact="head_size")
@@ -582,6 +615,11 @@ def _kv_heads_and_head_size(cfg: HfConfig, num_heads: int) -> tuple[int, int]:
             raise ModelFactsError(
                 f"{cfg.label} (model_type {cfg.model_type!r}) lacks head_dim and hidden_size"
             )
+        if int(hidden) % num_heads:  # the models derive head_dim = hidden_size // heads, weights disagree
+            raise ModelFactsError(
+                f"{cfg.label}: hidden_size {hidden} is not a multiple of num_attention_heads {num_heads} "
+                "(no head_dim to say otherwise)"
+            )
         head_dim = int(hidden) // num_heads
     return int(kv_heads), int(head_dim)
 
@@ -589,6 +627,12 @@ def _kv_heads_and_head_size(cfg: HfConfig, num_heads: int) -> tuple[int, int]:
 def _layer_types(cfg: HfConfig, num_layers: int) -> list[str] | None:
     """layer_types as transformers derives it for the model types vLLM reads it from."""
     declared = cfg.get("layer_types", fact="layer_types")
+    if isinstance(declared, list):
+        for entry in declared:
+            if not isinstance(entry, str) or entry not in KNOWN_LAYER_TYPES:
+                raise ModelFactsError(
+                    f"{cfg.label}: layer_types entry {_shown(entry)} is not a layer type transformers knows"
+                )
     if isinstance(declared, list) and len(declared) >= num_layers:
         types = [str(t) for t in declared[:num_layers]]
         if cfg.model_type.startswith(GEMMA4_MODEL_TYPES) and types:
@@ -700,6 +744,10 @@ def hf_layers(
         layers = _gemma4_layer_geometry(cfg, layers, layer_types, kv_heads, head_size)
 
     shared = int(cfg.get("num_kv_shared_layers", 0, fact="num_kv_shared_layers") or 0)
+    if shared and shared >= num_layers:  # a negative slice start would lengthen the layer list
+        raise ModelFactsError(
+            f"{cfg.label}: num_kv_shared_layers is {shared}, not fewer than the {num_layers} layers"
+        )
     if shared:
         # gemma3n.py: the last num_kv_shared_layers reuse an earlier layer's KV
         layers[num_layers - shared :] = [LayerFacts(LayerKind.NONE)] * shared
@@ -737,6 +785,7 @@ def _gemma4_layer_geometry(
         where = "global_head_dim" if "global_head_dim" in cfg.raw else "global_head_dim default 512"
         cfg.provenance["per_layer_geometry"] = f"{cfg.label} {where} on full_attention layers"
     window_all = cfg.raw.get("use_bidirectional_attention") == "all"
+    num_heads = int(cfg.get("num_attention_heads"))
     out = []
     for index, layer in enumerate(layers):
         values = overrides.get(index, {})
@@ -746,6 +795,7 @@ def _gemma4_layer_geometry(
             number = _integer(value)
             if number is None or not 1 <= number <= (MAX_HEADS if name != "head_dim" else MAX_HEAD_SIZE):
                 raise ModelFactsError(f"{cfg.label}: layer {index} {name} is {_shown(value)}")
+        check_head_geometry(f"{cfg.label} layer {index}", num_heads, int(heads))
         window = layer.window
         if window_all and window:
             window = window // 2 + 1  # Gemma4TextConfig: bidirectional "all" halves the window (+1)
@@ -796,15 +846,23 @@ def _hybrid_layers(cfg: HfConfig, num_layers: int, num_heads: int) -> list[Layer
             num_v_heads=cfg.require("linear_num_value_heads", fact="state"),
             k_head_dim=cfg.require("linear_key_head_dim", fact="state"),
             v_head_dim=cfg.require("linear_value_head_dim", fact="state"),
-            ssm_dtype=cfg.get("mamba_ssm_dtype") if model_type.startswith("qwen3_5") else None,
+            ssm_dtype=_state_dtype(cfg, "mamba_ssm_dtype", None)
+            if model_type.startswith("qwen3_5")
+            else None,
         )
     elif model_type == "nemotron_h":
         pattern = raw.get("hybrid_override_pattern")
         if isinstance(pattern, str):
-            kinds = [{"M": "state", "*": "attention"}.get(c, "none") for c in pattern]
+            unknown = sorted(set(pattern) - NEMOTRON_H_PATTERN.keys())
+            if unknown:
+                raise ModelFactsError(
+                    f"{cfg.label}: hybrid_override_pattern has {_shown(''.join(unknown))}, "
+                    "expected only M, *, - and E"
+                )
+            kinds = [NEMOTRON_H_PATTERN[c] for c in pattern]
         else:
             types = cfg.first(("layers_block_type", "layer_types"), fact="layer_types") or []
-            kinds = [_block_kind(t) for t in types]
+            kinds = [_block_kind(t, cfg.label) for t in types]
         heads, head_dim = (
             cfg.require("mamba_num_heads", fact="state"),
             cfg.require("mamba_head_dim", fact="state"),
@@ -817,11 +875,11 @@ def _hybrid_layers(cfg: HfConfig, num_layers: int, num_heads: int) -> list[Layer
             state_size=cfg.require("ssm_state_size", fact="state"),
             num_heads=heads,
             head_dim=head_dim,
-            ssm_dtype=str(cfg.get("mamba_ssm_cache_dtype") or "float32"),  # models/config.py NemotronH
+            ssm_dtype=_state_dtype(cfg, "mamba_ssm_cache_dtype", "float32"),  # models/config.py NemotronH
         )
     elif model_type == "granitemoehybrid":
         types = cfg.first(("layer_types", "layers_block_type"), fact="layer_types") or ["mamba"] * num_layers
-        kinds = [_block_kind(t) for t in types]
+        kinds = [_block_kind(t, cfg.label) for t in types]
         heads = cfg.require("mamba_n_heads", fact="state")
         intermediate = cfg.require("mamba_expand", fact="state") * cfg.require("hidden_size")
         head_dim = cfg.get("mamba_d_head")
@@ -865,9 +923,31 @@ def _hybrid_layers(cfg: HfConfig, num_layers: int, num_heads: int) -> list[Layer
     return [by_kind[kind] for kind in kinds[:num_layers]]
 
 
-def _block_kind(layer_type: str) -> str:
+def _block_kind(layer_type: Any, label: str) -> str:
+    if not isinstance(layer_type, str):
+        raise ModelFactsError(f"{label}: layer type {_shown(layer_type)} is not a name")
     if layer_type in FULL_LAYER_TYPES:
         return "attention"
     if layer_type in LINEAR_LAYER_TYPES or layer_type == "M":
         return "state"
-    return "none"  # mlp / moe blocks hold no cache
+    if layer_type in NO_CACHE_BLOCK_TYPES:
+        return "none"  # mlp / moe blocks hold no cache
+    raise ModelFactsError(f"{label}: layer type {_shown(layer_type)} is not one transformers or vLLM knows")
+
+
+def _state_dtype(cfg: HfConfig, key: str, default: str | None) -> str | None:
+    """A hybrid's SSM-state dtype as vLLM's MambaDType takes it; "auto" (None) follows the conv dtype.
+
+    Read at the door so that what `facts` accepts `plan` can size (a "int3" or a list here used to
+    pass facts and end plan in an unknown-dtype error).
+    """
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if value == "auto":
+        return None
+    if not isinstance(value, str) or value not in MAMBA_DTYPES:
+        raise ModelFactsError(
+            f"{cfg.label}: {key} is {_shown(value)}, expected one of auto, {', '.join(MAMBA_DTYPES)}"
+        )
+    return value

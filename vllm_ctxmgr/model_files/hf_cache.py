@@ -13,6 +13,23 @@ from pathlib import Path
 from vllm_ctxmgr.errors import ModelFactsError
 
 HF_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+# What refs/main may hold: one snapshot folder name (a commit hash), never a path out of the repo
+REVISION = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}$")
+
+
+def _check_ref(repo: Path) -> None:
+    """refs/main names a folder under snapshots/: a `../../..` there would send the lookup (ours and
+    huggingface_hub's, which joins it unchecked) outside the cache."""
+    ref = repo / "refs" / "main"
+    try:
+        if not ref.is_file():
+            return
+        with ref.open("rb") as handle:
+            text = handle.read(4096).decode("utf-8", errors="replace").strip()
+    except OSError:
+        return
+    if not REVISION.match(text):
+        raise ModelFactsError(f"{ref}: refs/main is {text[:80]!r}, not a revision")
 
 
 def hub_cache_dirs(hf_home: str | None) -> list[Path]:
@@ -38,6 +55,7 @@ def hf_cache_snapshot(repo_id: str, hf_home: str | None = None) -> Path:
 
     searched = hub_cache_dirs(hf_home)
     for cache in searched:
+        _check_ref(cache / repo_folder_name(repo_id=repo_id, repo_type="model"))
         try:
             cached = try_to_load_from_cache(repo_id, "config.json", cache_dir=cache)
         except (OSError, ValueError):  # HFValidationError is a ValueError

@@ -5,16 +5,23 @@ Only the index JSON or each shard's 8-byte length + JSON header is read, never t
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vllm_ctxmgr.errors import ModelFactsError
+from vllm_ctxmgr.files import file_kind
 from vllm_ctxmgr.model_files.files import MAX_INDEX_BYTES, open_regular, parse_json, read_bounded
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors reference implementation's cap
+
+# transformers' shard names: model-00001-of-00004.safetensors
+SHARD_NAME = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.safetensors$")
 
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
@@ -27,16 +34,22 @@ class SafetensorsWeights:
 
 
 def safetensors_weights(directory: Path) -> SafetensorsWeights:
-    """Total tensor bytes from the index, else from each shard's header (never the data)."""
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        metadata = read_json_any(index).get("metadata")
-        total = metadata.get("total_size") if isinstance(metadata, dict) else None
-        if isinstance(total, int) and not isinstance(total, bool) and total > 0:
-            return SafetensorsWeights(int(total), "safetensors index")
+    """Total tensor bytes from the index, else from each shard's header (never the data).
+
+    A partial checkpoint (shards missing from a -NNNNN-of-MMMMM series or from the index's
+    weight_map) is refused: vLLM could not load it, and its sum would be wrong.
+    """
     shards = sorted(directory.glob("*.safetensors"))
     if any(s.name != "consolidated.safetensors" for s in shards):
         shards = [s for s in shards if s.name != "consolidated.safetensors"]  # Mistral-format duplicate
+    index = directory / "model.safetensors.index.json"
+    data = read_json_any(index) if index.is_file() else {}
+    _check_index_files(index, data.get("weight_map"))
+    _check_shard_series(shards)
+    metadata = data.get("metadata")
+    total = metadata.get("total_size") if isinstance(metadata, dict) else None
+    if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+        return SafetensorsWeights(int(total), "safetensors index")
     if not shards:
         return SafetensorsWeights()
     total = 0
@@ -46,6 +59,49 @@ def safetensors_weights(directory: Path) -> SafetensorsWeights:
         total += nbytes
         dtypes |= shard_dtypes
     return SafetensorsWeights(total, "safetensors headers", frozenset(dtypes))
+
+
+def check_present(path: Path, missing: str) -> None:
+    """PATH is a regular file; else MISSING, or what it is (a FIFO, a directory) when it is there."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ModelFactsError(missing) from None
+    except OSError as error:
+        raise ModelFactsError(f"cannot read {path}: {error.strerror or error}") from None
+    if not stat.S_ISREG(mode):
+        raise ModelFactsError(f"{path}: {file_kind(mode)}, expected a regular file")
+
+
+def _check_index_files(index: Path, weight_map: Any) -> None:
+    """Every shard the index's weight_map names is there, or none is: vLLM loads the weights from
+    those files, so a partial download is refused rather than summed (or taken at total_size).
+
+    An index with no shard beside it (a config-only copy, as in examples/models) keeps its total_size.
+    """
+    if not isinstance(weight_map, dict):
+        return
+    names = sorted({value for value in weight_map.values() if isinstance(value, str)})
+    for name in names:
+        if not name or name.startswith("/") or ".." in name.split("/"):
+            raise ModelFactsError(f"{index} names {name[:80]!r}, not a file in the model directory")
+    if not any(os.path.lexists(index.parent / name) for name in names):
+        return
+    for name in names:
+        check_present(
+            index.parent / name, f"{index} names {name[:80]}, which is missing (a partial download?)"
+        )
+
+
+def _check_shard_series(shards: list[Path]) -> None:
+    """All NNNNN of a `-NNNNN-of-MMMMM.safetensors` series are present, as for split GGUF parts."""
+    present = {shard.name for shard in shards}
+    series = {(m["stem"], int(m["count"])) for shard in shards if (m := SHARD_NAME.match(shard.name))}
+    for stem, count in sorted(series):
+        for number in range(1, count + 1):
+            name = f"{stem}-{number:05d}-of-{count:05d}.safetensors"
+            if name not in present:
+                raise ModelFactsError(f"safetensors shard missing: {shards[0].parent / name}")
 
 
 def read_json_any(path: Path) -> dict[str, Any]:
@@ -86,6 +142,7 @@ def safetensors_header_bytes(path: Path) -> tuple[int, set[str]]:
     data_size = file_size - 8 - length
     total = 0
     dtypes: set[str] = set()
+    ranges: list[tuple[int, int, str]] = []
     for name, tensor in header.items():
         if name == "__metadata__":
             continue
@@ -112,4 +169,12 @@ def safetensors_header_bytes(path: Path) -> tuple[int, set[str]]:
             )
         total += end - begin
         dtypes.add(dtype)
+        ranges.append((begin, end, str(name)))
+    # the reference reader refuses overlapping tensors; summed, they would count bytes twice
+    ranges.sort()
+    for (_, end, name), (begin, _, other) in itertools.pairwise(ranges):
+        if begin < end:
+            raise ModelFactsError(
+                f"{path}: malformed safetensors header (tensors {name[:60]!r} and {other[:60]!r} overlap)"
+            )
     return total, dtypes
