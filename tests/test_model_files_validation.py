@@ -377,7 +377,7 @@ def facts_and_plan_refuse(directory: Path, pattern: str) -> None:
     """`facts` and `plan` both end in one clear line and exit 2 (plan used to crash after facts passed)."""
     for argv in (["facts", str(directory)], ["plan", "--model", str(directory), "4096"]):
         result = CliRunner().invoke(main, argv)
-        assert result.exit_code == EXIT_USAGE, (argv, result.output)
+        assert result.exit_code == ExitCode.USAGE, (argv, result.output)
         assert "unexpected error" not in result.output and "Traceback" not in result.output
         assert len(result.output.strip().splitlines()) == 1, result.output
         assert re.search(pattern, result.output), result.output
@@ -661,7 +661,7 @@ def test_tensor_parallel_against_heads_and_kv_heads_is_one_line(
     result = CliRunner().invoke(
         main, ["plan", "--model", str(directory), "4096", "-tp", tp, "--gpu-memory", "80G", "--gpu-count", tp]
     )
-    assert result.exit_code == EXIT_USAGE, result.output
+    assert result.exit_code == ExitCode.USAGE, result.output
     assert len(result.output.strip().splitlines()) == 1
     assert re.search(pattern, result.output), result.output
 
