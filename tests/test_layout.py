@@ -172,7 +172,7 @@ ALLOWED = {
     "vllm_log": {"core"},
     "probe": {"masking"},
     "nvml": {"core"},
-    "store": set(),
+    "store": {"masking"},
     "service": {"core", "files", "masking", "systemd"},
     "planning": {"core", "model_files", "nvml", "store"},
     "deploy": {"core", "masking", "nvml", "planning", "probe", "service", "store", "systemd", "vllm_log"},

@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_ctxmgr.errors import CtxmgrError, LockedError, UnsafePathError, UsageError
+from vllm_ctxmgr.masking import scrub
 
 DEFAULT_STATE_DIR = Path("/var/lib/ctxmgr")
 KEEP = 50  # revisions and observations kept per service (plus every revision a rollback may need)
@@ -324,6 +325,12 @@ def read_at(parent_fd: int, name: str, path: Path) -> bytes | None:
     if len(data) > MAX_STORED:
         raise StoreError(f"{path}: larger than {MAX_STORED >> 20} MiB: not a file ctxmgr wrote")
     return data
+
+
+def _text(text: str) -> bytes:
+    """What leaves ctxmgr for the state directory (records, plans, observations; never a unit copy,
+    which must stay byte for byte): every key of every service read masked (masking.scrub)."""
+    return scrub(text).encode()
 
 
 def write_new_at(parent_fd: int, name: str, data: bytes) -> None:
@@ -645,8 +652,8 @@ class ServiceStore:
                     if unit is not None:
                         write_new_at(fd, "unit", unit)
                     if rev.plan:
-                        write_new_at(fd, "plan.json", json.dumps(rev.plan, indent=2).encode())
-                    write_new_at(fd, "record.json", json.dumps(rev.record(), indent=2).encode())
+                        write_new_at(fd, "plan.json", _text(json.dumps(rev.plan, indent=2)))
+                    write_new_at(fd, "record.json", _text(json.dumps(rev.record(), indent=2)))
                     os.fsync(fd)
                 finally:
                     os.close(fd)
@@ -668,7 +675,7 @@ class ServiceStore:
             with self._revision_fd(revisions_fd, name) as fd:
                 if fd is None:
                     raise StoreError(f"{self.revisions_dir / name}: missing, the revision cannot be saved")
-                atomic_write_at(fd, "record.json", json.dumps(rev.record(), indent=2).encode())
+                atomic_write_at(fd, "record.json", _text(json.dumps(rev.record(), indent=2)))
 
     def in_progress(self) -> Revision | None:
         """The newest revision an interrupted run left unfinished."""
@@ -756,7 +763,7 @@ class ServiceStore:
             fd = _open_file_at(service_fd, "observations.jsonl", path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
             assert fd is not None
             with os.fdopen(fd, "r+b") as handle:
-                handle.write((json.dumps(data, sort_keys=True) + "\n").encode())
+                handle.write(_text(json.dumps(data, sort_keys=True) + "\n"))
                 handle.flush()
                 handle.seek(0)
                 lines = handle.read(MAX_STORED + 1).splitlines(keepends=True)
@@ -780,7 +787,7 @@ class ServiceStore:
         """A per-service record (last-verify.json) written atomically and root-only, like revisions."""
         with self._service_fd(create=True) as service_fd:
             assert service_fd is not None
-            atomic_write_at(service_fd, name, json.dumps(data, indent=2, sort_keys=True).encode())
+            atomic_write_at(service_fd, name, _text(json.dumps(data, indent=2, sort_keys=True)))
 
     def read_json(self, name: str) -> dict[str, Any] | None:
         """A per-service record, or None where it is absent or not JSON: read as never written."""

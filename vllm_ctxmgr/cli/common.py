@@ -20,6 +20,7 @@ from vllm_ctxmgr.core.serve_args import human_readable_int
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.deploy import ChangeResult, Deployer
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError, VerifyExit
+from vllm_ctxmgr.masking import scrub
 from vllm_ctxmgr.store import ServiceStore
 from vllm_ctxmgr.systemd.log import Priority, send
 from vllm_ctxmgr.systemd.names import canonical_unit, unit_name
@@ -28,9 +29,15 @@ from vllm_ctxmgr.systemd.systemctl import Systemd
 SCHEMA_VERSION = 1  # of every --json object; a field's meaning never changes without a new version
 
 
+def echo(message: object = "", err: bool = False) -> None:
+    """The door every text leaves by (stdout and stderr): every key of every service read is masked
+    here, whichever message quotes it (masking.scrub)."""
+    click.echo(scrub(str(message)), err=err)
+
+
 def emit_json(data: dict[str, Any]) -> None:
     """The one JSON object a command prints with --json: `schema` first, then the command's fields."""
-    click.echo(json.dumps({"schema": SCHEMA_VERSION, **data}, indent=2, sort_keys=False, default=str))
+    echo(json.dumps({"schema": SCHEMA_VERSION, **data}, indent=2, sort_keys=False, default=str))
 
 
 def wants_json(args: Sequence[str]) -> bool:
@@ -69,7 +76,7 @@ def fail(message: str, exit_code: int, *, as_json: bool, command: str | None) ->
     if as_json:
         emit_json(error_object(command, message, exit_code))
     else:
-        click.echo(f"ctxmgr: {message}", err=True)
+        echo(f"ctxmgr: {message}", err=True)
     sys.exit(exit_code)
 
 
@@ -81,7 +88,7 @@ class CtxmgrGroup(click.Group):
         try:
             return super().main(argv, *pos, standalone_mode=False, **kwargs)
         except click.exceptions.Abort:
-            click.echo("ctxmgr: aborted", err=True)
+            echo("ctxmgr: aborted", err=True)
             sys.exit(ExitCode.ERROR)
         except CtxmgrError as exc:  # from the group's own options (--state-dir)
             command = command_of(argv)
@@ -288,6 +295,11 @@ def check_state_dir(value: str) -> str:
     path = Path(value)
     if path.exists() and not path.is_dir():
         raise UsageError(f"--state-dir {value}: not a directory")
+    resolved = path.resolve()
+    if len(resolved.parts) > 1 and resolved.parts[1] in ("proc", "sys", "dev"):
+        # the kernel's own trees: nothing ctxmgr writes can live there (and /proc/self is a link)
+        raise UsageError(f"--state-dir {value}: in /{resolved.parts[1]}, the kernel's tree, not a directory "
+                         "for ctxmgr's revisions (default /var/lib/ctxmgr)")  # fmt: skip
     return value
 
 
@@ -369,11 +381,11 @@ def deployer_for(ctx: click.Context, service: str, as_json: bool, timeout: float
 
     def say(text: str) -> None:
         if not as_json:
-            click.echo(f"ctxmgr: {text}", err=True)
+            echo(f"ctxmgr: {text}", err=True)
 
     def vllm_line(text: str) -> None:
         if not as_json:
-            click.echo(f"  | {text[:160]}", err=True)
+            echo(f"  | {text[:160]}", err=True)
 
     return Deployer(systemd, store, unit, on_line=vllm_line, on_step=say, start_timeout=timeout)
 
@@ -418,7 +430,7 @@ def finish(
     if as_json:
         emit_json(data)
     else:
-        click.echo(report.change_text(result))
+        echo(report.change_text(result))
     sys.exit(result.exit_code)
 
 

@@ -28,6 +28,7 @@ from vllm_ctxmgr.cli.common import (
     check_state_dir,
     confirm,
     deployer_for,
+    echo,
     emit_json,
     finish,
     gpu_options,
@@ -124,7 +125,7 @@ def facts(model: str, as_json: bool, vllm_version: str | None) -> None:
             {"command": "facts", "result": "ok", "changed": False, **report.facts_json(model_facts, version)}
         )
     else:
-        click.echo(report.facts_text(model_facts, version))
+        echo(report.facts_text(model_facts, version))
 
 
 @main.command()
@@ -137,7 +138,7 @@ def gpus(as_json: bool) -> None:
     if as_json:
         emit_json({"command": "gpus", "result": "ok", "changed": False, **state.to_json()})
     else:
-        click.echo(report.gpus_text(state))
+        echo(report.gpus_text(state))
 
 
 # ---- plan ------------------------------------------------------------------------------------
@@ -257,7 +258,7 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
             }
         )
     else:
-        click.echo(report.plan_text(result))
+        echo(report.plan_text(result))
     if verdict == "infeasible":
         sys.exit(ExitCode.INFEASIBLE)
     if verdict == "unknown":
@@ -331,7 +332,7 @@ def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int 
     result = set_context(deployer, request)
     if not dry_run and not yes and result.result == "dry-run":
         if not as_json:
-            click.echo(report.change_text(result), err=True)
+            echo(report.change_text(result), err=True)
         confirm(yes, f"restart {deployer.unit} with max_model_len {target}")
         request.dry_run = False
         result = set_context(deployer, request)
@@ -405,7 +406,7 @@ def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
             {"command": "history", "result": "ok", "changed": False, "service": service, "revisions": rows}
         )
     else:
-        click.echo(report.history_text(service, rows))
+        echo(report.history_text(service, rows))
 
 
 @main.command("observe")
@@ -434,7 +435,7 @@ def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_js
             emit_json({"command": "observe", "result": "applied", "changed": True, "service": deployer.unit,
                        "record": record})  # fmt: skip
         else:
-            click.echo(f"{deployer.unit}: stored the observation from {record['imported_from']}")
+            echo(f"{deployer.unit}: stored the observation from {record['imported_from']}")
         return
     with deployer.store.lock(0.0):
         data = observe_last_start(deployer)
@@ -444,7 +445,7 @@ def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_js
         emit_json({"command": "observe", "result": "ok", "changed": False, **data, "record": record})
         return
     obs = data["observation"]
-    click.echo(f"{service}: last start ({data['lines']} journal lines): " + ", ".join(
+    echo(f"{service}: last start ({data['lines']} journal lines): " + ", ".join(
         f"{k} {v}" for k, v in obs.items() if v not in (None, False, "")
     ))  # fmt: skip
 

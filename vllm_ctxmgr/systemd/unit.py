@@ -522,14 +522,82 @@ def _run_options(command: VllmCommand) -> list[str]:
     return vals[run + 1 : image if image is not None else len(vals)]
 
 
-def container_environment(command: VllmCommand) -> dict[str, str]:
-    """`-e NAME=VALUE` options of a docker/podman command (they reach vLLM, not the unit's env)."""
+def _container_env_options(command: VllmCommand) -> list[tuple[str, str]]:
+    """("env", VALUE) and ("env-file", PATH) of `docker/podman run`, in order: `-e X`, `-eX` (a short
+    option with its value joined, as the engines' flag parsers take it), `--env X`, `--env=X`,
+    `--env-file F`, `--env-file=F`."""
+    found: list[tuple[str, str]] = []
+    options = _run_options(command)
+    i = 0
+    while i < len(options):
+        word = options[i]
+        following = options[i + 1] if i + 1 < len(options) else None
+        if word in ("-e", "--env", "--env-file") and following is not None:
+            found.append(("env-file" if word == "--env-file" else "env", following))
+            i += 2
+            continue
+        if word.startswith(("--env=", "--env-file=")):
+            flag, _, value = word.partition("=")
+            found.append(("env-file" if flag == "--env-file" else "env", value))
+        elif word.startswith("-e") and not word.startswith("--") and len(word) > 2:
+            found.append(("env", word[2:].removeprefix("=")))
+        i += 1
+    return found
+
+
+def container_env_words(command: VllmCommand) -> list[str]:
+    """Every `-e` value as written (`NAME=VALUE` or a bare `NAME`), overridden ones too: each is a
+    secret to mask where it assigns VLLM_API_KEY, whichever one the container ends up with."""
+    if command.form not in ("docker", "podman"):
+        return []
+    return [value for kind, value in _container_env_options(command) if kind == "env"]
+
+
+def _docker_env_file(path: str, caller: Mapping[str, str], root: Path) -> list[tuple[str, str | None]]:
+    """docker's --env-file format (opts.ParseEnvFile): one NAME=VALUE a line, the value as written (no
+    quotes removed), `#` lines and blank lines skipped, a bare NAME taken from the caller's environment."""
+    host = root / path.lstrip("/") if str(root) != "/" else Path(path)
+    try:
+        data = files.read_regular(host, ENV_FILE_MAX_BYTES, what="container --env-file", error=UnitError)
+    except FileNotFoundError:
+        raise UnitError(
+            f"--env-file {path}: no such file (docker would refuse to start the container)"
+        ) from None
+    out: list[tuple[str, str | None]] = []
+    for line in data.decode(errors="replace").splitlines():
+        line = line.lstrip()
+        if not line or line.startswith("#"):
+            continue
+        name, eq, value = line.partition("=")
+        out.append((name, value) if eq else (name.rstrip(), caller.get(name.rstrip())))
+    return out
+
+
+def container_environment(
+    command: VllmCommand, caller: Mapping[str, str] | None = None, root: Path = Path("/")
+) -> dict[str, str]:
+    """The environment the container's process (vLLM) gets from the command, as docker and podman
+    build it: every --env-file first, then every -e/--env (the later of two wins); a bare `-e NAME`
+    (or a bare NAME in an env file) passes the caller's value (the unit's environment, which systemd
+    gives the engine's client), and is absent where the caller has none; podman's --env-host starts
+    from the caller's whole environment. The image's own ENV is unknown here and left out."""
     if command.form not in ("docker", "podman"):
         return {}
-    env: dict[str, str] = {}
-    for item in _container_option(_run_options(command), "-e", "--env"):
-        if "=" in item:
-            name, _, val = item.partition("=")
+    caller = caller or {}
+    options = _container_env_options(command)
+    env: dict[str, str] = dict(caller) if "--env-host" in _run_options(command) else {}
+    pairs: list[tuple[str, str | None]] = []
+    for kind, value in options:
+        if kind == "env-file":
+            pairs += _docker_env_file(value, caller, root)
+    for kind, value in options:
+        if kind == "env":
+            name, eq, val = value.partition("=")
+            pairs.append((name, val) if eq else (name, caller.get(name)))
+    for name, val in pairs:
+        if val is None:
+            env.pop(name, None)
+        else:
             env[name] = val
     return env
 
