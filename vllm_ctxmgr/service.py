@@ -192,16 +192,7 @@ def read_vllm_config(path: Path, root: Path = Path("/")) -> object:
         data = files.read_regular(host, VLLM_CONFIG_MAX_BYTES, what="vLLM config", error=UsageError)
     except FileNotFoundError:
         raise UsageError(f"vLLM config {path}: no such file (vLLM would refuse to start)") from None
-    import yaml
-
-    try:
-        return yaml.safe_load(data.decode())
-    except UnicodeDecodeError:
-        raise UsageError(f"vLLM config {path} is not UTF-8 text") from None
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" (line {where.line + 1})" if where is not None else ""
-        raise UsageError(f"vLLM config {path} is not valid YAML{line}") from None
+    return files.load_yaml(data, f"vLLM config {path}", UsageError)
 
 
 # where the Hugging Face cache is inside a container that sets no HF_HOME: the official image runs as
