@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import fields, replace
-from pathlib import Path
 from typing import Any
 
 import click
 
-from vllm_ctxmgr import report
+from vllm_ctxmgr import files, report
 from vllm_ctxmgr.cli import ops
 from vllm_ctxmgr.cli.common import (
     AUTO_CONTEXT,
@@ -39,6 +39,7 @@ from vllm_ctxmgr.core.serve_args import READ_FLAGS, ServeArgs, parse_serve_argv,
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.deploy import (
     ChangeResult,
+    Deployer,
     SetContextRequest,
     history,
     learn_from_running_instance,
@@ -46,10 +47,11 @@ from vllm_ctxmgr.deploy import (
     rollback,
     set_context,
 )
-from vllm_ctxmgr.errors import ExitCode, UsageError
+from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.planning import (
+    MAX_IMPORT_BYTES,
     PlanRequest,
     imported_observation,
     largest_context,
@@ -426,9 +428,11 @@ def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
 @handle_errors
 def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_json: bool) -> None:
     """Read vLLM's facts from the service's last start (made by ctxmgr or not) to calibrate plans."""
-    deployer = deployer_for(ctx, service, True, 60.0)
     if import_file:
-        record = imported_observation(Path(import_file).read_text(errors="replace"), import_file)
+        # read first, through the bounded door: a FIFO or /dev/zero is refused before anything else
+        raw = files.read_regular(import_file, MAX_IMPORT_BYTES, what="observation", error=UsageError)
+        deployer = deployer_for(ctx, service, True, 60.0)
+        record = imported_observation(raw.decode(errors="replace"), import_file, **import_match(deployer))
         with deployer.store.lock(0.0):
             deployer.store.add_observation(record)
         if as_json:
@@ -437,6 +441,7 @@ def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_js
         else:
             echo(f"{deployer.unit}: stored the observation from {record['imported_from']}")
         return
+    deployer = deployer_for(ctx, service, True, 60.0)
     with deployer.store.lock(0.0):
         data = observe_last_start(deployer)
         stored = deployer.store.observations()
@@ -448,6 +453,18 @@ def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_js
     echo(f"{service}: last start ({data['lines']} journal lines): " + ", ".join(
         f"{k} {v}" for k, v in obs.items() if v not in (None, False, "")
     ))  # fmt: skip
+
+
+def import_match(deployer: Deployer) -> dict[str, Any]:
+    """What an imported observation must match: this service, its vLLM, this host's GPUs (each only
+    where it can be known here)."""
+    version: str | None = None
+    with contextlib.suppress(CtxmgrError):
+        version = read_service(deployer.systemd, deployer.unit).args.vllm_version
+    gpu_names: list[str] = []
+    with contextlib.suppress(CtxmgrError, OSError):
+        gpu_names = [gpu.name for gpu in read_nvml().gpus]
+    return {"service": deployer.unit, "vllm_version": version, "gpu_names": gpu_names}
 
 
 def entry() -> None:  # pragma: no cover
