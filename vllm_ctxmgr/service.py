@@ -107,7 +107,7 @@ def view_from_unit(unit: ServiceUnit, root: Path = Path("/")) -> ServiceView:
     if container:
         image = container_image(command) or ""
         version = container_vllm_version(image)
-        args = replace(args, **_host_side(args.model, args.env, volumes))
+        args = replace(args, **_host_side(args.model, args.env, volumes, root))
         cuda = None
         flashinfer = True if is_vllm_image(image) else None  # vLLM's images ship FlashInfer
     else:
@@ -163,7 +163,7 @@ def _pull_vllm_config(
                 f"--config {named}: a relative path inside the container without -w/--workdir; "
                 "give the YAML file as an absolute path"
             )
-        on_host = host_path(inside, volumes)
+        on_host = host_path(inside, volumes, root)
         if on_host is None:
             raise UsageError(
                 f"--config {named}: {inside} is inside the container and no -v/--mount maps it to the host"
@@ -200,14 +200,16 @@ def read_vllm_config(path: Path, root: Path = Path("/")) -> object:
 _CONTAINER_HF_HOME = "/root/.cache/huggingface"
 
 
-def _host_side(model: str, env: dict[str, str], volumes: list[ContainerVolume]) -> dict[str, object]:
+def _host_side(
+    model: str, env: dict[str, str], volumes: list[ContainerVolume], root: Path = Path("/")
+) -> dict[str, object]:
     """The model and the HF cache as the host sees them: a container path goes back through the
     volumes (the longest target holding it); a model id stays, and is looked up in the host directory
     that holds the container's HF cache (HF_HOME, or the default, through a volume). Where no volume
     holds that cache, the container keeps its own, and the host's default cache is the best guess."""
     changes: dict[str, object] = {}
     if model.startswith("/"):
-        on_host = host_path(model, volumes)
+        on_host = host_path(model, volumes, root)
         if on_host is None:
             raise UsageError(
                 f"the model {model} is a path inside the container and no -v/--mount maps it to the host"
@@ -215,7 +217,7 @@ def _host_side(model: str, env: dict[str, str], volumes: list[ContainerVolume]) 
         changes["model"] = on_host
     cache = env.get("XDG_CACHE_HOME")
     inside = env.get("HF_HOME") or (cache.rstrip("/") + "/huggingface" if cache else _CONTAINER_HF_HOME)
-    hf_home = host_path(inside, volumes) if inside.startswith("/") else None
+    hf_home = host_path(inside, volumes, root) if inside.startswith("/") else None
     new_env = {k: v for k, v in env.items() if k != "HF_HOME"}
     if hf_home:
         new_env["HF_HOME"] = hf_home

@@ -8,6 +8,7 @@ changed pieces are spliced in through `templates/unit.j2`, whose filters quote b
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -625,13 +626,14 @@ def container_workdir(command: VllmCommand) -> str | None:
 class ContainerVolume:
     """A host path (or a named volume) the container sees at `target`."""
 
-    source: str  # an absolute host path, or a named volume's name
+    source: str  # an absolute host path, or a named volume's name ("" for a tmpfs)
     target: str
     read_only: bool = False
+    tmpfs: bool = False  # `--tmpfs DST` / `--mount type=tmpfs`: empty at each start, on no host path
 
     @property
     def named(self) -> bool:
-        return not self.source.startswith("/")
+        return not self.tmpfs and not self.source.startswith("/")
 
 
 def container_volumes(command: VllmCommand, home: str = "/root") -> list[ContainerVolume]:
@@ -657,11 +659,16 @@ def container_volumes(command: VllmCommand, home: str = "/root") -> list[Contain
         target = fields.get("target") or fields.get("destination") or fields.get("dst")
         source = fields.get("source") or fields.get("src")
         kind = fields.get("type", "volume")
+        if kind == "tmpfs" and target:
+            volumes.append(ContainerVolume("", target, tmpfs=True))
+            continue
         if not target or not source or kind not in ("bind", "volume"):
             continue
         read_only = any(fields.get(k, "false") in ("true", "1") for k in ("readonly", "ro"))
         source = _expand_home(source, home) if kind == "bind" else source
         volumes.append(ContainerVolume(source, target, read_only))
+    for spec in _container_option(options, "--tmpfs"):
+        volumes.append(ContainerVolume("", spec.split(":", 1)[0], tmpfs=True))
     return volumes
 
 
@@ -671,26 +678,78 @@ def _expand_home(source: str, home: str) -> str:
     return source
 
 
-def host_path(path: str, volumes: Sequence[ContainerVolume]) -> str | None:
-    """The host path of a container path: through the volume with the longest target that holds it
-    (as the container's mount table resolves it); None where no volume holds it. UnitError where a
-    named volume does: ctxmgr reads host paths, and a named volume's place is the engine's business."""
+MAX_SYMLINKS = 40  # the kernel's own limit on links followed in one lookup (ELOOP)
+
+
+def _covering(path: str, volumes: Sequence[ContainerVolume]) -> ContainerVolume | None:
+    """The mount the container sees at `path` (a normalised absolute path): the one with the longest
+    target holding it (docker mounts parents before children), the later of two on one target."""
     best: ContainerVolume | None = None
     for volume in volumes:
-        target = volume.target.rstrip("/") or "/"
-        inside = path == target or path.startswith(target.rstrip("/") + "/")
-        if inside and (best is None or len(target) >= len(best.target.rstrip("/") or "/")):
+        target = posixpath.normpath(volume.target) if volume.target.startswith("/") else None
+        if target is None:
+            continue
+        inside = target == "/" or path == target or path.startswith(target + "/")
+        if inside and (best is None or len(target) >= len(posixpath.normpath(best.target))):
             best = volume
-    if best is None:
+    return best
+
+
+def _on_host(path: str, volume: ContainerVolume) -> str:
+    target = posixpath.normpath(volume.target)
+    rest = path[len(target) :] if target != "/" else path
+    return (volume.source.rstrip("/") + rest) or "/"
+
+
+def host_path(path: str, volumes: Sequence[ContainerVolume], root: Path = Path("/")) -> str | None:
+    """The host path of a container path, resolved as the container's kernel resolves it: `.` and
+    `..` walk the container's tree, each symbolic link met under a bind mount is read on the host
+    (below `root`) and followed in the container's view (an absolute link from the container's `/`,
+    a relative one from its directory), and the mount at each step is the one the container sees
+    there (the longest target, a later mount shadowing an earlier one, a tmpfs hiding what is under
+    it). None where the path ends outside every volume (in the image, or escaped from its volume);
+    UnitError where it lies in a tmpfs or a named volume, which ctxmgr cannot read from the host."""
+    pending = [part for part in path.split("/") if part]
+    resolved = "/"
+    links = 0
+    while pending:
+        part = pending.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            resolved = posixpath.dirname(resolved) or "/"
+            continue
+        candidate = posixpath.join(resolved, part)
+        volume = _covering(candidate, volumes)
+        if volume is None or volume.tmpfs or volume.named:
+            resolved = candidate  # no link is read where no host path holds it; judged at the end
+            continue
+        on_host = _on_host(candidate, volume)
+        try:
+            target = os.readlink(root / on_host.lstrip("/") if str(root) != "/" else on_host)
+        except OSError:  # not a link (or absent): the container sees the same name
+            resolved = candidate
+            continue
+        links += 1
+        if links > MAX_SYMLINKS:
+            raise UnitError(f"{path}: too many symbolic links inside the container (a loop?)")
+        pending = [p for p in target.split("/") if p] + pending
+        if target.startswith("/"):
+            resolved = "/"
+    volume = _covering(resolved, volumes)
+    if volume is None:
         return None
-    if best.named:
+    if volume.tmpfs:
         raise UnitError(
-            f"{path} is in the container's named volume {best.source!r}: give the model as a bind "
+            f"{path} is on the container's tmpfs at {volume.target} (--tmpfs): empty at each start, "
+            "so vLLM finds nothing there and ctxmgr has nothing to read"
+        )
+    if volume.named:
+        raise UnitError(
+            f"{path} is in the container's named volume {volume.source!r}: give the model as a bind "
             "mount (-v /host/path:/container/path) so ctxmgr can read it"
         )
-    target = best.target.rstrip("/") or "/"
-    rest = path[len(target) :] if target != "/" else path
-    return (best.source.rstrip("/") + rest) or "/"
+    return _on_host(resolved, volume)
 
 
 def quadlet_source(unit: ServiceUnit) -> str | None:
