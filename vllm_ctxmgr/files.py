@@ -40,6 +40,24 @@ def _limit_text(limit: int) -> str:
     return f"{limit // MIB} MiB" if limit % MIB == 0 else f"{limit} bytes"
 
 
+def check_trusted(path: Path | str, *, what: str = "", error: type[CtxmgrError] = UsageError) -> None:
+    """sshd's StrictModes for a file or directory ctxmgr runs from as root (an operator's templates):
+    owned by the running user or root, writable by nobody else."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise error(f"cannot read {_label(path, what)}: {exc.strerror or exc}") from None
+    if st.st_uid not in (0, os.geteuid()):
+        raise error(
+            f"{path}: owned by uid {st.st_uid}: another user could change what ctxmgr renders; if it is "
+            f"yours, run `chown {os.geteuid()} {path}`"
+        )
+    if st.st_mode & 0o022:
+        raise error(
+            f"{path}: writable by group or others (mode {st.st_mode & 0o7777:04o}): run `chmod go-w {path}`"
+        )
+
+
 def open_regular(path: Path | str, *, what: str = "", error: type[CtxmgrError] = UsageError) -> int:
     """A read-only, blocking descriptor on a regular file; anything else is refused before a read."""
     try:

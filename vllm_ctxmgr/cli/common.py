@@ -17,7 +17,7 @@ import click
 
 from vllm_ctxmgr import report
 from vllm_ctxmgr.core.serve_args import human_readable_int
-from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
+from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
 from vllm_ctxmgr.deploy import ChangeResult, Deployer
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError, VerifyExit
 from vllm_ctxmgr.masking import scrub
@@ -250,8 +250,17 @@ class VllmVersionArg(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         text = str(value)
-        if parse_vllm_version(text) is None:
+        version = parse_vllm_version(text)
+        if version is None:
             self.fail(f"{text!r} is not a vLLM version (e.g. 0.33.0)", param, ctx)
+        if version < OLDEST_VLLM:
+            # above the newest known, the plan says whose rules it used; below the oldest, none fit
+            oldest = ".".join(map(str, OLDEST_VLLM))
+            self.fail(
+                f"vLLM {text} is older than {oldest}, the oldest release ctxmgr knows the rules of",
+                param,
+                ctx,
+            )
         return text
 
 
