@@ -33,12 +33,16 @@ def volumes_of(options: str) -> list:  # type: ignore[type-arg]
     return container_volumes(find_vllm_command(f"/usr/bin/docker run {options} {IMAGE} --model /models/m"))
 
 
-def test_dot_dot_is_resolved_inside_the_container() -> None:
+def test_dot_dot_is_resolved_inside_the_container(root: Path) -> None:
     volumes = volumes_of("-v /v:/models")
     assert host_path("/models/../outside", volumes) is None  # the container's /outside: no volume
-    assert host_path("/models/x/../m", volumes) == "/v/m"
-    both = volumes_of("-v /v:/models -v /w:/outside")
-    assert host_path("/models/../outside/x", both) == "/w/x"
+    on_disk = volumes_of("-v /srv/models:/models")
+    assert host_path("/models/m/../m", on_disk, root) == "/srv/models/m"
+    assert host_path("/models/missing/../m", on_disk, root) is None  # the kernel stops at the missing name
+    (root / "srv" / "models" / "file").write_text("x")
+    assert host_path("/models/file/.", on_disk, root) is None  # ENOTDIR
+    both = volumes_of("-v /srv/models:/models -v /srv/data:/outside")
+    assert host_path("/models/../outside/d", both, root) == "/srv/data/d"
 
 
 def test_an_absolute_symlink_in_a_volume_is_resolved_in_the_containers_view(root: Path) -> None:

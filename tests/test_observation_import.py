@@ -46,6 +46,7 @@ def test_a_sound_record_is_taken() -> None:
         (text_with(total_memory_gib=1e308), "total_memory_gib is above"),
         ('{"vllm_version": "0.33.0", "num_gpu_blocks": 1' + "0" * 400 + "}", "num_gpu_blocks is above"),
         (text_with(available_kv_gib=9999.0), "available_kv_gib is above"),
+        ('{"vllm_version": "0.33.0", "total_memory_gib": 1' + "0" * 400 + "}", "total_memory_gib is above"),
         (text_with(available_kv_gib=150.0), "available_kv_gib is more than the GPU's total_memory_gib"),
         (text_with(gpu_memory_utilization=1.5), r"gpu_memory_utilization is not in \(0, 1\]"),
         (text_with(block_size=0), "block_size is not one of vLLM's block sizes"),

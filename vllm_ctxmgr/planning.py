@@ -199,7 +199,9 @@ def _typed(key: str, value: object, expected: type, source: str) -> object:
     bad = UsageError(f"{source}: {key}={value!r} is not a {expected.__name__}")
     if (expected is bool) != isinstance(value, bool):
         raise bad
-    if expected is float and isinstance(value, int):
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > 1 << 64:  # float() of a 400-digit int raises OverflowError
+            raise UsageError(f"{source}: {key} is above any figure a start logs")
         value = float(value)
     if not isinstance(value, expected):
         raise bad

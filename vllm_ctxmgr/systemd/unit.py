@@ -712,22 +712,29 @@ def host_path(path: str, volumes: Sequence[ContainerVolume], root: Path = Path("
     pending = [part for part in path.split("/") if part]
     resolved = "/"
     links = 0
+    unseen = False  # the walk went through a name no host path shows (the image, a tmpfs, a named volume)
     while pending:
         part = pending.pop(0)
         if part in ("", "."):
             continue
         if part == "..":
+            if unseen:
+                return None  # `..` out of a directory ctxmgr cannot see: it may not even exist there
             resolved = posixpath.dirname(resolved) or "/"
             continue
         candidate = posixpath.join(resolved, part)
         volume = _covering(candidate, volumes)
         if volume is None or volume.tmpfs or volume.named:
-            resolved = candidate  # no link is read where no host path holds it; judged at the end
+            resolved, unseen = candidate, True  # no link is read where no host path holds it
             continue
         on_host = _on_host(candidate, volume)
+        host = root / on_host.lstrip("/") if str(root) != "/" else Path(on_host)
         try:
-            target = os.readlink(root / on_host.lstrip("/") if str(root) != "/" else on_host)
-        except OSError:  # not a link (or absent): the container sees the same name
+            target = os.readlink(host)
+        except OSError:  # not a link: the container sees the same name
+            not_a_dir = host.exists() and not host.is_dir()
+            if pending and (not_a_dir or (".." in pending and not host.exists())):
+                return None  # the kernel stops at a file with a name after it, or a missing one before `..`
             resolved = candidate
             continue
         links += 1
