@@ -6,7 +6,7 @@ key, garbage accepted, or a container path that differs from what the container'
 
     .venv/bin/python benchmarks/campaign_hardening.py [SECTION ...] [--seed 16] [--timeout 10] [--show 5]
 
-SECTION: state-dir, keys, yaml, imports, container-paths (default: all). The state-dir section needs
+SECTION: state-dir, keys, yaml, imports, container-paths, haproxy (default: all). The state-dir section needs
 root (it gives files to another uid); container-paths needs `unshare -m` and bind mounts (root): its
 oracle is a real mount namespace built as docker builds the container's, resolved in a chroot.
 """
@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from vllm_ctxmgr.errors import CtxmgrError  # noqa: E402
 
-WORK = REPO / ".cache" / "campaign-hardening"
+WORK = REPO / ".cache" / "campaign-hardening" / str(os.getpid())  # one run's own: runs may overlap
 NOBODY = 65534
 MODEL = REPO / "examples" / "models" / "qwen3-32b"
 OFFLINE = ["--gpu-memory", "80G", "--gpu-count", "1", "--gpu-name", "NVIDIA H100 80GB HBM3"]
@@ -724,12 +724,175 @@ def campaign_container_paths(args: argparse.Namespace) -> int:
     return failed
 
 
+# ---- the HAProxy runtime client (the Ansible collection's module_utils) -------------------------------
+
+HAP_HEADER = "# pxname,svname,qcur,qmax,scur,smax,slim,stot,status,\n"
+
+
+def _hap_behaviours() -> list[tuple[str, Callable[[Any], None]]]:
+    def drip(delay: float) -> Callable[[Any], None]:
+        def run(conn: Any) -> None:
+            for _ in range(400):
+                conn.sendall(b"#")
+                time.sleep(delay)
+
+        return run
+
+    def endless(size: int) -> Callable[[Any], None]:
+        block = (HAP_HEADER + "vllm,h1,0,0,0,5,,40,UP,\n" * 4000).encode()
+
+        def run(conn: Any) -> None:
+            for _ in range(size // len(block) + 1):
+                conn.sendall(block)
+
+        return run
+
+    def text(body: str) -> Callable[[Any], None]:
+        return lambda conn: conn.sendall(body.encode(errors="surrogateescape"))
+
+    rows = {
+        "scur abc": "vllm,h1,0,0,abc,5,,40,UP,", "scur -1": "vllm,h1,0,0,-1,5,,40,UP,",
+        "scur 1e3": "vllm,h1,0,0,1e3,5,,40,UP,", "scur 10**30": "vllm,h1,0,0," + "9" * 30 + ",5,,40,UP,",
+        "qcur x": "vllm,h1,x,0,0,5,,40,UP,", "short row": "vllm,h1",
+        "long row": "vllm,h1," + ",".join("1" * 500), "NUL": "vllm,h1,0,0,\0,5,,40,UP,",
+        "quote": 'vllm,h1,"0,0,0,5,,40,UP,', "status ??": "vllm,h1,0,0,0,5,,40,??,",
+        "huge field": 'vllm,h1,"' + "x" * 300_000 + '",0,0,5,,40,UP,',
+    }  # fmt: skip
+    behaviours: list[tuple[str, Callable[[Any], None]]] = [
+        (f"drip {d:g} s", drip(d)) for d in (0.01, 0.05, 0.2)
+    ]
+    behaviours += [(f"{size >> 20} MiB", endless(size)) for size in (17 << 20, 64 << 20, 300 << 20)]
+    behaviours += [
+        ("silent", lambda conn: time.sleep(30)), ("close", lambda conn: None),
+        ("no header", text("vllm,h1,0\n")),
+        ("unknown command", text("Unknown command.\n")), ("binary", text("\x00\xff" * 1000)),
+    ]  # fmt: skip
+    behaviours += [(name, text(HAP_HEADER + row + "\n")) for name, row in rows.items()]
+    return behaviours
+
+
+HAP_NAMES = [
+    "h1",
+    "h1; shutdown sessions server vllm/h2",
+    "h 1",
+    "h1\nshow info",
+    "",
+    "h1\tx",
+    "h1/x",
+    "é",
+    "h" * 500,
+]
+
+
+def _hap_commands() -> list[tuple[str, Callable[[Any], Any]]]:
+    commands: list[tuple[str, Callable[[Any], Any]]] = [
+        ("servers", lambda rt: rt.servers("vllm")),
+        ("wait idle", lambda rt: rt.wait("vllm", "h1", "idle", timeout=0.5, interval=0.05)),
+        ("wait up", lambda rt: rt.wait("vllm", "h1", "up", timeout=0.5, interval=0.05)),
+        ("set drain", lambda rt: rt.set_state("vllm", "h1", "drain")),
+    ]
+    for name in HAP_NAMES[1:]:
+        commands.append((f"set {name[:20]!r}", lambda rt, n=name: rt.set_state("vllm", n, "drain")))
+        commands.append((f"server {name[:20]!r}", lambda rt, n=name: rt.server(n, "h1")))
+    return commands
+
+
+def _vm(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) << 10
+    return 0
+
+
+def campaign_haproxy(args: argparse.Namespace) -> int:
+    import socket
+    import threading
+
+    from ansible_collections.vllm.ctxmgr.plugins.module_utils.haproxy_runtime import HaproxyError, Runtime
+
+    tally = Tally("haproxy", args.show)
+    directory = WORK / "hap"
+    directory.mkdir(parents=True, exist_ok=True)
+    deadline_s = 2.0
+    worst = (0.0, 0)
+    for behaviour_name, behaviour in _hap_behaviours():
+        path = str(directory / f"{uuid.uuid4().hex[:8]}.sock")
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+        server.listen(8)
+
+        def serve(server: Any = server, behaviour: Callable[[Any], None] = behaviour) -> None:
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                threading.Thread(target=_hap_answer, args=(conn, behaviour), daemon=True).start()
+
+        threading.Thread(target=serve, daemon=True).start()
+        for command_name, command in _hap_commands():
+
+            def trial(command: Callable[[Any], Any] = command, path: str = path) -> Any:
+                before, started = _vm("VmRSS"), time.monotonic()
+                try:
+                    command(Runtime(path, timeout=deadline_s))
+                    result = "ok"
+                except HaproxyError as exc:
+                    result = "refused" if "\n" not in str(exc) else "multi-line"
+                return (result, time.monotonic() - started, _vm("VmHWM") - before)
+
+            outcome = isolated(trial, args.timeout + 30)
+            problem = outcome_problem(outcome)
+            if problem is None and outcome[0] == "ok":
+                result, seconds, grown = outcome[1]
+                worst = (max(worst[0], seconds), max(worst[1], grown))
+                if result == "multi-line":
+                    problem = "an error of more than one line"
+                elif seconds > deadline_s + 1.5:  # wait()'s own 0.5 s on top of one command's deadline
+                    problem = f"took {seconds:.1f} s against timeout={deadline_s:g}"
+                elif grown > 200 << 20:
+                    problem = f"memory grew {grown >> 20} MiB"
+                elif result == "ok" and not _hap_may_succeed(behaviour_name, command_name):
+                    problem = "garbage accepted as an answer"
+            elif problem is None:
+                problem = f"{outcome[0]}: {outcome[1]}"  # CtxmgrError cannot come from here
+            tally.add(f"{behaviour_name} x {command_name}", problem)
+        server.close()
+    failed = tally.report()
+    grown = worst[1] >> 20
+    print(f"{'':<16} slowest call {worst[0]:.2f} s (timeout={deadline_s:g}), most memory grown {grown} MiB")
+    return failed
+
+
+def _hap_may_succeed(behaviour: str, command: str) -> bool:
+    """Where a call may return: `servers` reads any well-formed CSV (its values are the caller's to
+    judge), `wait up` needs a row saying UP, `wait idle` two valid counts, `set drain` an empty answer;
+    a hostile name never reaches HAProxy."""
+    bad_count = behaviour.startswith(("scur ", "qcur ")) or behaviour == "NUL"  # a counter that is no count
+    if command == "servers":
+        return bad_count or behaviour in ("short row", "long row", "status ??")
+    if command == "wait up":
+        return bad_count
+    if command == "wait idle":
+        return behaviour == "status ??"  # both counts are 0: idle, whatever the status word
+    if command == "set drain":
+        return behaviour == "close"
+    return False
+
+
+def _hap_answer(conn: Any, behaviour: Callable[[Any], None]) -> None:
+    with conn, contextlib.suppress(OSError):
+        conn.recv(4096)
+        behaviour(conn)
+
+
 SECTIONS = {
     "state-dir": campaign_state_dir,
     "keys": campaign_keys,
     "yaml": campaign_yaml,
     "imports": campaign_imports,
     "container-paths": campaign_container_paths,
+    "haproxy": campaign_haproxy,
 }
 
 

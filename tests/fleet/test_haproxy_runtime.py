@@ -94,6 +94,8 @@ def test_a_reply_without_end_is_cut_at_the_cap(haproxy) -> None:  # type: ignore
         ("Unknown command.\n", "'show stat' answered 'Unknown command"),
         (HEADER + "vllm,h1,0,0,abc,5,,40,UP,\n", r"vllm/h1 scur 'abc', not a count"),
         (HEADER + "vllm,h1,-3,0,0,5,,40,UP,\n", r"vllm/h1 qcur '-3', not a count"),
+        (HEADER + "vllm,h1\n", "row of vllm/h1 has no scur column"),  # not "0 in flight"
+        (HEADER + 'vllm,h1,"0,0,0,5,,40,UP,\n', "'show stat' is not CSV"),  # an unterminated quote
     ],
 )
 def test_garbage_is_the_clients_own_error(haproxy, text: str, match: str) -> None:  # type: ignore[no-untyped-def]
@@ -110,3 +112,10 @@ def test_a_name_that_would_be_other_commands_is_refused(haproxy, name: str) -> N
     with pytest.raises(HaproxyError, match="HAProxy names hold only"):
         runtime.set_state(name, "h1", "ready")
     assert received == []
+
+
+def test_a_refusal_of_many_lines_is_one_line(haproxy) -> None:  # type: ignore[no-untyped-def]
+    path = haproxy(answer("No such server.\nSee 'help'.\n\n"))
+    with pytest.raises(HaproxyError, match=r"No such server\. / See 'help'\.") as info:
+        Runtime(path, timeout=2).set_state("vllm", "h9", "drain")
+    assert "\n" not in str(info.value)

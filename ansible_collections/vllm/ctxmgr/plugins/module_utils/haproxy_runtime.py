@@ -102,7 +102,7 @@ class Runtime:
             raise HaproxyError(f"HAProxy runtime API at {self.address}: 'show stat' answered {text[:80]!r}")
         rows: dict[tuple[str, str], dict[str, str]] = {}
         try:
-            for row in csv.DictReader(io.StringIO(text.lstrip("# "))):
+            for row in csv.DictReader(io.StringIO(text.lstrip("# ")), strict=True):
                 name = row.get("svname") or ""
                 if name in ("FRONTEND", "BACKEND", "") or (backend and row.get("pxname") != backend):
                     continue
@@ -129,7 +129,8 @@ class Runtime:
         _check_name(server, "server")
         answer = self.command(f"set server {backend}/{server} state {state}").strip()
         if answer:
-            raise HaproxyError(f"HAProxy refused 'set server {backend}/{server} state {state}': {answer}")
+            said = " / ".join(line.strip() for line in answer.splitlines() if line.strip())
+            raise HaproxyError(f"HAProxy refused 'set server {backend}/{server} state {state}': {said[:300]}")
 
     def wait(
         self, backend: str, server: str, until: str, timeout: float, interval: float = 0.1
@@ -150,7 +151,8 @@ class Runtime:
             if time.monotonic() >= deadline:
                 raise HaproxyError(
                     f"{backend}/{server} was not {until} within {timeout:g} s "
-                    f"(status {row.get('status')}, {row.get('scur')} in flight, {row.get('qcur')} queued)"
+                    f"(status {_shown(row.get('status'))}, {_shown(row.get('scur'))} in flight, "
+                    f"{_shown(row.get('qcur'))} queued)"
                 )
             time.sleep(interval)
 
@@ -165,9 +167,18 @@ def _check_name(name: str, what: str) -> None:
 
 def _count(row: dict[str, str], column: str, backend: str, server: str) -> int:
     """A `show stat` counter (scur, qcur): a non-negative integer, or an HaproxyError naming it."""
-    value = (row.get(column) or "0").strip() or "0"
+    raw = row.get(column)
+    if raw is None:  # a short row: the column is missing, not zero
+        raise HaproxyError(f"HAProxy's 'show stat' row of {backend}/{server} has no {column} column")
+    value = raw.strip() or "0"
     if not value.isdigit() or len(value) > 12:
         raise HaproxyError(
             f"HAProxy's 'show stat' gives {backend}/{server} {column} {value[:20]!r}, not a count"
         )
     return int(value)
+
+
+def _shown(value: str | None) -> str:
+    """A `show stat` value in a one-line message: as is when it is a plain word, quoted otherwise."""
+    text = value or ""
+    return text if text.isprintable() and " " not in text and len(text) <= 20 else repr(text[:20])
