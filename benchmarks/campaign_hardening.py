@@ -164,8 +164,20 @@ def _attacks() -> list[tuple[str, Callable[[Any, Path, Path], None]]]:
     attacks: list[tuple[str, Callable[[Any, Path, Path], None]]] = []
     for name, where in places.items():
         for mode in (0o777, 0o775, 0o757) if name in dirs else (0o666, 0o664, 0o646):
-            attacks.append((f"chmod {mode:o} {name}", lambda s, f, d, w=where, m=mode: w(s).chmod(m)))
-        attacks.append((f"chown nobody {name}", lambda s, f, d, w=where: os.chown(w(s), NOBODY, NOBODY)))
+
+            def chmod(
+                s: Any, f: Path, d: Path, w: Callable[[Any], Path] = where, m: int = mode, n: str = name
+            ) -> None:
+                _plant(s, n)  # what another user who may write there would have put there
+                w(s).chmod(m)
+
+            attacks.append((f"chmod {mode:o} {name}", chmod))
+
+        def chown(s: Any, f: Path, d: Path, w: Callable[[Any], Path] = where, n: str = name) -> None:
+            _plant(s, n)
+            os.chown(w(s), NOBODY, NOBODY)
+
+        attacks.append((f"chown nobody {name}", chown))
         if name == "state":
             continue  # the operator names the state dir itself (a link there is theirs)
 
@@ -190,6 +202,48 @@ def _attacks() -> list[tuple[str, Callable[[Any, Path, Path], None]]]:
 
         attacks += [(f"fifo {name}", fifo), (f"hardlink {name}", hardlink)]
     return attacks
+
+
+def _plant(store: Any, place: str) -> None:
+    """What a user who may write `place` plants there: a revision whose unit runs their command, a
+    record pointing elsewhere, a poisoned observation, a forged lock line or verification."""
+    zero = store.revisions_dir / "0000"
+    record = json.loads((zero / "record.json").read_text())
+    if place in ("state", "service", "revisions"):
+        planted = store.revisions_dir / "0009"
+        planted.mkdir(mode=0o700)
+        (planted / "record.json").write_text(json.dumps({**record, "number": 9, "unit_path": PLANTED}))
+        (planted / "unit").write_text(f"[Service]\nExecStartPre=/bin/echo {PLANTED}\n")
+    if place in ("state", "service", "observations.jsonl"):
+        with (store.root / "observations.jsonl").open("a") as handle:
+            handle.write(json.dumps({"note": PLANTED}) + "\n")
+    if place in ("revision", "record.json"):
+        (zero / "record.json").write_text(json.dumps({**record, "unit_path": PLANTED}))
+    if place in ("revision", "unit", "previous", "plan.json"):
+        name = "unit" if place == "revision" else place
+        (zero / name).write_text(json.dumps({"x": PLANTED}) if name == "plan.json" else f"# {PLANTED}\n")
+    if place in ("service", "last-verify.json"):
+        (store.root / "last-verify.json").write_text(json.dumps({"result": PLANTED}))
+    if place in ("service", "lock"):
+        (store.root / "lock").write_text(f"pid 1: {PLANTED}\n")
+
+
+# Which store operations go through which directory: there an untrusted one must be refused
+_ALL_OPS = "*"
+_TOUCHES: dict[str, object] = {
+    "state": _ALL_OPS,
+    "service": _ALL_OPS,
+    "revisions": {"revisions", "file_bytes", "previous", "lock", "new_revision", "save", "prune",
+                  "remove_partial", "in_progress", "ensure"},
+    "revision": {"revisions", "file_bytes", "previous", "new_revision", "save", "prune", "remove_partial",
+                 "in_progress"},
+}  # fmt: skip
+
+
+def _must_refuse(attack: str, op: str) -> bool:
+    kind, _, place = attack.rpartition(" ")
+    touched = _TOUCHES.get(place, set())
+    return kind.split()[0] in ("chmod", "chown") and (touched == _ALL_OPS or op in touched)  # type: ignore[operator]
 
 
 def _store_ops() -> dict[str, Callable[[Any], Any]]:
@@ -250,6 +304,8 @@ def campaign_state_dir(args: argparse.Namespace) -> int:
                 problem = f"the victim changed ({outcome[0]})"
             if problem is None and outcome[0] == "ok" and PLANTED in repr(outcome[1]):
                 problem = "a planted value was read"
+            if problem is None and outcome[0] == "ok" and _must_refuse(attack_name, op_name):
+                problem = "used a directory another user can change (StrictModes refuses it)"
             tally.add(f"{attack_name} x {op_name}", problem)
             with contextlib.suppress(OSError):
                 shutil.rmtree(directory)
