@@ -173,7 +173,7 @@ ALLOWED = {
     "vllm_log": {"core"},
     "probe": {"masking"},
     "nvml": {"core"},
-    "store": set(),
+    "store": {"masking"},
     "service": {"core", "files", "masking", "systemd"},
     "observing": {"core", "nvml", "probe", "service", "store", "systemd", "vllm_log"},
     "planning": {"core", "model_files", "nvml", "observing", "service", "store", "systemd"},

@@ -137,6 +137,13 @@ def test_an_observation_exported_on_one_host_calibrates_the_plan_on_the_next(
     handoff = workdir / "host1-observation.json"
     handoff.write_text(exported.stdout)
     args = ("observe", "--service", "vllm-host2", "--import", str(handoff), "--json")
+    refused = run_ctxmgr(sandbox.pid, host2, *args)  # issue 16 item 7: another service's start is not taken
+    assert refused.code == 2 and "from service vllm-host1.service, not vllm-host2" in refused.data["error"]
+    # a fleet runs the same service on every host: one sandbox holds both hosts under two names, so the
+    # handoff is renamed as host 2's own service
+    record = json.loads(exported.stdout)
+    record["record"]["service"] = "vllm-host2.service"
+    handoff.write_text(json.dumps(record))
     imported = run_ctxmgr(sandbox.pid, host2, *args)
     assert imported.code == 0 and imported.data["changed"] is True, imported.stderr
     after = run_ctxmgr(sandbox.pid, host2, *plan)

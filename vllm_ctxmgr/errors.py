@@ -53,6 +53,11 @@ class UsageError(CtxmgrError):
     exit_code = ExitCode.USAGE
 
 
+class UnsafePathError(UsageError):
+    """A path ctxmgr will not trust (sshd's StrictModes): another user owns it or may write it, or it is
+    a symbolic link where ctxmgr follows none. The message names the path and what to run."""
+
+
 class ModelFactsError(UsageError):
     """A config.json or GGUF file that cannot be read or lacks what vLLM needs."""
 

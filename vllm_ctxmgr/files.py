@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from vllm_ctxmgr.errors import CtxmgrError, UsageError
 
@@ -38,6 +39,24 @@ def _label(path: Path | str, what: str) -> str:
 
 def _limit_text(limit: int) -> str:
     return f"{limit // MIB} MiB" if limit % MIB == 0 else f"{limit} bytes"
+
+
+def check_trusted(path: Path | str, *, what: str = "", error: type[CtxmgrError] = UsageError) -> None:
+    """sshd's StrictModes for a file or directory ctxmgr runs from as root (an operator's templates):
+    owned by the running user or root, writable by nobody else."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise error(f"cannot read {_label(path, what)}: {exc.strerror or exc}") from None
+    if st.st_uid not in (0, os.geteuid()):
+        raise error(
+            f"{path}: owned by uid {st.st_uid}: another user could change what ctxmgr renders; if it is "
+            f"yours, run `chown {os.geteuid()} {path}`"
+        )
+    if st.st_mode & 0o022:
+        raise error(
+            f"{path}: writable by group or others (mode {st.st_mode & 0o7777:04o}): run `chmod go-w {path}`"
+        )
 
 
 def open_regular(path: Path | str, *, what: str = "", error: type[CtxmgrError] = UsageError) -> int:
@@ -72,3 +91,91 @@ def read_regular(
     if len(data) > limit:
         raise error(f"{_label(path, what)}: more than the {_limit_text(limit)} it may have")
     return data
+
+
+# YAML someone else wrote (vLLM's --config): a small file may still expand without end through its
+# aliases ("billion laughs"), nest deeper than the parser's recursion, refer to itself, or hold an
+# integer int() refuses to read. Each is refused here, before a value is built from it.
+YAML_MAX_DEPTH = 64  # no vLLM flag nests a tenth of this
+YAML_MAX_NODES = 100_000  # values once every alias is expanded; vLLM's flags are a few hundred
+YAML_MAX_INT_DIGITS = 30  # no count or size vLLM takes has more
+
+
+def load_yaml(data: bytes, label: str, error: type[CtxmgrError] = UsageError) -> object:
+    """yaml.safe_load of `data`, with depth, alias expansion, cycles and integer size bounded. The
+    messages name the file and never echo a value from it."""
+    import yaml
+
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise error(f"{label} is not UTF-8 text") from None
+    try:
+        depth = 0
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):  # an event stream: no recursion
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > YAML_MAX_DEPTH:
+                    raise error(f"{label}: nested deeper than {YAML_MAX_DEPTH} levels")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            _check_yaml_nodes(node, label, error)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise error(f"{label} is not valid YAML{line}") from None
+    except (RecursionError, ValueError, TypeError, OverflowError) as exc:
+        raise error(f"{label}: not a YAML file ctxmgr can read ({type(exc).__name__})") from None
+
+
+def _check_yaml_nodes(root: Any, label: str, error: type[CtxmgrError]) -> None:
+    """The node graph's size with every alias expanded (each shared node counted once per use, as
+    a reader flattening it sees it), without recursion; a node inside itself is a cycle."""
+    import yaml
+
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children = _yaml_children(node)
+        if done:
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(child)] for child in children)
+            if size[key] > YAML_MAX_NODES:
+                raise error(f"{label}: its aliases expand to more than {YAML_MAX_NODES:,} values")
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise error(f"{label}: an alias refers to itself (a value inside its own anchor)")
+        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:int":
+            digits = sum(ch.isdigit() for ch in node.value)
+            if digits > YAML_MAX_INT_DIGITS:
+                raise error(f"{label}: an integer of {digits} digits (line {node.start_mark.line + 1})")
+        on_path.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in on_path:
+                raise error(f"{label}: an alias refers to itself (a value inside its own anchor)")
+            if id(child) not in size:
+                stack.append((child, False))
+
+
+def _yaml_children(node: Any) -> list[Any]:
+    import yaml
+
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []

@@ -109,19 +109,29 @@ RECORD_EXTRAS = {
 MAX_IMPORT_BYTES = 1 << 20
 
 
-def imported_observation(text: str, source: str) -> dict[str, Any]:
+def imported_observation(
+    text: str,
+    source: str,
+    *,
+    service: str | None = None,
+    vllm_version: str | None = None,
+    gpu_names: Iterable[str] | None = None,
+) -> dict[str, Any]:
     """An observation exported by `ctxmgr observe --json` on another host, checked before it is stored.
 
     Hosts 2..N of a fleet then plan from host 1's real start. The record must say which vLLM it ran:
     the planner applies it only to that version, and only to the GPU model it names (a record from a
-    host without NVML names none and applies to any, as the host's own records do).
+    host without NVML names none and applies to any, as the host's own records do). Where the caller
+    knows this service, its vLLM and this host's GPUs, a record of another is refused here rather
+    than ignored by every later plan.
     """
     if len(text) > MAX_IMPORT_BYTES:
         raise UsageError(f"{source}: larger than an observation can be")
     try:
         data = json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"{source}: not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise UsageError(f"{source}: not JSON ({reason})") from None
     if isinstance(data, dict) and isinstance(data.get("record"), dict):
         data = data["record"]  # the whole `observe --json` object
     if not isinstance(data, dict):
@@ -133,8 +143,25 @@ def imported_observation(text: str, source: str) -> dict[str, Any]:
         if expected is None:
             continue  # a newer ctxmgr's field: ignored, not trusted
         record[key] = None if value is None else _typed(key, value, expected, source)
+    check_observation_bounds(record, source)
     if not record.get("vllm_version"):
         raise UsageError(f"{source}: the observation does not say its vllm_version, so it cannot be matched")
+    theirs = record.get("service")
+    if (
+        service is not None
+        and theirs is not None
+        and theirs.removesuffix(".service") != service.removesuffix(".service")
+    ):
+        raise UsageError(f"{source}: an observation from service {theirs}, not {service}")
+    if vllm_version is not None and parse_vllm_version(vllm_version) != parse_vllm_version(
+        record["vllm_version"]
+    ):
+        raise UsageError(
+            f"{source}: its start ran vLLM {record['vllm_version']}, this service runs {vllm_version}"
+        )
+    names = sorted(set(gpu_names or ()))
+    if names and record.get("gpu_name") and record["gpu_name"] not in names:
+        raise UsageError(f"{source}: its start ran on {record['gpu_name']}, this host has {', '.join(names)}")
     record["imported_from"] = str(record.get("host") or source)
     return record
 
@@ -147,7 +174,9 @@ def _typed(key: str, value: object, expected: type, source: str) -> object:
     bad = UsageError(f"{source}: {key}={value!r} is not a {expected.__name__}")
     if (expected is bool) != isinstance(value, bool):
         raise bad
-    if expected is float and isinstance(value, int):
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > 1 << 64:  # float() of a 400-digit int raises OverflowError
+            raise UsageError(f"{source}: {key} is above any figure a start logs")
         value = float(value)
     if not isinstance(value, expected):
         raise bad
@@ -156,6 +185,68 @@ def _typed(key: str, value: object, expected: type, source: str) -> object:
     if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
         raise UsageError(f"{source}: {key}={value!r} is negative")
     return value
+
+
+# What a real start can log, per field: far above any GPU or CPU node of today, far below what makes
+# the planner's arithmetic overflow (a stored 1e308 GiB wedged every later plan of the service).
+_MAX_GIB = 4096.0  # one device's memory
+_IMPORT_LIMITS: dict[str, float] = {
+    "total_memory_gib": _MAX_GIB,
+    "model_loading_gib": _MAX_GIB,
+    "available_kv_gib": _MAX_GIB,
+    "cuda_graph_gib": _MAX_GIB,
+    "needed_kv_gib": _MAX_GIB,
+    "max_model_len": 1 << 32,
+    "configured_max_model_len": 1 << 32,
+    "estimated_max_model_len": 1 << 32,
+    "kv_cache_tokens": 1 << 40,
+    "num_gpu_blocks": 1 << 32,
+    "kv_cache_memory_bytes": 1 << 50,
+    "configured_kv_cache_memory_bytes": 1 << 50,
+    "max_concurrency": 1 << 32,
+    "time": 4102444800.0,  # 2100-01-01
+}
+_SHARES_THE_GPU = ("model_loading_gib", "available_kv_gib", "cuda_graph_gib")
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
+_UNIT_NAME = re.compile(r"[A-Za-z0-9:_.@\\-]{1,255}")
+
+
+def check_observation_bounds(record: Mapping[str, Any], source: str) -> None:
+    """The invariants of an observation record (typed by _typed already): each figure within what
+    a start can log, the memory parts within the device's total, text fields printable and short, a
+    block size vLLM has, and only a start that served (a failed start's record caps every plan of the
+    fleet at what that failure saw). Kept apart so the record type's own reader can take it over."""
+    for key, limit in _IMPORT_LIMITS.items():
+        value = record.get(key)
+        if value is not None and value > limit:
+            raise UsageError(f"{source}: {key} is above {limit:,.0f}, more than any start logs")
+    for key in ("gpu_memory_utilization", "configured_gpu_memory_utilization"):
+        value = record.get(key)
+        if value is not None and not 0 < value <= 1:
+            raise UsageError(f"{source}: {key} is not in (0, 1]")
+    block = record.get("block_size")
+    if block is not None and block not in (1, 8) and not (0 < block <= 4096 and block % 16 == 0):
+        raise UsageError(f"{source}: block_size is not one of vLLM's block sizes (1, 8, multiples of 16)")
+    total = record.get("total_memory_gib")
+    for key in _SHARES_THE_GPU:
+        value = record.get(key)
+        if total is not None and value is not None and value > total:
+            raise UsageError(f"{source}: {key} is more than the GPU's total_memory_gib")
+    for key in ("vllm_version", "platform", "gpu_name", "failure", "imported_from"):
+        value = record.get(key)
+        if value is not None and (len(value) > 256 or not value.isprintable()):
+            raise UsageError(f"{source}: {key} is not printable text of at most 256 characters")
+    if record.get("host") is not None and not _HOST_NAME.fullmatch(record["host"]):
+        raise UsageError(f"{source}: host is not a host name")
+    if record.get("service") is not None and not _UNIT_NAME.fullmatch(record["service"]):
+        raise UsageError(f"{source}: service is not a unit name")
+    if record.get("vllm_version") and parse_vllm_version(record["vllm_version"]) is None:
+        raise UsageError(f"{source}: vllm_version is not a vLLM version")
+    if record.get("failure") or record.get("ok") is False:
+        raise UsageError(
+            f"{source}: the record of a failed start ({record.get('failure') or 'not ok'}); only a start "
+            "that served is imported"
+        )
 
 
 @dataclass(frozen=True)

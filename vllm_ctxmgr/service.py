@@ -6,7 +6,7 @@ import os
 import pwd
 import re
 import stat
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vllm_ctxmgr import files
@@ -19,7 +19,7 @@ from vllm_ctxmgr.core.serve_args import (
     with_config_args,
 )
 from vllm_ctxmgr.errors import UsageError
-from vllm_ctxmgr.masking import api_keys_in_args, mask, secrets_of
+from vllm_ctxmgr.masking import mask, probe_key, remember, secrets_of
 from vllm_ctxmgr.systemd.names import unit_name
 from vllm_ctxmgr.systemd.quoting import split_words
 from vllm_ctxmgr.systemd.systemctl import Systemd, cmdline_argv
@@ -28,6 +28,7 @@ from vllm_ctxmgr.systemd.unit import (
     ServiceUnit,
     UnitFile,
     VllmCommand,
+    container_env_words,
     container_environment,
     container_image,
     container_volumes,
@@ -53,6 +54,7 @@ class ServiceView:
     base_url: str
     api_key: str | None
     config_argv: tuple[str, ...] = ()  # the flags vLLM pulls from its `--config` YAML
+    vllm_env: dict[str, str] = field(default_factory=dict)  # the environment the vLLM process gets
 
     @property
     def vllm_argv(self) -> list[str]:
@@ -69,7 +71,8 @@ class ServiceView:
             for a in unit_file.get_all("Service", "Environment")
             for word in split_words(a.value)
         ]
-        return secrets_of(self.vllm_argv, self.env, assignments)
+        assignments += container_env_words(self.command)
+        return secrets_of(self.vllm_argv, {**self.env, **self.vllm_env}, assignments)
 
     @property
     def unit_path(self) -> Path:
@@ -92,17 +95,19 @@ def view_from_unit(unit: ServiceUnit, root: Path = Path("/")) -> ServiceView:
     exec_file, assignment = unit.exec_start()
     command = find_vllm_command(assignment.value)
     env = unit.environment(root)
-    env.update(container_environment(command))
+    container = command.form in ("docker", "podman")
+    # inside a container vLLM sees the container's environment only (-e, --env-file), not the unit's
+    vllm_env = container_environment(command, env, root) if container else env
+    env.update(vllm_env if container else {})
     # as systemd executes it: a bare $VAR splits into words, ${VAR} stays one (systemd.service(5))
     argv = command.argv(env)
-    container = command.form in ("docker", "podman")
     volumes = container_volumes(command, _user_home(unit)) if container else []
     vllm_argv, config_file, config_argv, notes = _pull_vllm_config(unit, command, argv, volumes, root)
     args = parse_serve_argv(vllm_argv, env)
     if container:
         image = container_image(command) or ""
         version = container_vllm_version(image)
-        args = replace(args, **_host_side(args.model, args.env, volumes))
+        args = replace(args, **_host_side(args.model, args.env, volumes, root))
         cuda = None
         flashinfer = True if is_vllm_image(image) else None  # vLLM's images ship FlashInfer
     else:
@@ -125,12 +130,12 @@ def view_from_unit(unit: ServiceUnit, root: Path = Path("/")) -> ServiceView:
     elif ":" in host and not host.startswith("["):
         host = f"[{host}]"
     port = _published_port(command, args.port) if command.form in ("docker", "podman") else args.port
-    # vLLM takes every --api-key value (nargs="+"); VLLM_API_KEY only without the flag
-    keys = api_keys_in_args(vllm_argv)
-    api_key = (keys[0] if keys else None) or env.get("VLLM_API_KEY") or None
-    return ServiceView(
-        unit.name, unit, exec_file, command, args, env, f"http://{host}:{port}", api_key, tuple(config_argv)
-    )
+    # the key vLLM checks: the last --api-key's values (YAML first, the command line over it), else
+    # VLLM_API_KEY of the environment the vLLM process really gets
+    view = ServiceView(unit.name, unit, exec_file, command, args, env, f"http://{host}:{port}",
+                       probe_key(vllm_argv, vllm_env), tuple(config_argv), dict(vllm_env))  # fmt: skip
+    remember(view.secrets)  # every key of the service is masked wherever text leaves ctxmgr
+    return view
 
 
 # vLLM's own YAML config is read here, not by vLLM: a FIFO or a huge file must not hang ctxmgr
@@ -158,7 +163,7 @@ def _pull_vllm_config(
                 f"--config {named}: a relative path inside the container without -w/--workdir; "
                 "give the YAML file as an absolute path"
             )
-        on_host = host_path(inside, volumes)
+        on_host = host_path(inside, volumes, root)
         if on_host is None:
             raise UsageError(
                 f"--config {named}: {inside} is inside the container and no -v/--mount maps it to the host"
@@ -187,16 +192,7 @@ def read_vllm_config(path: Path, root: Path = Path("/")) -> object:
         data = files.read_regular(host, VLLM_CONFIG_MAX_BYTES, what="vLLM config", error=UsageError)
     except FileNotFoundError:
         raise UsageError(f"vLLM config {path}: no such file (vLLM would refuse to start)") from None
-    import yaml
-
-    try:
-        return yaml.safe_load(data.decode())
-    except UnicodeDecodeError:
-        raise UsageError(f"vLLM config {path} is not UTF-8 text") from None
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" (line {where.line + 1})" if where is not None else ""
-        raise UsageError(f"vLLM config {path} is not valid YAML{line}") from None
+    return files.load_yaml(data, f"vLLM config {path}", UsageError)
 
 
 # where the Hugging Face cache is inside a container that sets no HF_HOME: the official image runs as
@@ -204,14 +200,16 @@ def read_vllm_config(path: Path, root: Path = Path("/")) -> object:
 _CONTAINER_HF_HOME = "/root/.cache/huggingface"
 
 
-def _host_side(model: str, env: dict[str, str], volumes: list[ContainerVolume]) -> dict[str, object]:
+def _host_side(
+    model: str, env: dict[str, str], volumes: list[ContainerVolume], root: Path = Path("/")
+) -> dict[str, object]:
     """The model and the HF cache as the host sees them: a container path goes back through the
     volumes (the longest target holding it); a model id stays, and is looked up in the host directory
     that holds the container's HF cache (HF_HOME, or the default, through a volume). Where no volume
     holds that cache, the container keeps its own, and the host's default cache is the best guess."""
     changes: dict[str, object] = {}
     if model.startswith("/"):
-        on_host = host_path(model, volumes)
+        on_host = host_path(model, volumes, root)
         if on_host is None:
             raise UsageError(
                 f"the model {model} is a path inside the container and no -v/--mount maps it to the host"
@@ -219,7 +217,7 @@ def _host_side(model: str, env: dict[str, str], volumes: list[ContainerVolume]) 
         changes["model"] = on_host
     cache = env.get("XDG_CACHE_HOME")
     inside = env.get("HF_HOME") or (cache.rstrip("/") + "/huggingface" if cache else _CONTAINER_HF_HOME)
-    hf_home = host_path(inside, volumes) if inside.startswith("/") else None
+    hf_home = host_path(inside, volumes, root) if inside.startswith("/") else None
     new_env = {k: v for k, v in env.items() if k != "HF_HOME"}
     if hf_home:
         new_env["HF_HOME"] = hf_home

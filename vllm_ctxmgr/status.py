@@ -51,12 +51,8 @@ class ServiceStatus:
 
 def _lock_holder(store: ServiceStore) -> str | None:
     """Who holds the service's lock, read without taking it (taking it could refuse a real change)."""
-    path = store.root / "lock"
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    if not text.startswith("pid "):
+    text = store.lock_holder_line()
+    if not text or not text.startswith("pid "):
         return None
     pid = text[4:].split(":", 1)[0]
     return text if pid.isdigit() and Path(f"/proc/{pid}").exists() else None

@@ -47,6 +47,7 @@ import os
 import pwd
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -58,12 +59,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from vllm_ctxmgr.errors import CtxmgrError, LockedError, UsageError
+from vllm_ctxmgr.errors import CtxmgrError, LockedError, UnsafePathError, UsageError
+from vllm_ctxmgr.masking import scrub
 
 DEFAULT_STATE_DIR = Path("/var/lib/ctxmgr")
 KEEP = 50  # revisions and observations kept per service (plus every revision a rollback may need)
 RECORD_FORMAT = 2  # 1: epoch floats, the plan inline, no steps (read still)
 STALE_S = 600.0  # a leftover /run/ctxmgr-verify-* older than this belongs to no live run
+MAX_STORED = 64 << 20  # no record, plan or unit ctxmgr wrote is near this: a larger one is not ours
 
 
 class State(StrEnum):
@@ -195,6 +198,166 @@ def _write_new(path: Path, data: bytes) -> None:
         os.fsync(handle.fileno())
 
 
+# ---- trusted, symlink-free access to the state directory ------------------------------------------
+# Every file and directory below the state directory is opened from its checked parent's descriptor
+# with O_NOFOLLOW, and each is checked as sshd's StrictModes checks a home directory: owned by the
+# running user (or root) and writable by nobody else. A revision planted there is installed as root
+# by `rollback`, so anything another user could have written is refused, never read.
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _who() -> str:
+    return "root" if os.geteuid() == 0 else _user()
+
+
+def check_trusted(st: os.stat_result, path: Path | str) -> None:
+    """StrictModes: refuse what another user owns or what group or others may write."""
+    if st.st_uid not in (0, os.geteuid()):
+        raise UnsafePathError(
+            f"{path}: owned by uid {st.st_uid}, not {_who()}: another user could plant what ctxmgr "
+            f"runs as {_who()}; if it is yours, run `chown {_who()} {path}`"
+        )
+    if st.st_mode & 0o022:
+        raise UnsafePathError(
+            f"{path}: writable by group or others (mode {st.st_mode & 0o7777:04o}): run `chmod go-w {path}`"
+        )
+
+
+def _refuse_link(parent_fd: int, name: str, path: Path) -> None:
+    """Say why an O_NOFOLLOW open failed where the name is a symbolic link."""
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except OSError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePathError(
+            f"{path}: a symbolic link; ctxmgr follows none in its state directory: remove it (`rm {path}`)"
+        )
+
+
+def _os_error(path: Path, exc: OSError) -> CtxmgrError:
+    return StoreError(f"{path}: {exc.strerror or exc}")
+
+
+def open_state_dir(state_dir: Path, create: bool) -> int | None:
+    """The state directory the operator named (a link there is the operator's own), checked; None
+    where it does not exist and `create` is false."""
+    if create:
+        try:
+            os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise _os_error(state_dir, exc) from None
+    try:
+        fd = os.open(state_dir, _DIR_FLAGS)
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        if create:
+            raise StoreError(f"{state_dir}: not a directory") from None
+        return None  # a read-only run (a dry run, status) by a user who may not read it: nothing stored
+    except OSError as exc:
+        raise _os_error(state_dir, exc) from None
+    try:
+        check_trusted(os.fstat(fd), state_dir)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_dir_at(parent_fd: int, name: str, path: Path, create: bool, tighten: bool = False) -> int | None:
+    """A directory below a checked one, never through a link; None where absent and not `create`."""
+    if create:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise _os_error(path, exc) from None
+    try:
+        fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent_fd)
+    except (FileNotFoundError, NotADirectoryError, OSError) as exc:
+        _refuse_link(parent_fd, name, path)
+        if isinstance(exc, FileNotFoundError | PermissionError) and not create:
+            return None  # absent, or not readable by this (read-only) run: nothing stored for it
+        if isinstance(exc, NotADirectoryError):
+            raise StoreError(f"{path}: not a directory (remove it, ctxmgr keeps a directory there)") from None
+        raise _os_error(path, exc) from None
+    try:
+        check_trusted(os.fstat(fd), path)
+        if tighten:
+            os.fchmod(fd, 0o700)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_file_at(parent_fd: int, name: str, path: Path, flags: int, mode: int = 0o600) -> int | None:
+    """A regular file below a checked directory, never through a link, checked once open; None where
+    absent (and not created). O_NONBLOCK so that a FIFO planted there cannot hang the open."""
+    try:
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _refuse_link(parent_fd, name, path)
+        raise _os_error(path, exc) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePathError(f"{path}: not a regular file: remove it (`rm {path}`)")
+        check_trusted(st, path)
+        if st.st_nlink > 1:
+            raise UnsafePathError(
+                f"{path}: has {st.st_nlink} hard links; ctxmgr writes only its own: remove it"
+            )
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_at(parent_fd: int, name: str, path: Path) -> bytes | None:
+    """A stored file's bytes (bounded), or None where it is absent."""
+    fd = _open_file_at(parent_fd, name, path, os.O_RDONLY)
+    if fd is None:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(MAX_STORED + 1)
+    if len(data) > MAX_STORED:
+        raise StoreError(f"{path}: larger than {MAX_STORED >> 20} MiB: not a file ctxmgr wrote")
+    return data
+
+
+def _text(text: str) -> bytes:
+    """What leaves ctxmgr for the state directory (records, plans, observations; never a unit copy,
+    which must stay byte for byte): every key of every service read masked (masking.scrub)."""
+    return scrub(text).encode()
+
+
+def write_new_at(parent_fd: int, name: str, data: bytes) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                 dir_fd=parent_fd)  # fmt: skip
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def atomic_write_at(parent_fd: int, name: str, data: bytes) -> None:
+    """atomic_write below a checked directory: a 0600 temporary beside `name`, renamed over it."""
+    tmp = f".{name}.{os.urandom(6).hex()}.ctxmgr-tmp"
+    try:
+        write_new_at(parent_fd, tmp, data)
+        os.replace(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=parent_fd)
+        raise
+    os.fsync(parent_fd)
+
+
 def atomic_leftovers(directory: Path, name: str) -> list[Path]:
     """The temporary files atomic_write leaves beside `name` when the process is killed mid-write."""
     with contextlib.suppress(OSError):
@@ -271,12 +434,16 @@ class Revision:
         return data
 
     @classmethod
-    def load(cls, directory: Path) -> Revision:
-        """Read record.json (format 1 or 2) and plan.json; anything else is a StoreError naming the file."""
+    def load(cls, directory: Path, dir_fd: int) -> Revision:
+        """Read record.json (format 1 or 2) and plan.json from the revision's checked directory
+        descriptor; anything else is a StoreError naming the file."""
         path = directory / "record.json"
         try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raw = read_at(dir_fd, "record.json", path)
+            if raw is None:
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+            data = json.loads(raw.decode())
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise StoreError(f"{path}: not a readable revision record ({exc})") from None
         if not isinstance(data, dict):
             raise StoreError(f"{path}: not a revision record (a JSON object was expected)")
@@ -307,10 +474,12 @@ class Revision:
                 raise StoreError(f"{path}: a step is not {{state, time, note}}: {raw!r}") from None
         data["steps"] = steps
         plan_path = directory / "plan.json"
-        if "plan" not in data and plan_path.is_file():
+        if "plan" not in data:
+            plan = read_at(dir_fd, "plan.json", plan_path)
             try:
-                data["plan"] = json.loads(plan_path.read_text())
-            except (OSError, UnicodeDecodeError, ValueError) as exc:
+                if plan is not None:
+                    data["plan"] = json.loads(plan.decode())
+            except (UnicodeDecodeError, ValueError, RecursionError) as exc:
                 raise StoreError(f"{plan_path}: not readable JSON ({exc})") from None
         try:
             return cls(**data)
@@ -344,7 +513,8 @@ def made_by() -> dict[str, str | None]:
 
 
 class ServiceStore:
-    """One service's revisions, observations and lock."""
+    """One service's revisions, observations and lock. Every access walks from the checked state
+    directory's descriptor (see check_trusted): no path below it is followed through a link."""
 
     def __init__(self, state_dir: Path | str, service: str, keep: int = KEEP) -> None:
         # the CLI hands over systemd's canonical name (systemd/names.py); this is the last line of
@@ -357,24 +527,86 @@ class ServiceStore:
         self.revisions_dir = self.root / "revisions"
         self.keep = keep
 
+    @contextlib.contextmanager
+    def _service_fd(self, create: bool = False) -> Iterator[int | None]:
+        """The service's directory, checked (None where it does not exist and not `create`)."""
+        state_fd = open_state_dir(self.root.parent, create)
+        if state_fd is None:
+            yield None
+            return
+        try:
+            fd = open_dir_at(state_fd, self.service, self.root, create, tighten=create)
+        finally:
+            os.close(state_fd)
+        if fd is None:
+            yield None
+            return
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _revisions_fd(self, create: bool = False) -> Iterator[int | None]:
+        with self._service_fd(create) as service_fd:
+            if service_fd is None:
+                yield None
+                return
+            fd = open_dir_at(service_fd, "revisions", self.revisions_dir, create, tighten=create)
+            if fd is None:
+                yield None
+                return
+            try:
+                yield fd
+            finally:
+                os.close(fd)
+
+    @contextlib.contextmanager
+    def _revision_fd(self, revisions_fd: int, name: str) -> Iterator[int | None]:
+        fd = open_dir_at(revisions_fd, name, self.revisions_dir / name, create=False)
+        if fd is None:
+            yield None
+            return
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
     def ensure(self) -> None:
         """Make the state directories root-only (0700), and tighten ones that exist: the unit copies
         in revisions may hold API keys."""
-        for directory in (self.root.parent, self.root, self.revisions_dir):
-            directory.mkdir(mode=0o700, exist_ok=True, parents=True)
-        os.chmod(self.root, 0o700)
-        os.chmod(self.revisions_dir, 0o700)
+        with self._revisions_fd(create=True):
+            pass
+
+    def _has_record(self, revisions_fd: int, name: str) -> bool:
+        with self._revision_fd(revisions_fd, name) as fd:
+            if fd is None:
+                return False
+            try:
+                os.stat("record.json", dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return False
+            return True
 
     # ---- revisions -------------------------------------------------------------------------
 
     def revisions(self) -> list[Revision]:
         """Every whole revision, oldest first; a directory without a record is not one."""
-        if not self.revisions_dir.is_dir():
-            return []
-        found = []
-        for entry in sorted(self.revisions_dir.iterdir()):
-            if entry.name.isdigit() and (entry / "record.json").is_file():
-                found.append(Revision.load(entry))
+        with self._revisions_fd() as revisions_fd:
+            if revisions_fd is None:
+                return []
+            found = []
+            for name in sorted(os.listdir(revisions_fd)):
+                if not name.isdigit():
+                    continue
+                with self._revision_fd(revisions_fd, name) as fd:
+                    if fd is None:
+                        continue
+                    try:
+                        os.stat("record.json", dir_fd=fd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    found.append(Revision.load(self.revisions_dir / name, fd))
         return sorted(found, key=lambda rev: rev.number)
 
     def get(self, number: int) -> Revision:
@@ -390,43 +622,63 @@ class ServiceStore:
 
     def file_bytes(self, number: int, which: str = "unit") -> bytes | None:
         """`unit` or `previous` of a revision; None where the file was (or is to be) absent."""
-        try:
-            return (self.revisions_dir / f"{number:04d}" / which).read_bytes()
-        except FileNotFoundError:
-            if not (self.revisions_dir / f"{number:04d}" / "record.json").is_file():
-                raise
-            return None
+        name = f"{number:04d}"
+        directory = self.revisions_dir / name
+        missing = FileNotFoundError(errno.ENOENT, "No such file or directory", str(directory / which))
+        with self._revisions_fd() as revisions_fd:
+            if revisions_fd is None:
+                raise missing
+            with self._revision_fd(revisions_fd, name) as fd:
+                if fd is None:
+                    raise missing
+                data = read_at(fd, which, directory / which)
+                if data is None and read_at(fd, "record.json", directory / "record.json") is None:
+                    raise missing
+                return data
 
     def new_revision(self, rev: Revision, unit: bytes | None, previous: bytes | None) -> Revision:
         """Write the whole revision under .new-*, then rename it to the next free number. None for
         `unit` or `previous` leaves that file out: the unit file is (or was) absent, not empty."""
-        self.ensure()
         self.remove_partial()
-        numbers = [int(e.name) for e in self.revisions_dir.iterdir() if e.name.isdigit()]
-        rev.number = max(numbers) + 1 if numbers else 0
-        staging = Path(tempfile.mkdtemp(prefix=".new-", dir=self.revisions_dir))
-        try:
-            if previous is not None:
-                _write_new(staging / "previous", previous)
-            if unit is not None:
-                _write_new(staging / "unit", unit)
-            if rev.plan:
-                _write_new(staging / "plan.json", json.dumps(rev.plan, indent=2).encode())
-            _write_new(staging / "record.json", json.dumps(rev.record(), indent=2).encode())
-            _fsync_dir(staging)
-            crash_point("revision-staged")
-            os.rename(staging, self.revisions_dir / f"{rev.number:04d}")
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        _fsync_dir(self.revisions_dir)
+        with self._revisions_fd(create=True) as revisions_fd:
+            assert revisions_fd is not None
+            numbers = [int(name) for name in os.listdir(revisions_fd) if name.isdigit()]
+            rev.number = max(numbers) + 1 if numbers else 0
+            staging = f".new-{os.urandom(6).hex()}"
+            os.mkdir(staging, 0o700, dir_fd=revisions_fd)
+            try:
+                fd = open_dir_at(revisions_fd, staging, self.revisions_dir / staging, create=False)
+                assert fd is not None
+                try:
+                    if previous is not None:
+                        write_new_at(fd, "previous", previous)
+                    if unit is not None:
+                        write_new_at(fd, "unit", unit)
+                    if rev.plan:
+                        write_new_at(fd, "plan.json", _text(json.dumps(rev.plan, indent=2)))
+                    write_new_at(fd, "record.json", _text(json.dumps(rev.record(), indent=2)))
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                crash_point("revision-staged")
+                os.rename(staging, f"{rev.number:04d}", src_dir_fd=revisions_fd, dst_dir_fd=revisions_fd)
+            except BaseException:
+                shutil.rmtree(staging, dir_fd=revisions_fd, ignore_errors=True)
+                raise
+            os.fsync(revisions_fd)
         return rev
 
     def save(self, rev: Revision) -> None:
         """Rewrite a recorded revision's record.json atomically: a kill mid-write leaves the previous
         state readable for `recover`."""
-        directory = self.revisions_dir / f"{rev.number:04d}"
-        atomic_write(directory / "record.json", json.dumps(rev.record(), indent=2).encode(), mode=0o600)
+        name = f"{rev.number:04d}"
+        with self._revisions_fd() as revisions_fd:
+            if revisions_fd is None:
+                raise StoreError(f"{self.revisions_dir}: missing, revision {rev.number} cannot be saved")
+            with self._revision_fd(revisions_fd, name) as fd:
+                if fd is None:
+                    raise StoreError(f"{self.revisions_dir / name}: missing, the revision cannot be saved")
+                atomic_write_at(fd, "record.json", _text(json.dumps(rev.record(), indent=2)))
 
     def in_progress(self) -> Revision | None:
         """The newest revision an interrupted run left unfinished."""
@@ -474,18 +726,28 @@ class ServiceStore:
         """Revision directories a killed run left half written: .new-* and numbered ones without a
         record (written by a ctxmgr before finalise-by-rename). Nothing refers to them."""
         removed: list[str] = []
-        if not self.revisions_dir.is_dir():
-            return removed
-        for entry in sorted(self.revisions_dir.iterdir()):
-            partial = entry.name.startswith(".new-") or (
-                entry.name.isdigit() and not (entry / "record.json").exists()
-            )
-            if partial and entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-                removed.append(str(entry))
-        for path in self.revisions_dir.glob("*/.record.json.*.ctxmgr-tmp"):
-            path.unlink(missing_ok=True)
-            removed.append(str(path))
+        with self._revisions_fd() as revisions_fd:
+            if revisions_fd is None:
+                return removed
+            for name in sorted(os.listdir(revisions_fd)):
+                try:
+                    st = os.stat(name, dir_fd=revisions_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISDIR(st.st_mode):
+                    continue
+                partial = name.startswith(".new-") or (
+                    name.isdigit() and not self._has_record(revisions_fd, name)
+                )
+                if partial:
+                    shutil.rmtree(name, dir_fd=revisions_fd, ignore_errors=True)
+                    removed.append(str(self.revisions_dir / name))
+                elif name.isdigit():
+                    with self._revision_fd(revisions_fd, name) as fd:
+                        for leftover in os.listdir(fd) if fd is not None else []:
+                            if leftover.startswith(".record.json.") and leftover.endswith(".ctxmgr-tmp"):
+                                os.unlink(leftover, dir_fd=fd)
+                                removed.append(str(self.revisions_dir / name / leftover))
         return removed
 
     def needed(self, revisions: list[Revision]) -> set[int]:
@@ -512,10 +774,11 @@ class ServiceStore:
         revisions = self.revisions()
         keep = self.needed(revisions) | {rev.number for rev in revisions[-self.keep :]}
         removed = []
-        for rev in revisions:
-            if rev.number not in keep:
-                shutil.rmtree(self.revisions_dir / f"{rev.number:04d}", ignore_errors=True)
-                removed.append(rev.number)
+        with self._revisions_fd() as revisions_fd:
+            for rev in revisions:
+                if rev.number not in keep and revisions_fd is not None:
+                    shutil.rmtree(f"{rev.number:04d}", dir_fd=revisions_fd, ignore_errors=True)
+                    removed.append(rev.number)
         return removed
 
     # ---- observations ----------------------------------------------------------------------
@@ -523,41 +786,59 @@ class ServiceStore:
     def add_observation(self, data: dict[str, Any]) -> None:
         """Append one watched start for the planner to learn from, then trim to the last `keep` so
         the file stays small."""
-        self.ensure()
         path = self.root / "observations.jsonl"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with os.fdopen(fd, "a") as handle:
-            handle.write(json.dumps(data, sort_keys=True) + "\n")
-        lines = path.read_bytes().splitlines(keepends=True)
-        if len(lines) > self.keep:
-            atomic_write(path, b"".join(lines[-self.keep :]), mode=0o600)
+        with self._service_fd(create=True) as service_fd:
+            assert service_fd is not None
+            fd = _open_file_at(service_fd, "observations.jsonl", path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+            assert fd is not None
+            with os.fdopen(fd, "r+b") as handle:
+                handle.write(_text(json.dumps(data, sort_keys=True) + "\n"))
+                handle.flush()
+                handle.seek(0)
+                lines = handle.read(MAX_STORED + 1).splitlines(keepends=True)
+            if len(lines) > self.keep:
+                atomic_write_at(service_fd, "observations.jsonl", b"".join(lines[-self.keep :]))
 
     def observations(self) -> list[dict[str, Any]]:
         """The stored starts, oldest first; a torn line (a kill during the append) is skipped rather
         than failing every later plan."""
-        path = self.root / "observations.jsonl"
-        if not path.is_file():
-            return []
+        with self._service_fd() as service_fd:
+            if service_fd is None:
+                return []
+            data = read_at(service_fd, "observations.jsonl", self.root / "observations.jsonl")
         out = []
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(ValueError):
+        for line in (data or b"").decode(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, RecursionError):
                 out.append(json.loads(line))
         return out
 
     def write_json(self, name: str, data: dict[str, Any]) -> None:
         """A per-service record (last-verify.json) written atomically and root-only, like revisions."""
-        self.ensure()
-        atomic_write(self.root / name, json.dumps(data, indent=2, sort_keys=True).encode(), mode=0o600)
+        with self._service_fd(create=True) as service_fd:
+            assert service_fd is not None
+            atomic_write_at(service_fd, name, _text(json.dumps(data, indent=2, sort_keys=True)))
 
     def read_json(self, name: str) -> dict[str, Any] | None:
         """A per-service record, or None where it is absent or not JSON: read as never written."""
-        path = self.root / name
-        if not path.is_file():
+        with self._service_fd() as service_fd:
+            if service_fd is None:
+                return None
+            raw = read_at(service_fd, name, self.root / name)
+        if raw is None:
             return None
         try:
-            return json.loads(path.read_text())
-        except ValueError:
+            data = json.loads(raw.decode())
+        except (ValueError, RecursionError):
             return None
+        return data if isinstance(data, dict) else None
+
+    def lock_holder_line(self) -> str | None:
+        """The lock file's line, read without taking the lock (status shows who holds it)."""
+        with self._service_fd() as service_fd:
+            if service_fd is None:
+                return None
+            raw = read_at(service_fd, "lock", self.root / "lock")
+        return None if raw is None else raw[:4096].decode(errors="replace").strip()
 
     # ---- leftovers -------------------------------------------------------------------------
 
@@ -573,13 +854,14 @@ class ServiceStore:
                 for path in atomic_leftovers(directory, name):
                     path.unlink(missing_ok=True)
                     removed.append(str(path))
-        for path in self.root.glob(".*.ctxmgr-tmp"):
-            path.unlink(missing_ok=True)
-            removed.append(str(path))
-        candidate = self.root / "candidate"
-        if candidate.is_dir():
-            shutil.rmtree(candidate, ignore_errors=True)
-            removed.append(str(candidate))
+        with self._service_fd() as service_fd:
+            for name in sorted(os.listdir(service_fd)) if service_fd is not None else []:
+                if name.startswith(".") and name.endswith(".ctxmgr-tmp"):
+                    os.unlink(name, dir_fd=service_fd)
+                    removed.append(str(self.root / name))
+                elif name == "candidate":  # an older ctxmgr's dry-run directory
+                    shutil.rmtree(name, dir_fd=service_fd, ignore_errors=True)
+                    removed.append(str(self.root / name))
         if run_dir is not None:
             now = time.time()
             with contextlib.suppress(OSError):
@@ -594,8 +876,9 @@ class ServiceStore:
     # ---- lock ------------------------------------------------------------------------------
 
     def writable(self) -> bool:
-        """The service's directory exists and this process may write there."""
-        return self.root.is_dir() and os.access(self.root, os.W_OK | os.X_OK)
+        """The service's directory exists (checked, not a link) and this process may write there."""
+        with self._service_fd() as service_fd:
+            return service_fd is not None and os.access(self.root, os.W_OK | os.X_OK)
 
     @contextlib.contextmanager
     def read_lock(self, wait: float = 0.0) -> Iterator[bool]:
@@ -612,11 +895,17 @@ class ServiceStore:
     def lock(self, wait: float = 0.0, create: bool = True) -> Iterator[None]:
         """One ctxmgr run per service: wait up to `wait` seconds, then refuse naming the holder.
         Only the holder writes (and at the end clears) the lock file: a run that is refused leaves
-        the holder's line for the next one to read. `create`: make the state directories first."""
+        the holder's line for the next one to read. `create`: make the state directories first.
+        The lock is opened from the checked service directory and never through a link: a planted
+        `lock -> /etc/something` would have been truncated by root."""
         if create:
             self.ensure()
         path = self.root / "lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        with self._service_fd() as service_fd:
+            if service_fd is None:
+                raise StoreError(f"{self.root}: missing, the lock cannot be taken")
+            fd = _open_file_at(service_fd, "lock", path, os.O_RDWR | os.O_CREAT)
+        assert fd is not None
         deadline = time.monotonic() + wait
         held = False
         try:

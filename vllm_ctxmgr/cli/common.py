@@ -17,8 +17,9 @@ import click
 from vllm_ctxmgr import report
 from vllm_ctxmgr.change import ChangeResult, Result
 from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, human_readable_int, parse_size
-from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
+from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError, VerifyExit
+from vllm_ctxmgr.masking import scrub
 from vllm_ctxmgr.restart import Restarter
 from vllm_ctxmgr.store import ServiceStore
 from vllm_ctxmgr.systemd.log import Priority, send
@@ -29,9 +30,15 @@ SCHEMA_VERSION = 2  # of every --json object; a field's meaning never changes wi
 # 2: plan's `verdict` is its `result` (feasible | infeasible | unknown); the memory text is `memory`
 
 
+def echo(message: object = "", err: bool = False) -> None:
+    """The door every text leaves by (stdout and stderr): every key of every service read is masked
+    here, whichever message quotes it (masking.scrub)."""
+    click.echo(scrub(str(message)), err=err)
+
+
 def emit_json(data: dict[str, Any]) -> None:
     """The one JSON object a command prints with --json: `schema` first, then the command's fields."""
-    click.echo(json.dumps({"schema": SCHEMA_VERSION, **data}, indent=2, sort_keys=False, default=str))
+    echo(json.dumps({"schema": SCHEMA_VERSION, **data}, indent=2, sort_keys=False, default=str))
 
 
 def wants_json(args: Sequence[str]) -> bool:
@@ -70,7 +77,7 @@ def fail(message: str, exit_code: int, *, as_json: bool, command: str | None) ->
     if as_json:
         emit_json(error_object(command, message, exit_code))
     else:
-        click.echo(f"ctxmgr: {message}", err=True)
+        echo(f"ctxmgr: {message}", err=True)
     sys.exit(exit_code)
 
 
@@ -106,7 +113,7 @@ class CtxmgrGroup(click.Group):
             click.echo(exc.ctx.get_help() if exc.ctx else "")
             sys.exit(0)
         except click.exceptions.Abort:
-            click.echo("ctxmgr: aborted", err=True)
+            echo("ctxmgr: aborted", err=True)
             sys.exit(ExitCode.ERROR)
         except CtxmgrError as exc:  # from the group's own options (--state-dir)
             command = command_of(argv)
@@ -284,8 +291,17 @@ class VllmVersionArg(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         text = str(value)
-        if parse_vllm_version(text) is None:
+        version = parse_vllm_version(text)
+        if version is None:
             self.fail(f"{text!r} is not a vLLM version (e.g. 0.33.0)", param, ctx)
+        if version < OLDEST_VLLM:
+            # above the newest known, the plan says whose rules it used; below the oldest, none fit
+            oldest = ".".join(map(str, OLDEST_VLLM))
+            self.fail(
+                f"vLLM {text} is older than {oldest}, the oldest release ctxmgr knows the rules of",
+                param,
+                ctx,
+            )
         return text
 
 
@@ -437,6 +453,11 @@ def check_state_dir(value: str) -> str:
     path = Path(value)
     if path.exists() and not path.is_dir():
         raise UsageError(f"--state-dir {value}: not a directory")
+    resolved = path.resolve()
+    if len(resolved.parts) > 1 and resolved.parts[1] in ("proc", "sys", "dev"):
+        # the kernel's own trees: nothing ctxmgr writes can live there (and /proc/self is a link)
+        raise UsageError(f"--state-dir {value}: in /{resolved.parts[1]}, the kernel's tree, not a directory "
+                         "for ctxmgr's revisions (default /var/lib/ctxmgr)")  # fmt: skip
     return value
 
 
@@ -519,11 +540,11 @@ def restarter_for(ctx: click.Context, service: str, as_json: bool, timeout: floa
 
     def say(text: str) -> None:
         if not as_json:
-            click.echo(f"ctxmgr: {text}", err=True)
+            echo(f"ctxmgr: {text}", err=True)
 
     def vllm_line(text: str) -> None:
         if not as_json:
-            click.echo(f"  | {text[:160]}", err=True)
+            echo(f"  | {text[:160]}", err=True)
 
     return Restarter(systemd, store, unit, on_line=vllm_line, on_step=say, start_timeout=timeout)
 
@@ -537,7 +558,7 @@ def confirmation(yes: bool, as_json: bool, unit: str) -> Callable[[ChangeResult]
 
     def ask(result: ChangeResult) -> bool:
         if not as_json:
-            click.echo(report.change_text(result), err=True)
+            echo(report.change_text(result), err=True)
         if result.pending_recovery is not None:
             question = f"first put back the unit that revision {result.pending_recovery} replaced"
         else:
@@ -579,7 +600,7 @@ def finish(
     if as_json:
         emit_json(data)
     else:
-        click.echo(report.change_text(result))
+        echo(report.change_text(result))
     sys.exit(result.exit_code)
 
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import fields, replace
-from pathlib import Path
 from typing import Any
 
 import click
 
-from vllm_ctxmgr import report
+from vllm_ctxmgr import files, report
 from vllm_ctxmgr.change import ChangeResult, Result
 from vllm_ctxmgr.cli import ops
 from vllm_ctxmgr.cli.common import (
@@ -27,6 +27,7 @@ from vllm_ctxmgr.cli.common import (
     CtxmgrGroup,
     check_state_dir,
     confirmation,
+    echo,
     emit_json,
     finish,
     gpu_options,
@@ -41,11 +42,12 @@ from vllm_ctxmgr.core.vllm_flags import closest as closest_vllm_flag
 from vllm_ctxmgr.core.vllm_flags import flag as vllm_flag
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.deploy import SetContextRequest, rollback, set_context
-from vllm_ctxmgr.errors import ExitCode, UsageError
+from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.observing import observe_last_start
 from vllm_ctxmgr.planning import (
+    MAX_IMPORT_BYTES,
     PlanRequest,
     imported_observation,
     largest_context,
@@ -53,6 +55,7 @@ from vllm_ctxmgr.planning import (
     plan_service,
 )
 from vllm_ctxmgr.recovery import recover_if_needed
+from vllm_ctxmgr.restart import Restarter
 from vllm_ctxmgr.service import read_service, view_from_unit
 from vllm_ctxmgr.store import ServiceStore
 from vllm_ctxmgr.systemd.names import canonical_unit
@@ -121,7 +124,7 @@ def facts(model: str, as_json: bool, vllm_version: str | None) -> None:
             {"command": "facts", "result": "ok", "changed": False, **report.facts_json(model_facts, version)}
         )
     else:
-        click.echo(report.facts_text(model_facts, version))
+        echo(report.facts_text(model_facts, version))
 
 
 @main.command(epilog=EXAMPLES["gpus"])
@@ -134,7 +137,7 @@ def gpus(as_json: bool) -> None:
     if as_json:
         emit_json({"command": "gpus", "result": "ok", "changed": False, **state.to_json()})
     else:
-        click.echo(report.gpus_text(state))
+        echo(report.gpus_text(state))
 
 
 # ---- plan ------------------------------------------------------------------------------------
@@ -261,7 +264,7 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
             record["set_context"] = applied.to_json(result)
         emit_json({"command": "plan", "changed": False, **record})
     else:
-        click.echo(report.plan_text(result, applied.text(result) if applied is not None else ""))
+        echo(report.plan_text(result, applied.text(result) if applied is not None else ""))
     if verdict == "infeasible":
         sys.exit(ExitCode.INFEASIBLE)
     if verdict == "unknown":
@@ -400,7 +403,7 @@ def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
             {"command": "history", "result": "ok", "changed": False, "service": service, "revisions": rows}
         )
     else:
-        click.echo(report.history_text(service, rows))
+        echo(report.history_text(service, rows))
 
 
 @main.command("observe", epilog=EXAMPLES["observe"])
@@ -422,14 +425,16 @@ def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_js
     """Read vLLM's facts from the service's last start (made by ctxmgr or not) to calibrate plans."""
     restarter = restarter_for(ctx, service, True, 60.0)
     if import_file:
-        record = imported_observation(Path(import_file).read_text(errors="replace"), import_file)
+        # read first, through the bounded door: a FIFO or /dev/zero is refused before anything else
+        raw = files.read_regular(import_file, MAX_IMPORT_BYTES, what="observation", error=UsageError)
+        record = imported_observation(raw.decode(errors="replace"), import_file, **import_match(restarter))
         with restarter.store.lock(0.0):
             restarter.store.add_observation(record)
         if as_json:
             emit_json({"command": "observe", "result": "applied", "changed": True, "service": restarter.unit,
                        "record": record})  # fmt: skip
         else:
-            click.echo(f"{restarter.unit}: stored the observation from {record['imported_from']}")
+            echo(f"{restarter.unit}: stored the observation from {record['imported_from']}")
         return
     with restarter.store.lock(0.0):
         record, obs, lines = observe_last_start(restarter.systemd, restarter.service)
@@ -440,9 +445,21 @@ def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_js
         emit_json({"command": "observe", "result": "ok", "changed": False, "service": restarter.service,
                    "observation": obs, "lines": lines, "record": record})  # fmt: skip
         return
-    click.echo(f"{service}: last start ({lines} journal lines): " + ", ".join(
+    echo(f"{service}: last start ({lines} journal lines): " + ", ".join(
         f"{k} {v}" for k, v in obs.items() if v not in (None, False, "")
     ))  # fmt: skip
+
+
+def import_match(restarter: Restarter) -> dict[str, Any]:
+    """What an imported observation must match: this service, its vLLM, this host's GPUs (each only
+    where it can be known here)."""
+    version: str | None = None
+    with contextlib.suppress(CtxmgrError):
+        version = read_service(restarter.systemd, restarter.unit).args.vllm_version
+    gpu_names: list[str] = []
+    with contextlib.suppress(CtxmgrError, OSError):
+        gpu_names = [gpu.name for gpu in read_nvml().gpus]
+    return {"service": restarter.unit, "vllm_version": version, "gpu_names": gpu_names}
 
 
 __all__ = ["main"]

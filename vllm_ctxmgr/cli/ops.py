@@ -12,6 +12,7 @@ from vllm_ctxmgr.cli.common import (
     EXAMPLES,
     TIMEOUT,
     WAIT_LOCK,
+    echo,
     emit_json,
     handle_errors,
     invoking_user,
@@ -35,7 +36,7 @@ ON_FAILURE = ("none", "restart", "rollback")
 def _say(as_json: bool):  # type: ignore[no-untyped-def]
     def say(text: str) -> None:
         if not as_json:
-            click.echo(f"ctxmgr: {text}", err=True)
+            echo(f"ctxmgr: {text}", err=True)
 
     return say
 
@@ -110,7 +111,7 @@ def verify_cmd(ctx: click.Context, service: str, long_probe: bool, textfile: str
     if as_json:
         emit_json({"command": "verify", "changed": bool(verification.action), **verification.to_json()})
     else:
-        click.echo(verification_text(verification))
+        echo(verification_text(verification))
     sys.exit(verification.exit_code)
 
 
@@ -170,9 +171,9 @@ def schedule_cmd(ctx: click.Context, service: str, every: str, on_failure: str, 
             }
         )
         return
-    click.echo(result.reason)
+    echo(result.reason)
     if result.next_run:
-        click.echo(f"next run: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(result.next_run))}")
+        echo(f"next run: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(result.next_run))}")
 
 
 @click.command("unschedule", epilog=EXAMPLES["unschedule"])
@@ -193,7 +194,7 @@ def unschedule_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
             }
         )
     else:
-        click.echo(result.reason)
+        echo(result.reason)
 
 
 @click.command("status", epilog=EXAMPLES["status"])
@@ -209,7 +210,7 @@ def status_cmd(ctx: click.Context, as_json: bool) -> None:
             {"command": "status", "result": "ok", "changed": False, "services": [r.to_json() for r in rows]}
         )
     else:
-        click.echo(status_table(rows))
+        echo(status_table(rows))
 
 
 # journald priorities of a verification: degraded and failed are what an operator's alerting watches

@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -529,10 +531,9 @@ def config_file_flags(config: object, source: str) -> list[str]:
 
     if not isinstance(config, dict):
         raise UsageError(f"{source}: not a YAML mapping of vLLM flags (vLLM refuses to start)")
+    check_config_values(config, source)
     flags: list[str] = []
     for key, value in config.items():
-        if not isinstance(key, str):
-            raise UsageError(f"{source}: key {key!r} is not a flag name (vLLM refuses to start)")
         if isinstance(value, bool):
             if value:
                 flags.append("--" + key)
@@ -546,6 +547,100 @@ def config_file_flags(config: object, source: str) -> list[str]:
         else:
             flags += ["--" + key, str(value)]
     return flags
+
+
+# a vLLM flag's name as a YAML key: letters, digits, `-`, `_` and `.` (vLLM's dotted sub-keys), no
+# leading dash (load_config_file adds `--`), nothing a shell or argparse would read otherwise
+_FLAG_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_BLOCK_SIZES = "vLLM's block sizes are 1, 8 or a multiple of 16 up to 4096"
+_MAX_COUNT = 1 << 24
+_MAX_BYTES = 1 << 50
+_MAX_CONTEXT = 1 << 32
+
+
+def _whole(value: object) -> int | None:
+    """An int as vLLM's argparse reads the word str(value); None where it is not one."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return None
+
+
+# The flags whose YAML value ctxmgr checks as its own CLI options would (the ones it read before the
+# flag table; a flag that takes a mapping, like --hf-overrides, is not among them)
+CHECKED_CONFIG_FLAGS = frozenset(
+    {
+        "--tensor-parallel-size", "--pipeline-parallel-size", "--decode-context-parallel-size",
+        "--data-parallel-size", "--kv-cache-dtype", "--dtype", "--block-size", "--max-num-batched-tokens",
+        "--max-num-seqs", "--max-model-len", "--gpu-memory-utilization", "--kv-cache-memory-bytes",
+        "--speculative-config", "--served-model-name", "--quantization",
+    }
+)  # fmt: skip
+
+
+def _config_value_problem(flag: str, value: object) -> str | None:
+    """Why ctxmgr's CLI door would refuse this value of a flag it reads (its click types), or None."""
+    if isinstance(value, list) and flag != "--served-model-name":
+        return "a list where vLLM takes one value"
+    if isinstance(value, dict) and flag != "--speculative-config":
+        return "a mapping where vLLM takes one value"
+    if isinstance(value, list | dict) or value is None or isinstance(value, bool):
+        return None
+    if flag == "--block-size":
+        number = _whole(value)
+        if number is None or (number not in (1, 8) and not (0 < number <= 4096 and number % 16 == 0)):
+            return _BLOCK_SIZES
+    elif flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--decode-context-parallel-size",
+                  "--data-parallel-size"):  # fmt: skip
+        number = _whole(value)
+        if number is None or not 1 <= number <= 1024:
+            return "must be a whole number from 1 to 1024"
+    elif flag in ("--max-num-seqs", "--max-num-batched-tokens"):
+        try:
+            number = human_readable_int(str(value))
+        except UsageError:
+            number = 0
+        if not 1 <= number <= _MAX_COUNT:
+            return f"must be a whole number from 1 to {_MAX_COUNT:,}"
+    elif flag == "--max-model-len":
+        try:
+            number = human_readable_int(str(value), allow_auto=True)
+        except UsageError:
+            number = 0
+        if number != -1 and not 0 < number <= _MAX_CONTEXT:
+            return "must be a positive context length (or auto / -1)"
+    elif flag == "--kv-cache-memory-bytes":
+        try:
+            number = human_readable_int(str(value))
+        except UsageError:
+            number = 0
+        if not 0 < number <= _MAX_BYTES:
+            return "must be a positive number of bytes, at most 1 PiB"
+    elif flag == "--gpu-memory-utilization":
+        try:
+            fraction = float(str(value))
+        except ValueError:
+            fraction = math.nan
+        if not (math.isfinite(fraction) and 0 < fraction <= 1):
+            return "must be a number in (0, 1]"
+    return None
+
+
+def check_config_values(config: dict[object, object], source: str) -> None:
+    """The YAML door refuses what the CLI door refuses: a key that is no flag name, and for the flags
+    ctxmgr reads, a value its own options would not take (`block-size: 0`, negative bytes, a list for
+    one value). The message names the key, never the value (the file may hold a key)."""
+    for key, value in config.items():
+        if not isinstance(key, str) or not _FLAG_KEY.fullmatch(key):
+            shown = key if isinstance(key, str) and len(key) <= 40 and key.isprintable() else "a key"
+            raise UsageError(f"{source}: {shown!r} is not a vLLM flag name (vLLM refuses to start)")
+        flag = canonical_flag("--" + key.replace("_", "-"))
+        if flag in CHECKED_CONFIG_FLAGS:
+            problem = _config_value_problem(flag, value)
+            if problem:
+                raise UsageError(f"{source}: {key}: {problem}")
 
 
 def with_config_args(args: list[str], config_flags: list[str]) -> list[str]:

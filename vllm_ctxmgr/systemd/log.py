@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from enum import IntEnum
 from pathlib import Path
 
+from vllm_ctxmgr.masking import scrub, scrub_json
 from vllm_ctxmgr.systemd.systemctl import Systemd
 
 JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
@@ -56,7 +57,7 @@ def journal_fields(message: str, priority: Priority, fields: Mapping[str, object
 def send(systemd: Systemd, message: str, priority: Priority, **fields: object) -> bool:
     """Log to the journal of the systemd ctxmgr drives (the host's, or a container's through its root)."""
     path = systemd.host_path(JOURNAL_SOCKET)
-    data = encode(journal_fields(message, priority, fields))
+    data = encode(scrub_json(journal_fields(scrub(message), priority, fields)))
     with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.sendto(data, str(path))
         return True

@@ -8,7 +8,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from vllm_ctxmgr.errors import CtxmgrError
+from vllm_ctxmgr import files
+from vllm_ctxmgr.errors import CtxmgrError, UnsafePathError
 from vllm_ctxmgr.systemd.quoting import quote_env_assignment, quote_exec_word
 
 TEMPLATES_PACKAGE = "vllm_ctxmgr.templates"
@@ -55,4 +56,9 @@ def _environment(directory: str):  # type: ignore[no-untyped-def]
 
 
 def render(name: str, **context: Any) -> str:
-    return _environment(str(template_dir())).get_template(name).render(**context)
+    directory = template_dir()
+    if os.environ.get("CTXMGR_TEMPLATE_DIR"):
+        # an operator's templates become units root installs: trusted only as the state directory is
+        for path in (directory, directory / name):
+            files.check_trusted(path, what="CTXMGR_TEMPLATE_DIR", error=UnsafePathError)
+    return _environment(str(directory)).get_template(name).render(**context)

@@ -8,6 +8,7 @@ changed pieces are spliced in through `templates/unit.j2`, whose filters quote b
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -522,14 +523,82 @@ def _run_options(command: VllmCommand) -> list[str]:
     return vals[run + 1 : image if image is not None else len(vals)]
 
 
-def container_environment(command: VllmCommand) -> dict[str, str]:
-    """`-e NAME=VALUE` options of a docker/podman command (they reach vLLM, not the unit's env)."""
+def _container_env_options(command: VllmCommand) -> list[tuple[str, str]]:
+    """("env", VALUE) and ("env-file", PATH) of `docker/podman run`, in order: `-e X`, `-eX` (a short
+    option with its value joined, as the engines' flag parsers take it), `--env X`, `--env=X`,
+    `--env-file F`, `--env-file=F`."""
+    found: list[tuple[str, str]] = []
+    options = _run_options(command)
+    i = 0
+    while i < len(options):
+        word = options[i]
+        following = options[i + 1] if i + 1 < len(options) else None
+        if word in ("-e", "--env", "--env-file") and following is not None:
+            found.append(("env-file" if word == "--env-file" else "env", following))
+            i += 2
+            continue
+        if word.startswith(("--env=", "--env-file=")):
+            flag, _, value = word.partition("=")
+            found.append(("env-file" if flag == "--env-file" else "env", value))
+        elif word.startswith("-e") and not word.startswith("--") and len(word) > 2:
+            found.append(("env", word[2:].removeprefix("=")))
+        i += 1
+    return found
+
+
+def container_env_words(command: VllmCommand) -> list[str]:
+    """Every `-e` value as written (`NAME=VALUE` or a bare `NAME`), overridden ones too: each is a
+    secret to mask where it assigns VLLM_API_KEY, whichever one the container ends up with."""
+    if command.form not in ("docker", "podman"):
+        return []
+    return [value for kind, value in _container_env_options(command) if kind == "env"]
+
+
+def _docker_env_file(path: str, caller: Mapping[str, str], root: Path) -> list[tuple[str, str | None]]:
+    """docker's --env-file format (opts.ParseEnvFile): one NAME=VALUE a line, the value as written (no
+    quotes removed), `#` lines and blank lines skipped, a bare NAME taken from the caller's environment."""
+    host = root / path.lstrip("/") if str(root) != "/" else Path(path)
+    try:
+        data = files.read_regular(host, ENV_FILE_MAX_BYTES, what="container --env-file", error=UnitError)
+    except FileNotFoundError:
+        raise UnitError(
+            f"--env-file {path}: no such file (docker would refuse to start the container)"
+        ) from None
+    out: list[tuple[str, str | None]] = []
+    for line in data.decode(errors="replace").splitlines():
+        line = line.lstrip()
+        if not line or line.startswith("#"):
+            continue
+        name, eq, value = line.partition("=")
+        out.append((name, value) if eq else (name.rstrip(), caller.get(name.rstrip())))
+    return out
+
+
+def container_environment(
+    command: VllmCommand, caller: Mapping[str, str] | None = None, root: Path = Path("/")
+) -> dict[str, str]:
+    """The environment the container's process (vLLM) gets from the command, as docker and podman
+    build it: every --env-file first, then every -e/--env (the later of two wins); a bare `-e NAME`
+    (or a bare NAME in an env file) passes the caller's value (the unit's environment, which systemd
+    gives the engine's client), and is absent where the caller has none; podman's --env-host starts
+    from the caller's whole environment. The image's own ENV is unknown here and left out."""
     if command.form not in ("docker", "podman"):
         return {}
-    env: dict[str, str] = {}
-    for item in _container_option(_run_options(command), "-e", "--env"):
-        if "=" in item:
-            name, _, val = item.partition("=")
+    caller = caller or {}
+    options = _container_env_options(command)
+    env: dict[str, str] = dict(caller) if "--env-host" in _run_options(command) else {}
+    pairs: list[tuple[str, str | None]] = []
+    for kind, value in options:
+        if kind == "env-file":
+            pairs += _docker_env_file(value, caller, root)
+    for kind, value in options:
+        if kind == "env":
+            name, eq, val = value.partition("=")
+            pairs.append((name, val) if eq else (name, caller.get(name)))
+    for name, val in pairs:
+        if val is None:
+            env.pop(name, None)
+        else:
             env[name] = val
     return env
 
@@ -557,13 +626,14 @@ def container_workdir(command: VllmCommand) -> str | None:
 class ContainerVolume:
     """A host path (or a named volume) the container sees at `target`."""
 
-    source: str  # an absolute host path, or a named volume's name
+    source: str  # an absolute host path, or a named volume's name ("" for a tmpfs)
     target: str
     read_only: bool = False
+    tmpfs: bool = False  # `--tmpfs DST` / `--mount type=tmpfs`: empty at each start, on no host path
 
     @property
     def named(self) -> bool:
-        return not self.source.startswith("/")
+        return not self.tmpfs and not self.source.startswith("/")
 
 
 def container_volumes(command: VllmCommand, home: str = "/root") -> list[ContainerVolume]:
@@ -589,11 +659,16 @@ def container_volumes(command: VllmCommand, home: str = "/root") -> list[Contain
         target = fields.get("target") or fields.get("destination") or fields.get("dst")
         source = fields.get("source") or fields.get("src")
         kind = fields.get("type", "volume")
+        if kind == "tmpfs" and target:
+            volumes.append(ContainerVolume("", target, tmpfs=True))
+            continue
         if not target or not source or kind not in ("bind", "volume"):
             continue
         read_only = any(fields.get(k, "false") in ("true", "1") for k in ("readonly", "ro"))
         source = _expand_home(source, home) if kind == "bind" else source
         volumes.append(ContainerVolume(source, target, read_only))
+    for spec in _container_option(options, "--tmpfs"):
+        volumes.append(ContainerVolume("", spec.split(":", 1)[0], tmpfs=True))
     return volumes
 
 
@@ -603,26 +678,85 @@ def _expand_home(source: str, home: str) -> str:
     return source
 
 
-def host_path(path: str, volumes: Sequence[ContainerVolume]) -> str | None:
-    """The host path of a container path: through the volume with the longest target that holds it
-    (as the container's mount table resolves it); None where no volume holds it. UnitError where a
-    named volume does: ctxmgr reads host paths, and a named volume's place is the engine's business."""
+MAX_SYMLINKS = 40  # the kernel's own limit on links followed in one lookup (ELOOP)
+
+
+def _covering(path: str, volumes: Sequence[ContainerVolume]) -> ContainerVolume | None:
+    """The mount the container sees at `path` (a normalised absolute path): the one with the longest
+    target holding it (docker mounts parents before children), the later of two on one target."""
     best: ContainerVolume | None = None
     for volume in volumes:
-        target = volume.target.rstrip("/") or "/"
-        inside = path == target or path.startswith(target.rstrip("/") + "/")
-        if inside and (best is None or len(target) >= len(best.target.rstrip("/") or "/")):
+        target = posixpath.normpath(volume.target) if volume.target.startswith("/") else None
+        if target is None:
+            continue
+        inside = target == "/" or path == target or path.startswith(target + "/")
+        if inside and (best is None or len(target) >= len(posixpath.normpath(best.target))):
             best = volume
-    if best is None:
+    return best
+
+
+def _on_host(path: str, volume: ContainerVolume) -> str:
+    target = posixpath.normpath(volume.target)
+    rest = path[len(target) :] if target != "/" else path
+    return (volume.source.rstrip("/") + rest) or "/"
+
+
+def host_path(path: str, volumes: Sequence[ContainerVolume], root: Path = Path("/")) -> str | None:
+    """The host path of a container path, resolved as the container's kernel resolves it: `.` and
+    `..` walk the container's tree, each symbolic link met under a bind mount is read on the host
+    (below `root`) and followed in the container's view (an absolute link from the container's `/`,
+    a relative one from its directory), and the mount at each step is the one the container sees
+    there (the longest target, a later mount shadowing an earlier one, a tmpfs hiding what is under
+    it). None where the path ends outside every volume (in the image, or escaped from its volume);
+    UnitError where it lies in a tmpfs or a named volume, which ctxmgr cannot read from the host."""
+    pending = [part for part in path.split("/") if part]
+    resolved = "/"
+    links = 0
+    unseen = False  # the walk went through a name no host path shows (the image, a tmpfs, a named volume)
+    while pending:
+        part = pending.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if unseen:
+                return None  # `..` out of a directory ctxmgr cannot see: it may not even exist there
+            resolved = posixpath.dirname(resolved) or "/"
+            continue
+        candidate = posixpath.join(resolved, part)
+        volume = _covering(candidate, volumes)
+        if volume is None or volume.tmpfs or volume.named:
+            resolved, unseen = candidate, True  # no link is read where no host path holds it
+            continue
+        on_host = _on_host(candidate, volume)
+        host = root / on_host.lstrip("/") if str(root) != "/" else Path(on_host)
+        try:
+            target = os.readlink(host)
+        except OSError:  # not a link: the container sees the same name
+            not_a_dir = host.exists() and not host.is_dir()
+            if pending and (not_a_dir or (".." in pending and not host.exists())):
+                return None  # the kernel stops at a file with a name after it, or a missing one before `..`
+            resolved = candidate
+            continue
+        links += 1
+        if links > MAX_SYMLINKS:
+            raise UnitError(f"{path}: too many symbolic links inside the container (a loop?)")
+        pending = [p for p in target.split("/") if p] + pending
+        if target.startswith("/"):
+            resolved = "/"
+    volume = _covering(resolved, volumes)
+    if volume is None:
         return None
-    if best.named:
+    if volume.tmpfs:
         raise UnitError(
-            f"{path} is in the container's named volume {best.source!r}: give the model as a bind "
+            f"{path} is on the container's tmpfs at {volume.target} (--tmpfs): empty at each start, "
+            "so vLLM finds nothing there and ctxmgr has nothing to read"
+        )
+    if volume.named:
+        raise UnitError(
+            f"{path} is in the container's named volume {volume.source!r}: give the model as a bind "
             "mount (-v /host/path:/container/path) so ctxmgr can read it"
         )
-    target = best.target.rstrip("/") or "/"
-    rest = path[len(target) :] if target != "/" else path
-    return (best.source.rstrip("/") + rest) or "/"
+    return _on_host(resolved, volume)
 
 
 def quadlet_source(unit: ServiceUnit) -> str | None:
