@@ -423,10 +423,10 @@ def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
 @handle_errors
 def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_json: bool) -> None:
     """Read vLLM's facts from the service's last start (made by ctxmgr or not) to calibrate plans."""
-    restarter = restarter_for(ctx, service, True, 60.0)
     if import_file:
         # read first, through the bounded door: a FIFO or /dev/zero is refused before anything else
         raw = files.read_regular(import_file, MAX_IMPORT_BYTES, what="observation", error=UsageError)
+        restarter = restarter_for(ctx, service, True, 60.0)
         record = imported_observation(raw.decode(errors="replace"), import_file, **import_match(restarter))
         with restarter.store.lock(0.0):
             restarter.store.add_observation(record)
@@ -436,6 +436,7 @@ def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_js
         else:
             echo(f"{restarter.unit}: stored the observation from {record['imported_from']}")
         return
+    restarter = restarter_for(ctx, service, True, 60.0)
     with restarter.store.lock(0.0):
         record, obs, lines = observe_last_start(restarter.systemd, restarter.service)
         restarter.store.add_observation(record)
