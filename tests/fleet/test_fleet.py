@@ -231,12 +231,17 @@ def test_a_failed_load_balancer_step_on_the_middle_host_ends_with_the_fleet_back
 @NEWEST_ONLY
 def test_a_failed_rollback_on_an_earlier_host_is_named_in_the_report(bed: FleetBed) -> None:
     """h1 changed; h2 fails; h1's rollback fails too (its vLLM no longer starts at all, whatever unit:
-    a drifted EnvironmentFile). The report names h1, why, and that it is out of the balancer, which it
-    is: no request reaches a host that does not serve."""
+    a drifted EnvironmentFile makes it run out of GPU memory while loading). The report names h1, why,
+    and that it is out of the balancer, which it is: no request reaches a host that does not serve."""
     bed.reset(host_environment=FAILURE_ON_H2)
     h1, untouched = bed.hosts[0], snapshot(bed, "h3")
-    breaks_h1 = when_serving(bed, h1, TARGET, lambda: h1.env_file.write_text("CTXMGR_STANDIN_FAIL=crash\n"))
-    run = roll_out(bed, TARGET, "rollback-fails", rate=20, during=breaks_h1)
+    breaks_h1 = when_serving(
+        bed, h1, TARGET, lambda: h1.env_file.write_text("CTXMGR_STANDIN_FAIL=cuda_oom\n")
+    )
+    # (a SIGKILL crash loop instead keeps ctxmgr watching until its timeout: ctxmgr_timeout bounds it)
+    run = roll_out(
+        bed, TARGET, "rollback-fails", rate=20, during=breaks_h1, extra_vars={"ctxmgr_timeout": 120}
+    )
     assert run.returncode != 0
     assert_nothing_lost(run)
     report = run.report
