@@ -54,7 +54,8 @@ lint: setup
 	$(VENV)/bin/ruff format --check vllm_ctxmgr tests benchmarks examples ansible_collections
 
 # Debian's openssh-server, haproxy and iproute2 (apt, only what is missing; needs root) and ansible-core
-# from PyPI in .venv-ansible-X.Y (ANSIBLE_VERSIONS). Nothing is configured or started: the fleet bed runs each with its own config.
+# from PyPI in .venv-ansible-X.Y (ANSIBLE_VERSIONS). Nothing is configured or started: the fleet bed
+# runs each with its own config.
 fleet-deps: $(foreach v,$(ANSIBLE_VENVS),$(v)/.installed)
 	@missing=""; for p in $(FLEET_APT); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
