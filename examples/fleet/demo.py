@@ -1,8 +1,8 @@
 """`make fleet-demo`: a fleet roll-out of a larger context under load, from real parts.
 
 Boots the fleet bed (tests/fleet/bed.py: 3 hosts in network namespaces, each with a private systemd
-running a real sshd and the vLLM stand-in; HAProxy in front; ansible-core in .venv-ansible), installs
-the collection from the tarball `ansible-galaxy collection build` makes, then, with the bounded load
+running a real sshd and the vLLM stand-in; HAProxy in front; ansible-core 2.19 in .venv-ansible-2.19),
+installs the collection from the tarball `ansible-galaxy collection build` makes, then, with the bounded load
 client streaming 1.5 s completions at 20 req/s through HAProxy:
 
   1. check mode: what would change on each host (nothing is touched),
@@ -55,6 +55,16 @@ def figures(title: str, run: RollOut, bed: FleetBed) -> dict[str, object]:
     for name, host in report.get("hosts", {}).items():
         if host["outcome"] == "failed":
             say(f"   why {name} failed: {host['detail'].get('reason', '')[:300]}")
+    if report.get("hosts"):
+        say(
+            "   report, before -> after (out of service): "
+            + ", ".join(
+                f"{name} {host['before']} -> {host['after']} ({host['out_of_service_s']} s)"
+                for name, host in report["hosts"].items()
+            )
+        )
+    for name, why in report.get("not_restored", {}).items():
+        say(f"   NOT brought back: {name}: {why[:300]}")
     say(
         "   max_model_len served now (/v1/models on each host): "
         + ", ".join(f"{h} {c}" for h, c in contexts.items())

@@ -24,6 +24,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,10 @@ VLLM_PORT = 8000
 NETNS_PREFIX = "ctxf-"  # ctxf-<creator pid>-<tag>-<role>
 SERVICE = "vllm-fleet"
 BACKEND = "vllm"
-ANSIBLE_VENV = REPO_ROOT / ".venv-ansible"
+# the oldest and the newest ansible-core the collection claims (meta/runtime.yml: >=2.15; 2.19 is the
+# newest release), each in the venv `make fleet-deps` makes; `make test ANSIBLE_VERSIONS="2.15 2.17
+# 2.19"` passes its list here (oldest first, newest last)
+ANSIBLE_VERSIONS = tuple(os.environ.get("CTXMGR_ANSIBLE_VERSIONS", "").split()) or ("2.15", "2.19")
 COLLECTION_DIR = REPO_ROOT / "ansible_collections" / "vllm" / "ctxmgr"
 BASELINE_CONTEXT = 8192
 # The stand-in's start takes ~5 s x this: long enough that a plain restart loses requests, short for CI.
@@ -51,8 +56,14 @@ class BedError(RuntimeError):
     """The fleet bed could not be built or reached."""
 
 
-def fleet_available() -> str | None:
-    """Why a fleet bed cannot run here, or None."""
+def ansible_venv(version: str = ANSIBLE_VERSIONS[-1]) -> Path:
+    """The venv `make fleet-deps` installs ansible-core `version` (X.Y, its newest patch) into."""
+    return REPO_ROOT / f".venv-ansible-{version}"
+
+
+def fleet_available(venv: Path | None = None) -> str | None:
+    """Why a fleet bed cannot run here (with the ansible-core of `venv`, default the newest), or None."""
+    venv = venv or ansible_venv()
     reason = sandbox_available()
     if reason:
         return reason
@@ -62,8 +73,8 @@ def fleet_available() -> str | None:
     for binary in ("/usr/sbin/sshd", "/usr/sbin/haproxy"):
         if not Path(binary).exists():
             return f"{binary} is not installed (make fleet-deps)"
-    if not (ANSIBLE_VENV / "bin" / "ansible-playbook").exists():
-        return f"no ansible-core venv at {ANSIBLE_VENV} (make fleet-deps)"
+    if not (venv / "bin" / "ansible-playbook").exists():
+        return f"no ansible-core venv at {venv} (make fleet-deps)"
     return None
 
 
@@ -124,6 +135,12 @@ class FleetHost:
     def url(self) -> str:
         return f"http://{self.address}:{VLLM_PORT}"
 
+    @property
+    def env_file(self) -> Path:
+        """The vLLM unit's optional EnvironmentFile: what a test writes here breaks the next start
+        whatever unit ctxmgr installs (a rollback too), as a host's own drift would."""
+        return self.directory / "vllm.env"
+
     def systemctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         assert self.sandbox is not None
         return self.sandbox.run("systemctl", *args, check=check)
@@ -138,6 +155,7 @@ class FleetBed:
     tag: str = ""
     haproxy: subprocess.Popen[bytes] | None = None
     namespaces: list[str] = field(default_factory=list)
+    ansible_venv: Path = field(default_factory=ansible_venv)
 
     # ---- names and paths -----------------------------------------------------------------------
 
@@ -170,8 +188,10 @@ class FleetBed:
         count: int = 3,
         time_scale: float = DEFAULT_TIME_SCALE,
         host_environment: dict[str, dict[str, str]] | None = None,
+        venv: Path | None = None,
     ) -> FleetBed:
-        reason = fleet_available()
+        venv = venv or ansible_venv()
+        reason = fleet_available(venv)
         if reason:
             raise BedError(f"cannot build a fleet bed: {reason}")
         directory = directory.resolve()
@@ -180,7 +200,7 @@ class FleetBed:
         if len(str(directory / "haproxy.sock")) > 100:
             raise BedError(f"{directory} is too long a path for a unix socket")
         sweep_stale_namespaces()
-        bed = cls(directory=directory, tag=secrets.token_hex(2))
+        bed = cls(directory=directory, tag=secrets.token_hex(2), ansible_venv=venv)
         try:
             bed._network(count)
             bed._keys()
@@ -305,7 +325,8 @@ Restart=on-failure
             description=f"vLLM OpenAI server: GLM-5 (stand-in, TP=8) on fleet host {host.name}",
         )
         # vLLM listens on the host's own address, where HAProxy reaches it
-        assert "--host 127.0.0.1" in text
+        assert "--host 127.0.0.1" in text and "\nType=simple\n" in text
+        text = text.replace("\nType=simple\n", f"\nType=simple\nEnvironmentFile=-{host.env_file}\n")
         return text.replace("--host 127.0.0.1", f"--host {host.address}")
 
     def install_vllm(
@@ -313,8 +334,27 @@ Restart=on-failure
     ) -> None:
         """Write the host's vLLM unit and forget ctxmgr's state: a fresh baseline."""
         host.unit_path.write_text(self.vllm_unit_text(host, context, time_scale, environment))
+        host.env_file.unlink(missing_ok=True)
         shutil.rmtree(host.state_dir, ignore_errors=True)
         host.state_dir.mkdir()
+
+    def command_lb(self, faults: Path | None = None) -> dict[str, Any]:
+        """Extra vars for the role's `ctxmgr_lb: command`, driving this bed's HAProxy through
+        tests/fleet/lbctl.py (with FILE's injected failures)."""
+        script = REPO_ROOT / "tests" / "fleet" / "lbctl.py"
+        lbctl = [sys.executable, str(script), str(self.haproxy_socket), BACKEND]
+        tail = f" --faults {faults}" if faults else ""
+
+        def step(name: str) -> str:
+            return " ".join([*lbctl, "{{ lb_server }}", name]) + tail
+
+        return {
+            "ctxmgr_lb": "command",
+            "ctxmgr_lb_drain_cmd": step("drain"),
+            "ctxmgr_lb_wait_idle_cmd": step("idle"),
+            "ctxmgr_lb_undrain_cmd": step("undrain"),
+            "ctxmgr_lb_wait_up_cmd": step("up"),
+        }
 
     def reset(
         self,
@@ -324,6 +364,7 @@ Restart=on-failure
     ) -> None:
         """Every host back to a baseline unit at `context`, restarted, serving and UP in HAProxy."""
         for host in self.hosts:
+            host.systemctl("start", "sshd-fleet.service")  # a test may have made it unreachable
             self.install_vllm(host, context, time_scale, (host_environment or {}).get(host.name, {}))
             host.systemctl("daemon-reload")
             host.systemctl("reset-failed", f"{SERVICE}.service", check=False)
@@ -447,14 +488,14 @@ ssh_args = {ssh_args}
             ANSIBLE_CONFIG=str(self.directory / "ansible.cfg"),
             ANSIBLE_NOCOLOR="1",
             ANSIBLE_FORCE_COLOR="0",
-            PATH=f"{ANSIBLE_VENV / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
+            PATH=f"{self.ansible_venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
         )
         return env
 
     def install_collection(self, tarball: Path) -> None:
         _run(
-            str(ANSIBLE_VENV / "bin" / "ansible-galaxy"), "collection", "install", "--force", "--offline",
-            "-p", str(self.directory / "collections"), str(tarball),
+            str(self.ansible_venv / "bin" / "ansible-galaxy"), "collection", "install", "--force",
+            "--offline", "-p", str(self.directory / "collections"), str(tarball),
             env=self.ansible_env(), timeout=120,
         )  # fmt: skip
 
@@ -462,7 +503,7 @@ ssh_args = {ssh_args}
         """Run an ansible(-playbook) command as the controller, inside the client namespace."""
         tool, *rest = argv
         return subprocess.run(
-            in_netns(self.client_netns, str(ANSIBLE_VENV / "bin" / tool), *rest),
+            in_netns(self.client_netns, str(self.ansible_venv / "bin" / tool), *rest),
             capture_output=True, text=True, timeout=timeout, env=self.ansible_env(), cwd=self.directory,
         )  # fmt: skip
 
@@ -477,12 +518,12 @@ ssh_args = {ssh_args}
         out = _run(*in_netns(host.netns, sys.executable, "-c", code, host.url)).stdout.strip()
         return int(out) if out.isdigit() else None
 
-    def load(self, rate: float, duration: float, out: Path) -> subprocess.Popen[str]:
+    def load(self, rate: float, duration: float, out: Path, keepalive: int = 0) -> subprocess.Popen[str]:
         """Start the bounded load client in the client namespace (stops by itself after `duration`)."""
         return subprocess.Popen(
             in_netns(
                 self.client_netns, sys.executable, "-m", "tests.fleet.load", "--url", self.lb_url,
-                "--rate", str(rate), "--duration", str(duration),
+                "--rate", str(rate), "--duration", str(duration), "--keepalive", str(keepalive),
                 "--haproxy-socket", str(self.haproxy_socket), "--backend", BACKEND, "--out", str(out),
             ),
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -557,11 +598,11 @@ if __name__ == "__main__":
 # ---- a roll-out under load, as the tests and `make fleet-demo` run it ------------------------------
 
 
-def build_collection(output: Path) -> Path:
+def build_collection(output: Path, venv: Path | None = None) -> Path:
     """`ansible-galaxy collection build` of the repo's collection; returns the tarball."""
     output.mkdir(parents=True, exist_ok=True)
     _run(
-        str(ANSIBLE_VENV / "bin" / "ansible-galaxy"), "collection", "build", "--force",
+        str((venv or ansible_venv()) / "bin" / "ansible-galaxy"), "collection", "build", "--force",
         "--output-path", str(output), str(COLLECTION_DIR), timeout=120,
     )  # fmt: skip
     tarballs = sorted(output.glob("vllm-ctxmgr-*.tar.gz"), key=lambda p: p.stat().st_mtime)
@@ -587,6 +628,8 @@ def roll_out(
     extra_vars: dict[str, Any] | None = None,
     check: bool = False,
     max_load_s: float = 110.0,
+    keepalive: int = 0,
+    during: Callable[[], None] | None = None,
 ) -> RollOut:
     """Run the collection's playbook across the bed (rate 0: no load), load running throughout."""
     report_file = bed.directory / f"report-{name}.json"
@@ -596,12 +639,18 @@ def roll_out(
     argv = ["ansible-playbook", "vllm.ctxmgr.rolling_context", "-e", json.dumps(variables)]
     if check:
         argv += ["--check", "--diff"]
-    load = bed.load(rate, max_load_s, load_file) if rate > 0 else None
+    load = bed.load(rate, max_load_s, load_file, keepalive) if rate > 0 else None
     try:
         if load is not None:
             time.sleep(2.0)  # the load is flowing through every host before the first drain
         began = time.monotonic()
-        result = bed.ansible(*argv, timeout=600)
+        if during is None:
+            result = bed.ansible(*argv, timeout=600)
+        else:  # something the test does to the fleet while the playbook runs
+            with ThreadPoolExecutor(1) as pool:
+                playbook = pool.submit(bed.ansible, *argv, timeout=600)
+                during()
+                result = playbook.result()
         seconds = time.monotonic() - began
         if load is not None:
             time.sleep(2.0)  # and keeps flowing a moment after the last host is back

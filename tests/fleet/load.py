@@ -7,7 +7,12 @@ it stops by itself (SIGTERM stops it sooner: no new requests, the ones in flight
 any target but the loopback range and the fleet bed's own subnet. A request counts as failed when it
 gets no 200 or its connection breaks, and as truncated when its stream ends without every token, a
 finish_reason and `data: [DONE]`. With --haproxy-socket it also samples HAProxy every 0.1 s and
-reports, per server, how long it was out of rotation (any status but UP).
+reports, per server, how long it was out of rotation (any status but UP, "UP 3/4" included).
+
+With --keepalive N, N clients each keep one HTTP/1.1 connection to the load balancer open and send
+their requests over it one after another (the same rate in all): a drain must not cut such a kept-alive
+connection, in a stream or between two. `reused` counts the requests that went over a connection an
+earlier request had used; a connection that breaks is counted and opened again.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Outcome:
     tokens: int
     done: bool  # the stream ended with a finish_reason and [DONE]
     error: str = ""
+    reused: bool = False  # sent over a kept-alive connection an earlier request used
 
     @property
     def failed(self) -> bool:
@@ -54,9 +60,14 @@ def allowed_target(url: str) -> bool:
     return any(address in network for network in ALLOWED_NETWORKS)
 
 
-def one_request(url: str, max_tokens: int, timeout: float) -> Outcome:
+def one_request(
+    url: str, max_tokens: int, timeout: float, connection: http.client.HTTPConnection | None = None
+) -> Outcome:
+    """One streamed completion; on `connection` (kept open afterwards unless it broke) or a new one."""
     parts = urlsplit(url)
     began = time.monotonic()
+    keep = connection is not None
+    reused = keep and connection.sock is not None
     body = json.dumps(
         {
             "model": "glm-5",
@@ -66,7 +77,8 @@ def one_request(url: str, max_tokens: int, timeout: float) -> Outcome:
             "ignore_eos": True,
         }
     )
-    connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    if connection is None:
+        connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
     status: int | None = None
     served_by, tokens, finished, done = "", 0, False, False
     try:
@@ -75,7 +87,10 @@ def one_request(url: str, max_tokens: int, timeout: float) -> Outcome:
         status, served_by = response.status, response.getheader("x-served-by", "")
         if status != 200:
             response.read()
-            return Outcome(began, time.monotonic() - began, status, served_by, 0, False, f"HTTP {status}")
+            keep = False
+            return Outcome(
+                began, time.monotonic() - began, status, served_by, 0, False, f"HTTP {status}", reused
+            )
         for raw in response:
             line = raw.decode(errors="replace").strip()
             if line == "data: [DONE]":
@@ -84,13 +99,18 @@ def one_request(url: str, max_tokens: int, timeout: float) -> Outcome:
                 choice = json.loads(line[6:])["choices"][0]
                 tokens += 1
                 finished = finished or choice.get("finish_reason") is not None
-        return Outcome(began, time.monotonic() - began, status, served_by, tokens, done and finished)
-    except (OSError, http.client.HTTPException, ValueError) as exc:
+        if response.will_close:
+            keep = False
         return Outcome(
-            began, time.monotonic() - began, status, served_by, tokens, False, f"{type(exc).__name__}: {exc}"
+            began, time.monotonic() - began, status, served_by, tokens, done and finished, "", reused
         )
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        keep = False
+        error = f"{type(exc).__name__}: {exc}"
+        return Outcome(began, time.monotonic() - began, status, served_by, tokens, False, error, reused)
     finally:
-        connection.close()
+        if not keep:
+            connection.close()
 
 
 class LbSampler(threading.Thread):
@@ -119,14 +139,20 @@ class LbSampler(threading.Thread):
                 seen = self.statuses.setdefault(server, [])
                 if not seen or seen[-1] != status:
                     seen.append(status)
-                if status != "UP":
+                # "UP 3/4" (a health check failed, not yet `fall` of them) still takes requests
+                if not status.startswith("UP"):
                     self.downtime[server] += now - last
             last = now
             self.stop.wait(self.interval)
 
 
 def run_load(
-    url: str, rate: float, duration: float, max_tokens: int = 30, sampler: LbSampler | None = None
+    url: str,
+    rate: float,
+    duration: float,
+    max_tokens: int = 30,
+    sampler: LbSampler | None = None,
+    keepalive: int = 0,
 ) -> dict[str, Any]:
     if not allowed_target(url):
         raise SystemExit(f"refusing {url}: only loopback and the fleet bed's own addresses are targets")
@@ -145,14 +171,48 @@ def run_load(
         sampler.start()
     began = time.monotonic()
     threads = []
-    for index in range(int(rate * duration)):
-        if stop.wait(max(0.0, began + index / rate - time.monotonic())):
-            break
-        thread = threading.Thread(target=worker, daemon=True)
-        thread.start()
-        threads.append(thread)
-    for thread in threads:
-        thread.join(timeout=60)
+    sent = 0
+    if keepalive > 0:
+        # request i goes out at began + i / rate, on client i % keepalive's own connection; a client
+        # whose stream is still running sends its next request when that one ends
+        parts = urlsplit(url)
+        counter = threading.Lock()
+        total = int(rate * duration)
+        next_index = [0]
+
+        def client() -> None:
+            nonlocal sent
+            connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=30)
+            while True:
+                with counter:
+                    index = next_index[0]
+                    if index >= total:
+                        break
+                    next_index[0] += 1
+                if stop.wait(max(0.0, began + index / rate - time.monotonic())):
+                    break
+                with counter:
+                    sent += 1
+                outcome = one_request(url, max_tokens, 30, connection)
+                with lock:
+                    outcomes.append(outcome)
+            connection.close()
+
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(keepalive)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=duration + 90)
+    else:
+        for index in range(int(rate * duration)):
+            if stop.wait(max(0.0, began + index / rate - time.monotonic())):
+                break
+            thread = threading.Thread(target=worker, daemon=True)
+            thread.start()
+            threads.append(thread)
+        sent = len(threads)
+        for thread in threads:
+            thread.join(timeout=60)
     elapsed = time.monotonic() - began
     if sampler:
         sampler.stop.set()
@@ -166,12 +226,14 @@ def run_load(
         "url": url,
         "rate": rate,
         "seconds": round(elapsed, 2),
-        "sent": len(threads),
+        "sent": sent,
         "answered": len(outcomes),
+        "keepalive_clients": keepalive,
+        "reused": sum(o.reused for o in outcomes),
         "ok": len(outcomes) - len(failed) - len(truncated),
         "failed": len(failed),
         "truncated": len(truncated),
-        "lost": len(threads) - len(outcomes) + len(failed) + len(truncated),
+        "lost": sent - len(outcomes) + len(failed) + len(truncated),
         "mean_request_s": round(sum(o.seconds for o in outcomes) / max(1, len(outcomes)), 3),
         "served_by": served,
         "lb_downtime_s": {k: round(v, 2) for k, v in (sampler.downtime if sampler else {}).items()},
@@ -188,10 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=30)
     parser.add_argument("--haproxy-socket")
     parser.add_argument("--backend", default="vllm")
+    parser.add_argument("--keepalive", type=int, default=0, help="clients that each keep one connection")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     sampler = LbSampler(args.haproxy_socket, args.backend) if args.haproxy_socket else None
-    summary = run_load(args.url, args.rate, args.duration, args.max_tokens, sampler)
+    summary = run_load(args.url, args.rate, args.duration, args.max_tokens, sampler, max(0, args.keepalive))
     text = json.dumps(summary, indent=2)
     if args.out:
         args.out.write_text(text + "\n")

@@ -8,13 +8,14 @@ import json
 import socket
 import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from ansible_collections.vllm.ctxmgr.plugins.module_utils.haproxy_runtime import HaproxyError, Runtime
 from ansible_collections.vllm.ctxmgr.plugins.modules import ctxmgr as module
-from tests.fleet.load import allowed_target
+from tests.fleet.load import allowed_target, run_load
 
 PARAMS = {
     "command": "set-context",
@@ -155,3 +156,56 @@ def test_the_load_client_only_targets_loopback_and_the_bed() -> None:
     assert allowed_target("http://127.0.0.1:8080") and allowed_target("http://10.249.0.1:8080")
     assert not allowed_target("http://10.0.0.1:8080") and not allowed_target("http://192.168.1.2/")
     assert not allowed_target("http://example.com/")
+
+
+class _Streams(BaseHTTPRequestHandler):
+    """Streams 3 tokens the way the stand-in does (HTTP/1.1, chunked SSE); the 2nd request on any
+    connection is cut mid-stream when `cut` is set, as a server killed under a kept-alive client."""
+
+    protocol_version = "HTTP/1.1"
+    cut = False
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        self.served = getattr(self, "served", 0) + 1  # one handler object per connection
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        for index in range(3):
+            if self.cut and self.served == 2 and index == 1:
+                self.close_connection = True
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            finish = "length" if index == 2 else None
+            self._chunk(f"data: {json.dumps({'choices': [{'text': 'x', 'finish_reason': finish}]})}\n\n")
+        self._chunk("data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _chunk(self, text: str) -> None:
+        data = text.encode()
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_kept_alive_clients_reuse_their_connection_and_a_cut_stream_counts_as_lost(cut: bool) -> None:
+    handler = type("Handler", (_Streams,), {"cut": cut})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        summary = run_load(url, rate=10, duration=1.0, max_tokens=3, keepalive=2)
+    finally:
+        server.shutdown()
+    assert summary["sent"] == summary["answered"] == 10 and summary["keepalive_clients"] == 2
+    if not cut:
+        assert (summary["lost"], summary["reused"]) == (0, 8)  # 2 connections carried all 10
+    else:
+        # each client's 2nd request is cut; its next one opens a new connection (whose 2nd is cut too)
+        assert summary["lost"] == summary["failed"] + summary["truncated"] >= 2
+        assert all(error["tokens"] <= 1 and error["reused"] for error in summary["errors"])
+        assert summary["reused"] < 8
