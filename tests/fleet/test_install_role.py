@@ -22,12 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.fleet.bed import ANSIBLE_VENV, REPO_ROOT, SERVICE, FleetBed, build_collection, fleet_available
+from tests.fleet.bed import REPO_ROOT, SERVICE, FleetBed, ansible_venv, build_collection, fleet_available
 from tests.support.require import require
 from tests.support.sandbox import Sandbox
 
 pytestmark = pytest.mark.systemd
 HOST_PYTHON = "/usr/bin/python3"  # a fresh host's Python: none of ctxmgr's packages
+
+
+ANSIBLE_VENV = ansible_venv()  # the newest ansible-core the collection claims
 
 
 def ansible_missing() -> str | None:
