@@ -177,7 +177,7 @@ ALLOWED = {
     "service": {"core", "files", "masking", "systemd"},
     "observing": {"core", "nvml", "probe", "service", "store", "systemd", "vllm_log"},
     "planning": {"core", "model_files", "nvml", "observing", "service", "store", "systemd"},
-    "restart": {"masking", "observing", "probe", "service", "store", "systemd", "vllm_log"},
+    "restart": {"core", "masking", "observing", "probe", "service", "store", "systemd", "vllm_log"},
     "change": {"restart", "store"},
     "recovery": {"change", "restart", "service", "store"},
     "deploy": {

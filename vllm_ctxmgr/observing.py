@@ -12,12 +12,12 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from vllm_ctxmgr.core.budget import effective_args, kv_budget_at_utilization
 from vllm_ctxmgr.core.hardware import GIB
-from vllm_ctxmgr.core.observations import Observation
+from vllm_ctxmgr.core.observations import Observation, ObservationRecord
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.probe import cache_config_info
@@ -75,30 +75,29 @@ def watch_start(
 
 def observation_record(
     service: str, observation: Observation, ok: bool, view: ServiceView, metrics: dict[str, str]
-) -> dict[str, Any]:
+) -> ObservationRecord:
     """One start as the store keeps it: vLLM's figures plus the configuration that produced them."""
-    obs = asdict(observation)
     blocks = metrics.get("num_gpu_blocks", "")
     if blocks.isdigit():
-        obs["num_gpu_blocks"] = int(blocks)
-    if not obs.get("gpu_name"):
-        obs["gpu_name"] = "CPU" if obs.get("platform") == "CPU" else _gpu_name(view.env)
-    obs.update(
-        host=socket.gethostname(),
-        block_size=int(metrics["block_size"]) if metrics.get("block_size", "").isdigit() else None,
-        time=time.time(),
+        observation = replace(observation, num_gpu_blocks=int(blocks))
+    if not observation.gpu_name:
+        name = "CPU" if observation.platform == "CPU" else _gpu_name(view.env)
+        observation = replace(observation, gpu_name=name)
+    block_size = metrics.get("block_size", "")
+    return ObservationRecord(
+        observation,
         service=service,
+        host=socket.gethostname(),
+        time=time.time(),
+        block_size=int(block_size) if block_size.isdigit() else None,
         configured_max_model_len=view.args.max_model_len,
         configured_gpu_memory_utilization=view.args.gpu_memory_utilization,
-        # the explicit budget as vLLM applied it (VLLM_CPU_KVCACHE_SPACE included): such a start says
-        # nothing about how memory scales with the utilisation
         configured_kv_cache_memory_bytes=effective_args(view.args).kv_cache_memory_bytes,
         ok=ok,
     )
-    return obs
 
 
-def observe_last_start(systemd: Systemd, service: str) -> tuple[dict[str, Any], dict[str, Any], int]:
+def observe_last_start(systemd: Systemd, service: str) -> tuple[ObservationRecord, dict[str, Any], int]:
     """The last start of a unit from its journal (made by ctxmgr or not): (the record to keep,
     vLLM's figures as read, how many journal lines that start had)."""
     unit = unit_name(service)
@@ -121,7 +120,7 @@ def learn_from_running_instance(
     store: ServiceStore,
     service: str,
     view: ServiceView,
-    keep: Callable[[dict[str, Any]], None],
+    keep: Callable[[ObservationRecord], None],
 ) -> str | None:
     """Before the first plan of a running service, keep what its last start logged; say so, or why not.
 

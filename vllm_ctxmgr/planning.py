@@ -6,17 +6,16 @@ Everything here does I/O (files, NVML, the revision store); `plan.make_plan` sta
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from vllm_ctxmgr.core.budget import effective_args, is_cpu_deployment
 from vllm_ctxmgr.core.hardware import GpuInfo, GpuState, platform_for, uniform_gpus
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
-from vllm_ctxmgr.core.observations import Observation
+from vllm_ctxmgr.core.observations import Observation, ObservationError, ObservationRecord
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, ServeArgs, with_overrides
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
@@ -78,34 +77,21 @@ def cpu_node_memory(node: int = 0) -> GpuState | None:
     return GpuState((gpu,), "numa")
 
 
-def observations_from_store(records: Iterable[Mapping[str, Any]]) -> list[Observation]:
-    """Stored observation records (newest last) as Observations with the configuration they ran."""
-    names = {f.name for f in fields(Observation)}
+def observations_from_store(records: Iterable[Mapping[str, Any] | ObservationRecord]) -> list[Observation]:
+    """Stored observation records (newest last) as the planner takes them. A line that is not a record
+    a start can log (a tampered or damaged file) is left out, never trusted and never fatal: one bad
+    line must not wedge every later plan of the service."""
     out = []
     for record in records:
-        data = {k: v for k, v in record.items() if k in names}
-        if data.get("gpu_memory_utilization") is None:
-            data["gpu_memory_utilization"] = record.get("configured_gpu_memory_utilization")
-        if data.get("max_model_len") is None:
-            data["max_model_len"] = record.get("configured_max_model_len")
-        if data.get("kv_cache_memory_bytes") is None:
-            data["kv_cache_memory_bytes"] = record.get("configured_kv_cache_memory_bytes")
-        out.append(Observation(**data))
+        if not isinstance(record, ObservationRecord):
+            try:
+                record = ObservationRecord.from_json(record, "observations.jsonl")
+            except ObservationError:
+                continue
+        out.append(record.planned())
     return out
 
 
-# What an observation record holds besides Observation's own fields (deploy writes them).
-RECORD_EXTRAS = {
-    "host": str,
-    "block_size": int,
-    "time": float,
-    "service": str,
-    "configured_max_model_len": int,
-    "configured_gpu_memory_utilization": float,
-    "configured_kv_cache_memory_bytes": int,
-    "ok": bool,
-    "imported_from": str,
-}
 MAX_IMPORT_BYTES = 1 << 20
 
 
@@ -123,7 +109,8 @@ def imported_observation(
     the planner applies it only to that version, and only to the GPU model it names (a record from a
     host without NVML names none and applies to any, as the host's own records do). Where the caller
     knows this service, its vLLM and this host's GPUs, a record of another is refused here rather
-    than ignored by every later plan.
+    than ignored by every later plan; so is a failed start's (it would cap every plan of the fleet at
+    what that failure saw). Returns the line to store.
     """
     if len(text) > MAX_IMPORT_BYTES:
         raise UsageError(f"{source}: larger than an observation can be")
@@ -136,117 +123,29 @@ def imported_observation(
         data = data["record"]  # the whole `observe --json` object
     if not isinstance(data, dict):
         raise UsageError(f"{source}: not an observation record (a JSON object)")
-    kinds = {f.name: f.type for f in fields(Observation)}
-    record: dict[str, Any] = {}
-    for key, value in data.items():
-        expected = RECORD_EXTRAS.get(key) or _OBSERVATION_TYPES.get(str(kinds.get(key)))
-        if expected is None:
-            continue  # a newer ctxmgr's field: ignored, not trusted
-        record[key] = None if value is None else _typed(key, value, expected, source)
-    check_observation_bounds(record, source)
-    if not record.get("vllm_version"):
+    record = ObservationRecord.from_json(data, source)
+    obs = record.observation
+    if obs.failure or data.get("ok") is False:
+        raise UsageError(
+            f"{source}: the record of a failed start ({obs.failure or 'not ok'}); only a start that served "
+            "is imported"
+        )
+    if not obs.vllm_version:
         raise UsageError(f"{source}: the observation does not say its vllm_version, so it cannot be matched")
-    theirs = record.get("service")
+    theirs = record.service
     if (
         service is not None
         and theirs is not None
         and theirs.removesuffix(".service") != service.removesuffix(".service")
     ):
         raise UsageError(f"{source}: an observation from service {theirs}, not {service}")
-    if vllm_version is not None and parse_vllm_version(vllm_version) != parse_vllm_version(
-        record["vllm_version"]
-    ):
-        raise UsageError(
-            f"{source}: its start ran vLLM {record['vllm_version']}, this service runs {vllm_version}"
-        )
+    if vllm_version is not None and parse_vllm_version(vllm_version) != parse_vllm_version(obs.vllm_version):
+        raise UsageError(f"{source}: its start ran vLLM {obs.vllm_version}, this service runs {vllm_version}")
     names = sorted(set(gpu_names or ()))
-    if names and record.get("gpu_name") and record["gpu_name"] not in names:
-        raise UsageError(f"{source}: its start ran on {record['gpu_name']}, this host has {', '.join(names)}")
-    record["imported_from"] = str(record.get("host") or source)
-    return record
-
-
-_OBSERVATION_TYPES = {"str | None": str, "int | None": int, "float | None": float, "bool": bool}
-
-
-def _typed(key: str, value: object, expected: type, source: str) -> object:
-    """The value as its field's type: finite and not negative where it is a number."""
-    bad = UsageError(f"{source}: {key}={value!r} is not a {expected.__name__}")
-    if (expected is bool) != isinstance(value, bool):
-        raise bad
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        if abs(value) > 1 << 64:  # float() of a 400-digit int raises OverflowError
-            raise UsageError(f"{source}: {key} is above any figure a start logs")
-        value = float(value)
-    if not isinstance(value, expected):
-        raise bad
-    if isinstance(value, float) and not math.isfinite(value):
-        raise bad
-    if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
-        raise UsageError(f"{source}: {key}={value!r} is negative")
-    return value
-
-
-# What a real start can log, per field: far above any GPU or CPU node of today, far below what makes
-# the planner's arithmetic overflow (a stored 1e308 GiB wedged every later plan of the service).
-_MAX_GIB = 4096.0  # one device's memory
-_IMPORT_LIMITS: dict[str, float] = {
-    "total_memory_gib": _MAX_GIB,
-    "model_loading_gib": _MAX_GIB,
-    "available_kv_gib": _MAX_GIB,
-    "cuda_graph_gib": _MAX_GIB,
-    "needed_kv_gib": _MAX_GIB,
-    "max_model_len": 1 << 32,
-    "configured_max_model_len": 1 << 32,
-    "estimated_max_model_len": 1 << 32,
-    "kv_cache_tokens": 1 << 40,
-    "num_gpu_blocks": 1 << 32,
-    "kv_cache_memory_bytes": 1 << 50,
-    "configured_kv_cache_memory_bytes": 1 << 50,
-    "max_concurrency": 1 << 32,
-    "time": 4102444800.0,  # 2100-01-01
-}
-_SHARES_THE_GPU = ("model_loading_gib", "available_kv_gib", "cuda_graph_gib")
-_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
-_UNIT_NAME = re.compile(r"[A-Za-z0-9:_.@\\-]{1,255}")
-
-
-def check_observation_bounds(record: Mapping[str, Any], source: str) -> None:
-    """The invariants of an observation record (typed by _typed already): each figure within what
-    a start can log, the memory parts within the device's total, text fields printable and short, a
-    block size vLLM has, and only a start that served (a failed start's record caps every plan of the
-    fleet at what that failure saw). Kept apart so the record type's own reader can take it over."""
-    for key, limit in _IMPORT_LIMITS.items():
-        value = record.get(key)
-        if value is not None and value > limit:
-            raise UsageError(f"{source}: {key} is above {limit:,.0f}, more than any start logs")
-    for key in ("gpu_memory_utilization", "configured_gpu_memory_utilization"):
-        value = record.get(key)
-        if value is not None and not 0 < value <= 1:
-            raise UsageError(f"{source}: {key} is not in (0, 1]")
-    block = record.get("block_size")
-    if block is not None and block not in (1, 8) and not (0 < block <= 4096 and block % 16 == 0):
-        raise UsageError(f"{source}: block_size is not one of vLLM's block sizes (1, 8, multiples of 16)")
-    total = record.get("total_memory_gib")
-    for key in _SHARES_THE_GPU:
-        value = record.get(key)
-        if total is not None and value is not None and value > total:
-            raise UsageError(f"{source}: {key} is more than the GPU's total_memory_gib")
-    for key in ("vllm_version", "platform", "gpu_name", "failure", "imported_from"):
-        value = record.get(key)
-        if value is not None and (len(value) > 256 or not value.isprintable()):
-            raise UsageError(f"{source}: {key} is not printable text of at most 256 characters")
-    if record.get("host") is not None and not _HOST_NAME.fullmatch(record["host"]):
-        raise UsageError(f"{source}: host is not a host name")
-    if record.get("service") is not None and not _UNIT_NAME.fullmatch(record["service"]):
-        raise UsageError(f"{source}: service is not a unit name")
-    if record.get("vllm_version") and parse_vllm_version(record["vllm_version"]) is None:
-        raise UsageError(f"{source}: vllm_version is not a vLLM version")
-    if record.get("failure") or record.get("ok") is False:
-        raise UsageError(
-            f"{source}: the record of a failed start ({record.get('failure') or 'not ok'}); only a start "
-            "that served is imported"
-        )
+    if names and obs.gpu_name and obs.gpu_name not in names:
+        raise UsageError(f"{source}: its start ran on {obs.gpu_name}, this host has {', '.join(names)}")
+    imported = replace(record, imported_from=str(record.host or source))
+    return {k: v for k, v in imported.to_json().items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -354,8 +253,8 @@ def plan_service(
     store: ServiceStore,
     service: str,
     request: PlanRequest,
-    keep_observation: Callable[[dict[str, Any]], None],
-    unsaved_observations: Iterable[Mapping[str, Any]] = (),
+    keep_observation: Callable[[ObservationRecord], None],
+    unsaved_observations: Iterable[ObservationRecord] = (),
     overrides: Mapping[str, Any] | None = None,
     fixed_gpu_memory_utilization: float | None = None,
     argv_check: bool = True,

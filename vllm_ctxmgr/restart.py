@@ -12,8 +12,8 @@ import contextlib
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
+from vllm_ctxmgr.core.observations import ObservationRecord
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.masking import mask
 from vllm_ctxmgr.observing import Printer, observation_record, quiet, watch_start
@@ -41,19 +41,19 @@ class Restarter:
     exit_wait: float = 20.0  # how long a failed vLLM may take to exit by itself before the restore
     last_metrics: dict[str, str] = field(default_factory=dict)
     read_only: bool = False  # a dry run: observations stay in memory (unsaved_observations)
-    unsaved_observations: list[dict[str, Any]] = field(default_factory=list)
+    unsaved_observations: list[ObservationRecord] = field(default_factory=list)
 
     @property
     def unit(self) -> str:
         """The canonical `NAME.service` that systemctl and the journal are asked about."""
         return unit_name(self.service)
 
-    def keep_observation(self, record: dict[str, Any]) -> None:
+    def keep_observation(self, record: ObservationRecord) -> None:
         """Store an observation, or hold it in memory during a dry run (which writes nothing)."""
         if self.read_only:
             self.unsaved_observations.append(record)
         else:
-            self.store.add_observation(record)
+            self.store.add_observation(record.to_json())
 
     def install(self, path: Path, data: bytes | None) -> None:
         """Write the unit file, or remove it (None: a drop-in ctxmgr created goes). Creating or removing

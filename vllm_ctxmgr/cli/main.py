@@ -438,8 +438,8 @@ def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_js
         return
     restarter = restarter_for(ctx, service, True, 60.0)
     with restarter.store.lock(0.0):
-        record, obs, lines = observe_last_start(restarter.systemd, restarter.service)
-        restarter.store.add_observation(record)
+        observed, obs, lines = observe_last_start(restarter.systemd, restarter.service)
+        restarter.store.add_observation(observed.to_json())
         stored = restarter.store.observations()
     record = stored[-1] if stored else {}
     if as_json:
