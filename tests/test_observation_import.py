@@ -107,14 +107,14 @@ def test_a_fifo_or_a_device_is_refused_before_anything_is_read(kind: str) -> Non
 
 def test_the_record_type_is_the_one_door_for_stored_lines_too() -> None:
     """Issue 14 item 2: ObservationRecord.from_json checks a stored line as it checks an import; a line
-    that no start could log (a stored 9,999 GiB budget on a 95.6 GiB GPU, a 1e308) is left out of the
+    that no start could log (a stored 999 GiB budget on a 95.6 GiB GPU, a 1e308) is left out of the
     plan's observations instead of wedging every later plan, and a good line reads back whole."""
     from vllm_ctxmgr.core.observations import ObservationError, ObservationRecord
     from vllm_ctxmgr.planning import observations_from_store
 
     good = ObservationRecord.from_json(GOOD, "observations.jsonl")
     assert ObservationRecord.from_json(good.to_json(), "again") == good
-    poisoned = {**GOOD, "available_kv_gib": 9999.0, "total_memory_gib": 95.6}
+    poisoned = {**GOOD, "available_kv_gib": 999.0, "total_memory_gib": 95.6}
     with pytest.raises(ObservationError, match="available_kv_gib is more than the GPU's total_memory_gib"):
         ObservationRecord.from_json(poisoned, "observations.jsonl")
     planned = observations_from_store([poisoned, {**GOOD, "time": 1e308}, GOOD])
