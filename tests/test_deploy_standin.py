@@ -11,6 +11,7 @@ import difflib
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import time
@@ -449,3 +450,44 @@ def test_dropin_mode_leaves_the_unit_file_alone_and_rolls_back_by_removing_its_d
     assert code == 0, err
     assert not sandbox.systemd.host_path(dropin).exists()
     assert path.read_bytes() == before and served_max_model_len(port) == 8192
+
+
+def test_a_terminal_sees_the_diff_before_the_restart_and_a_live_status_while_vllm_is_silent(  # type: ignore[no-untyped-def]
+    sandbox, install_unit, workdir
+) -> None:
+    """Issue 17 item 9: with --yes on a terminal, the diff and the plan are printed before the restart,
+    then one status line is rewritten in place (phase from vLLM's lines, elapsed, time left, a bar
+    where vLLM counts shards); the stand-in's start is stretched so ticks land in it."""
+    name = "vllm-it-progress"
+    _unit, port, _path = start_service(
+        sandbox, install_unit, workdir, name, environment={"CTXMGR_STANDIN_TIME_SCALE": "3"}
+    )
+    argv = ctxmgr_argv(sandbox.pid, workdir / "state", "set-context", "100000", "--service", name,
+                       *offline_gpu_args(), "--yes")  # fmt: skip
+    code, out = ask_on_a_terminal(argv, lambda: None)
+    assert code == 0, out
+    diff_at = out.index("+    --max-model-len 100000")
+    status = re.findall(r"\r\x1b\[K([^\r\n]*timeout in [^\r\n]*)", out)
+    assert status and diff_at < out.index("\r\x1b[K"), out
+    assert any(
+        re.search(rf"{name}\.service: loading weights \d+/\d+ \[[#.]{{10}}\]", line) for line in status
+    )
+    # each line fits the terminal (cut at its width); the short ones show the whole of it
+    assert any(re.search(r"starting, \d+s, timeout in \d+m \d\ds$", line) for line in status), status
+    assert served_max_model_len(port) == 100000
+
+
+def test_without_a_terminal_the_status_is_a_plain_timestamped_line_at_most_every_interval(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from vllm_ctxmgr.cli.common import LiveStatus
+    from vllm_ctxmgr.observing import StartProgress
+
+    live = LiveStatus(enabled=True, terminal=False, every=3600)
+    live.last -= 3600  # the first interval has passed
+    for second in range(5):
+        live.tick(StartProgress("vllm-x.service", "loading weights", second, 1800 - second, second, 8))
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\r" not in err  # a pipe gets no control codes
+    assert re.fullmatch(r"ctxmgr: \d\d:\d\d:\d\d vllm-x\.service: loading weights 0/8 \[\.{10}\], 0s, "
+                        r"timeout in 30m 00s\n", err), err  # fmt: skip

@@ -209,6 +209,8 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
         argv_check=False,
     )  # fmt: skip
     view, plan = service_plan.view, service_plan.plan
+    if service_plan.learned:
+        restarter.on_step(service_plan.learned)
     context = plan.max_model_len  # `auto` is resolved by the plan: the unit gets the number
     if request.context == AUTO_CONTEXT:
         restarter.on_step(f"auto: the largest context that fits is {context}")

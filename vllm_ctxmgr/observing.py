@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from vllm_ctxmgr.core.budget import effective_args, kv_budget_at_utilization
@@ -35,6 +35,41 @@ def quiet(_: str) -> None:
     return None
 
 
+@dataclass(frozen=True)
+class StartProgress:
+    """Where a start is, for a live status while vLLM prints nothing: its phase (from vLLM's own
+    lines), how long it has taken, how long it may still take, and a fraction where vLLM prints one
+    (checkpoint shards loaded, CUDA graphs captured)."""
+
+    unit: str
+    phase: str
+    elapsed_s: float
+    remaining_s: float
+    done: int | None = None
+    total: int | None = None
+
+    def text(self) -> str:
+        """One line: `vllm-glm5: loading weights 3/8 [###.....], 1m 23s, timeout in 28m 37s`."""
+        line = f"{self.unit}: {self.phase}"
+        if self.done is not None and self.total:
+            filled = round(10 * min(self.done, self.total) / self.total)
+            line += f" {self.done}/{self.total} [{'#' * filled}{'.' * (10 - filled)}]"
+        return f"{line}, {_span(self.elapsed_s)}, timeout in {_span(self.remaining_s)}"
+
+
+def _span(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+# vLLM's progress bars: (done, total) from the line's own figures or its percentage
+_FRACTIONS = ("loading_weights_progress", "capturing_cuda_graphs")
+
+
 def watch_start(
     systemd: Systemd,
     unit: str,
@@ -43,18 +78,30 @@ def watch_start(
     on_line: Printer = quiet,
     state_interval: float = 0.5,
     progress_interval: float = 3.0,
+    on_tick: Callable[[StartProgress], None] | None = None,
+    tick_interval: float = 1.0,
 ) -> StartVerdict:
-    """Follow the unit's journal from `cursor` and decide as soon as vLLM's decisive line appears."""
+    """Follow the unit's journal from `cursor` and decide as soon as vLLM's decisive line appears.
+
+    `on_tick` is called about every `tick_interval` seconds with where the start is, so a terminal can
+    show that a start that prints nothing for minutes (loading, compiling, capturing) is still alive."""
 
     baseline = systemd.state(unit).n_restarts
     watcher = StartWatcher(timeout_s=timeout, baseline_nrestarts=baseline, await_start=True)
     next_state = 0.0
     last_progress = 0.0
+    started = time.monotonic()
+    next_tick = started + tick_interval
+    fraction: tuple[int | None, int | None] = (None, None)
     with systemd.follow(unit, after_cursor=cursor) as follower:
         while True:
             for entry in follower.poll(0.2):
                 for event in watcher.feed(entry.message):
                     now = time.monotonic()
+                    if event.name in _FRACTIONS:
+                        fraction = _fraction(event.data)
+                    elif event.kind == "progress":
+                        fraction = (None, None)
                     # progress during a minutes-long start: one line every few seconds is enough
                     if event.kind == "progress" and now - last_progress < progress_interval:
                         continue
@@ -62,6 +109,10 @@ def watch_start(
                         last_progress = now
                         on_line(entry.message)
             now = time.monotonic()
+            if on_tick is not None and now >= next_tick:
+                elapsed = now - started
+                on_tick(StartProgress(unit, watcher.phase, elapsed, timeout - elapsed, *fraction))
+                next_tick = now + tick_interval
             if now >= next_state:
                 state = systemd.show(
                     unit, "ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "ExecMainCode"
@@ -71,6 +122,14 @@ def watch_start(
             verdict = watcher.poll()
             if verdict is not None:
                 return verdict
+
+
+def _fraction(data: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(done, total) of a progress bar line; its percentage out of 100 where it names no counts."""
+    done, total, percent = data.get("done"), data.get("total"), data.get("percent")
+    if done is not None and total is not None:
+        return int(done), int(total)
+    return (int(percent), 100) if percent is not None else (None, None)
 
 
 def observation_record(

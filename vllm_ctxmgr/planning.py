@@ -246,6 +246,7 @@ class ServicePlan:
 
     view: ServiceView
     plan: Plan
+    learned: str | None = None  # what was learned from the running instance's last start (or why not)
 
 
 def plan_service(
@@ -289,4 +290,4 @@ def plan_service(
         plan = replace(plan, warnings=(mismatch, *plan.warnings))
     if learned:
         plan = replace(plan, notes=(learned, *plan.notes))
-    return ServicePlan(view, plan)
+    return ServicePlan(view, plan, learned)

@@ -203,10 +203,15 @@ def plan_text(plan: Any, command_change: str = "") -> str:
     return "\n".join(out)
 
 
-def change_text(result: Any) -> str:
-    """What a set-context / rollback / recover did, in plain words."""
+def change_text(result: Any, shown_before: bool = False) -> str:
+    """What a set-context / rollback / recover did, in plain words. `shown_before`: the diff and the plan
+    were printed before the restart (as "planned"), so a change that went ahead is not shown twice."""
     out = []
-    if result.diff and result.result in ("dry-run", "planned", "applied", "rolled-back", "rollback-failed"):
+    went_ahead = (
+        result.result in ("applied", "rolled-back", "rollback-failed") and result.revision is not None
+    )
+    shows_diff = result.result in ("dry-run", "planned", "applied", "rolled-back", "rollback-failed")
+    if result.diff and shows_diff and not (shown_before and went_ahead):
         out.append(result.diff.rstrip("\n"))
     if result.plan and result.result in ("infeasible", "dry-run", "planned"):
         plan = result.plan

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vllm_ctxmgr.core.observations import ObservationRecord
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.masking import mask
-from vllm_ctxmgr.observing import Printer, observation_record, quiet, watch_start
+from vllm_ctxmgr.observing import Printer, StartProgress, observation_record, quiet, watch_start
 from vllm_ctxmgr.probe import ProbeResult, cache_config_info, probe, wait_until_serving
 from vllm_ctxmgr.service import ServiceView, read_service, view_from_unit
 from vllm_ctxmgr.store import ServiceStore, atomic_write
@@ -35,6 +36,7 @@ class Restarter:
     service: str
     on_line: Printer = quiet  # vLLM's progress lines while a start is watched
     on_step: Printer = quiet  # ctxmgr's own steps
+    on_tick: Callable[[StartProgress], None] | None = None  # about every second while a start is watched
     start_timeout: float = 1800.0
     probe_timeout: float = 600.0
     listen_timeout: float = 120.0  # from vLLM's ready line to /health answering
@@ -86,6 +88,7 @@ class Restarter:
             cursor,
             self.start_timeout,
             lambda line: self.on_line(mask(line, secrets)),
+            on_tick=self.on_tick,
         )
         # vLLM's decisive line may quote a key: masked once here, for the result, the record and history
         verdict = replace(

@@ -7,7 +7,9 @@ import getpass
 import json
 import math
 import os
+import shutil
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -20,6 +22,7 @@ from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, human_readable_int, parse_
 from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError, VerifyExit
 from vllm_ctxmgr.masking import scrub
+from vllm_ctxmgr.observing import StartProgress
 from vllm_ctxmgr.restart import Restarter
 from vllm_ctxmgr.store import ServiceStore
 from vllm_ctxmgr.systemd.log import Priority, send
@@ -538,27 +541,67 @@ def restarter_for(ctx: click.Context, service: str, as_json: bool, timeout: floa
     unit = canonical_unit(systemd, service)
     store = ServiceStore(ctx.find_root().obj["state_dir"], unit)
 
+    live = LiveStatus(enabled=not as_json, terminal=sys.stderr.isatty())
+
     def say(text: str) -> None:
         if not as_json:
+            live.clear()
             echo(f"ctxmgr: {text}", err=True)
 
     def vllm_line(text: str) -> None:
         if not as_json:
+            live.clear()
             echo(f"  | {text[:160]}", err=True)
 
-    return Restarter(systemd, store, unit, on_line=vllm_line, on_step=say, start_timeout=timeout)
+    return Restarter(
+        systemd, store, unit, on_line=vllm_line, on_step=say, start_timeout=timeout, on_tick=live.tick
+    )
+
+
+class LiveStatus:
+    """While a start is watched: on a terminal, one status line rewritten every second (phase from vLLM's
+    lines, elapsed, time left, a bar where vLLM counts); elsewhere (a pipe, the journal, Ansible's log)
+    a plain timestamped line every `every` seconds. No colour either way; the terminal line only uses
+    carriage return and erase-line, so NO_COLOR has nothing to turn off."""
+
+    def __init__(self, enabled: bool, terminal: bool, every: float = 30.0) -> None:
+        self.enabled, self.terminal, self.every = enabled, terminal, every
+        self.shown = False
+        self.last = time.monotonic()
+
+    def tick(self, progress: StartProgress) -> None:
+        if not self.enabled:
+            return
+        if self.terminal:
+            width = shutil.get_terminal_size((100, 20)).columns - 1
+            sys.stderr.write("\r\x1b[K" + scrub(progress.text())[:width])
+            sys.stderr.flush()
+            self.shown = True
+        elif time.monotonic() - self.last >= self.every:
+            self.last = time.monotonic()
+            echo(f"ctxmgr: {time.strftime('%H:%M:%S')} {progress.text()}", err=True)
+
+    def clear(self) -> None:
+        """Erase the status line before a line of its own is printed (it is drawn again next tick)."""
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self.shown = False
 
 
 def confirmation(yes: bool, as_json: bool, unit: str) -> Callable[[ChangeResult], bool] | None:
-    """What set-context and rollback ask before they write (None with --yes): the callback is shown the
-    change under the service's lock, so the diff confirmed is the diff applied. Not a terminal and no
-    --yes: nothing is changed, and the change is printed for the operator to read."""
-    if yes:
+    """What set-context and rollback show and ask before they write: the callback is shown the change
+    under the service's lock, so the diff confirmed is the diff applied, and the diff and the plan are
+    on the screen before a restart that may take minutes (--yes: shown, not asked; --json: neither).
+    Not a terminal and no --yes: nothing is changed, and the change is printed for the operator."""
+    if yes and as_json:
         return None
 
     def ask(result: ChangeResult) -> bool:
         if not as_json:
             echo(report.change_text(result), err=True)
+        if yes:
+            return True
         if result.pending_recovery is not None:
             question = f"first put back the unit that revision {result.pending_recovery} replaced"
         else:
@@ -600,7 +643,8 @@ def finish(
     if as_json:
         emit_json(data)
     else:
-        echo(report.change_text(result))
+        # the diff and the plan were shown before the restart (confirmation): the end says how it went
+        echo(report.change_text(result, shown_before=not dry_run))
     sys.exit(result.exit_code)
 
 
