@@ -224,7 +224,8 @@ def test_a_failed_load_balancer_step_on_the_middle_host_ends_with_the_fleet_back
     assert report["failed"] == ["h2"] and report["untouched"] == ["h3"]
     assert report["rolled_back"] == (["h1", "h2"] if after_change else ["h1"])
     assert h2["detail"]["failed_after_its_change"] is after_change
-    assert step in h2["detail"]["failed_task"] or (step == "idle" and "idle" in h2["detail"]["failed_task"])
+    assert step in h2["detail"]["failed_task"].lower()  # "ctxmgr | drain", "ctxmgr | wait until UP", ...
+    assert "injected" in h2["detail"]["reason"]  # the LB command's own words
     assert_back_where_it_was(bed, run, untouched)
 
 
