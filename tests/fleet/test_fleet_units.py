@@ -42,6 +42,14 @@ def test_set_context_runs_ctxmgr_with_yes_and_json_or_dry_run_in_check_mode() ->
     assert verify == ["ctxmgr", "verify", "--service", "vllm-glm5", "--json"]  # read only either way
 
 
+def test_the_edit_mode_reaches_set_context_in_both_modes() -> None:
+    """dropin: the unit file an Ansible template renders is left alone (ctxmgr set-context --edit)."""
+    for check_mode in (False, True):
+        argv = module.command_argv({**PARAMS, "edit": "dropin"}, check_mode=check_mode)
+        assert argv[argv.index("--edit") + 1] == "dropin"
+        assert "--edit" not in module.command_argv({**PARAMS, "edit": "in-place"}, check_mode=check_mode)
+
+
 def test_a_dry_run_would_change_under_both_contracts() -> None:
     diff = "-    --max-model-len 8192\n+    --max-model-len 200000\n"
     # today: changed is false on a dry run, the diff says whether anything would change

@@ -46,6 +46,15 @@ options:
     description: Apply a change the plan says will not fit; vLLM has the last word (set-context).
     type: bool
     default: false
+  edit:
+    description:
+      - How set-context changes the unit. V(in-place) edits the file that holds C(ExecStart=).
+      - V(dropin) leaves the unit file alone and writes C(ExecStart=) to C(UNIT.d/50-ctxmgr.conf), as
+        C(systemctl edit) does; choose it where this collection or another template renders the unit,
+        so the next converge keeps the change.
+    type: str
+    choices: [in-place, dropin]
+    default: in-place
   timeout:
     description: Seconds a start may take (set-context, rollback).
     type: float
@@ -180,6 +189,8 @@ def command_argv(params: dict, check_mode: bool) -> list:
             argv += ["--probe-tokens", str(params["probe_tokens"])]
         if params.get("force"):
             argv.append("--force")
+        if params.get("edit") == "dropin":
+            argv += ["--edit", "dropin"]
     if command == "rollback" and params.get("to") is not None:
         argv += ["--to", str(params["to"])]
     if command in ("set-context", "verify") and params.get("long_probe"):
@@ -290,6 +301,7 @@ def main() -> None:
             "probe_tokens": {"type": "int", "no_log": False},  # a token count, not a secret token
             "long_probe": {"type": "bool", "default": False},
             "force": {"type": "bool", "default": False},
+            "edit": {"type": "str", "default": "in-place", "choices": ["in-place", "dropin"]},
             "timeout": {"type": "float"},
             "wait_lock": {"type": "float"},
             "import_observation": {"type": "path"},
