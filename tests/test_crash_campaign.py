@@ -28,7 +28,7 @@ from tests.ctxmgr_cli import crashing_argv, ctxmgr_argv, run_ctxmgr
 from tests.support.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit
 from tests.support.sandbox import Sandbox
 from vllm_ctxmgr.probe import wait_until_serving
-from vllm_ctxmgr.store import PENDING, ServiceStore
+from vllm_ctxmgr.store import GOOD, PENDING, ServiceStore
 
 REPO = Path(__file__).resolve().parent.parent
 CAPACITY = 150_000  # the stand-in's KV room: a change above it is refused by "vLLM" and rolled back
@@ -90,7 +90,7 @@ class Service:
         """Unit bytes a revision proved (final or baseline), or that a rollback put back."""
         good: dict[bytes, int] = {}
         for rev in self.store.revisions():
-            if rev.state in ("final", "baseline"):
+            if rev.state in GOOD:
                 good[self.store.unit_bytes(rev.number, "unit")] = rev.max_model_len or 0
             if rev.state == "rolled-back":
                 good[self.store.unit_bytes(rev.number, "previous")] = rev.previous_max_model_len or 0

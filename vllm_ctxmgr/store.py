@@ -106,12 +106,10 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 FINISHED = frozenset({State.FINAL, State.ROLLED_BACK, State.ROLLBACK_FAILED, State.BASELINE})
 PENDING = frozenset(TRANSITIONS) - FINISHED - {State.PLANNED}  # what `recover` must finish
 
-# the names other modules compare with (StrEnum members equal their strings)
-IN_PROGRESS = State.IN_PROGRESS
-FINAL = State.FINAL
-ROLLED_BACK = State.ROLLED_BACK
-ROLLBACK_FAILED = State.ROLLBACK_FAILED
-BASELINE = State.BASELINE
+# A revision whose unit served and passed its probe, or the unit as ctxmgr first found it: what a
+# rollback may return to and what verify counts as a known-good unit (core.verdict keeps the same two
+# names as strings, since the core cannot import the store; a test ties them)
+GOOD = frozenset({State.FINAL, State.BASELINE})
 
 
 class StoreError(CtxmgrError):
@@ -718,7 +716,7 @@ class ServiceStore:
         for rev in reversed(self.revisions()):
             if before is not None and rev.number >= before:
                 continue
-            if rev.state in (FINAL, BASELINE):
+            if rev.state in GOOD:
                 return rev
         return None
 
@@ -753,15 +751,15 @@ class ServiceStore:
     def needed(self, revisions: list[Revision]) -> set[int]:
         """What a rollback or a recovery may still need: the baseline, the newest final, the good one
         before it (the default target of `rollback`), and anything unfinished."""
-        keep = {rev.number for rev in revisions if rev.state == BASELINE or rev.state in PENDING}
-        newest_final = next((rev for rev in reversed(revisions) if rev.state == FINAL), None)
+        keep = {rev.number for rev in revisions if rev.state == State.BASELINE or rev.state in PENDING}
+        newest_final = next((rev for rev in reversed(revisions) if rev.state == State.FINAL), None)
         if newest_final is not None:
             keep.add(newest_final.number)
             before = next(
                 (
                     r
                     for r in reversed(revisions)
-                    if r.number < newest_final.number and r.state in (FINAL, BASELINE)
+                    if r.number < newest_final.number and r.state in GOOD
                 ),
                 None,
             )

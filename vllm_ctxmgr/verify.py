@@ -30,7 +30,7 @@ from vllm_ctxmgr.planning import gather_gpus
 from vllm_ctxmgr.probe import cache_config_info, probe
 from vllm_ctxmgr.restart import Restarter
 from vllm_ctxmgr.service import read_service
-from vllm_ctxmgr.store import BASELINE, FINAL, Revision, ServiceStore
+from vllm_ctxmgr.store import GOOD, Revision, ServiceStore, State
 from vllm_ctxmgr.systemd.journal import parse_journal_json
 from vllm_ctxmgr.systemd.systemctl import Systemd
 from vllm_ctxmgr.vllm_log.patterns import classify
@@ -163,7 +163,7 @@ def is_installed(systemd: Systemd, store: ServiceStore, rev: Revision) -> bool:
 def installed_revision(systemd: Systemd, store: ServiceStore, revisions: Sequence[Revision]) -> int | None:
     """The newest good revision that is installed now."""
     for rev in reversed(revisions):
-        if rev.state in (FINAL, BASELINE) and is_installed(systemd, store, rev):
+        if rev.state in GOOD and is_installed(systemd, store, rev):
             return rev.number
     return None
 
@@ -308,9 +308,9 @@ def rollback_target(
     probe or a scheduled one), or the unit as ctxmgr found it."""
     verified_set = set(verified)
     for rev in reversed(revisions):
-        if rev.state not in (FINAL, BASELINE) or rev.number == current:
+        if rev.state not in GOOD or rev.number == current:
             continue
-        if not (rev.verified or rev.number in verified_set or rev.state == BASELINE):
+        if not (rev.verified or rev.number in verified_set or rev.state == State.BASELINE):
             continue
         if installed(rev):
             continue
