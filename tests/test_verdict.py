@@ -36,7 +36,7 @@ from vllm_ctxmgr.core.verdict import (
     utc_clock,
     version_reasons,
 )
-from vllm_ctxmgr.store import GOOD, Revision
+from vllm_ctxmgr.store import GOOD, Revision, State
 from vllm_ctxmgr.vllm_log.watcher import observe_start
 
 LOGS = Path(__file__).resolve().parent / "data" / "vllm-logs"  # the shared real logs, kept in the repo
@@ -56,8 +56,8 @@ def observation() -> dict[str, Any]:
 def facts(seen: dict[str, Any], **changes: Any) -> VerifyFacts:
     """A CPU vLLM serving as ctxmgr left it (revision 1 installed), verified 5 minutes ago."""
     revisions = (
-        Revision(0, "vllm-tiny", BASELINE, UNIT, T0 - 900, 2048, None, action="baseline").to_json(),
-        Revision(1, "vllm-tiny", FINAL, UNIT, T0 - 600, 1024, 0.5, previous_max_model_len=2048,
+        Revision(0, "vllm-tiny", State.BASELINE, UNIT, T0 - 900, 2048, None, action="baseline").to_json(),
+        Revision(1, "vllm-tiny", State.FINAL, UNIT, T0 - 600, 1024, 0.5, previous_max_model_len=2048,
                  verified=True, vllm_version="0.32.0").to_json(),
     )  # fmt: skip
     base = VerifyFacts(
@@ -158,7 +158,7 @@ def test_a_restart_behind_ctxmgrs_back_is_degraded_and_its_own_is_a_note(observa
         f"systemd restarted vllm-tiny since the last verification: NRestarts 0 -> 1, serving again since "
         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(T0 - 60))}"
     ]
-    by_ctxmgr = Revision(2, "vllm-tiny", FINAL, UNIT, T0 - 120, 1536, 0.5).to_json()
+    by_ctxmgr = Revision(2, "vllm-tiny", State.FINAL, UNIT, T0 - 120, 1536, 0.5).to_json()
     ours = replace(restarted, revisions=(*restarted.revisions, by_ctxmgr))
     assert restart_reasons(ours) == ([], ["restarted by ctxmgr since the last verification (revision 2)"])
 

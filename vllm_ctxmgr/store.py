@@ -756,11 +756,7 @@ class ServiceStore:
         if newest_final is not None:
             keep.add(newest_final.number)
             before = next(
-                (
-                    r
-                    for r in reversed(revisions)
-                    if r.number < newest_final.number and r.state in GOOD
-                ),
+                (r for r in reversed(revisions) if r.number < newest_final.number and r.state in GOOD),
                 None,
             )
             if before is not None:
