@@ -21,8 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.support.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit  # noqa: E402
+from tests.support.demo import make_vllm_wrapper, offline_gpu_args, standin_unit  # noqa: E402
 from tests.support.sandbox import Sandbox, sandbox_available  # noqa: E402
+from tests.support.standin import free_port  # noqa: E402
 from vllm_ctxmgr.cli.common import SIZE  # noqa: E402
 from vllm_ctxmgr.deploy import SetContextRequest, set_context  # noqa: E402
 from vllm_ctxmgr.planning import PlanRequest  # noqa: E402

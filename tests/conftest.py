@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -20,3 +21,16 @@ def require_vllm() -> Path:
     require(missing, "the vLLM CPU build", required_by="CTXMGR_REQUIRE_VLLM")
     assert venv is not None
     return venv
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def workdir(request: pytest.FixtureRequest) -> Path:
+    """A fresh folder for one test's units, state and wrappers, under the repo's .cache (never /tmp: the
+    private systemd sees the host's disk), named after the test module so a left-over one says whose."""
+    module = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
+    path = REPO / ".cache" / "it" / f"{module}-{uuid.uuid4().hex[:8]}"
+    path.mkdir(parents=True)
+    return path

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import uuid
 from pathlib import Path
 
 import pytest
@@ -93,13 +92,6 @@ def test_two_api_key_flags_probe_with_the_last() -> None:
     )
     assert view.api_key == "sk-last-2222"
     assert {"sk-first-1111", "sk-last-2222"} <= set(view.secrets)
-
-
-@pytest.fixture
-def workdir() -> Path:
-    path = REPO / ".cache" / "api-keys" / uuid.uuid4().hex[:8]
-    path.mkdir(parents=True)
-    return path
 
 
 def test_the_command_lines_key_wins_over_the_yamls(workdir: Path) -> None:

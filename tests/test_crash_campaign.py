@@ -25,8 +25,9 @@ import pytest
 import requests
 
 from tests.ctxmgr_cli import crashing_argv, ctxmgr_argv, run_ctxmgr
-from tests.support.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit
+from tests.support.demo import make_vllm_wrapper, offline_gpu_args, standin_unit
 from tests.support.sandbox import Sandbox
+from tests.support.standin import free_port
 from vllm_ctxmgr.probe import wait_until_serving
 from vllm_ctxmgr.store import GOOD, PENDING, ServiceStore
 

@@ -15,7 +15,6 @@ import re
 import select
 import subprocess
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,8 +22,9 @@ import pytest
 import requests
 
 from tests.ctxmgr_cli import ctxmgr_argv, run_ctxmgr
-from tests.support.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit
+from tests.support.demo import make_vllm_wrapper, offline_gpu_args, standin_unit
 from tests.support.sandbox import Sandbox
+from tests.support.standin import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,13 +32,6 @@ REPO = Path(__file__).resolve().parent.parent
 def ctxmgr(sandbox: Sandbox, state: Path, *args: str, timeout: float = 120) -> tuple[int, dict, str]:
     run = run_ctxmgr(sandbox.pid, state, *args, timeout=timeout)
     return run.code, run.data, run.stderr
-
-
-@pytest.fixture
-def workdir() -> Path:
-    path = REPO / ".cache" / "it" / uuid.uuid4().hex[:8]
-    path.mkdir(parents=True)
-    return path
 
 
 def served_max_model_len(port: int) -> int:

@@ -3,23 +3,14 @@ what vLLM refuses at config time is refused before the unit or the service is to
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
-import pytest
-
 from tests.ctxmgr_cli import run_ctxmgr
-from tests.support.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit
+from tests.support.demo import make_vllm_wrapper, offline_gpu_args, standin_unit
 from tests.support.sandbox import Sandbox
+from tests.support.standin import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def workdir() -> Path:
-    path = REPO / ".cache" / "it" / uuid.uuid4().hex[:8]
-    path.mkdir(parents=True)
-    return path
 
 
 def _service(sandbox: Sandbox, install_unit, workdir: Path, name: str, flags: str) -> tuple[str, Path]:  # type: ignore[no-untyped-def]

@@ -14,7 +14,7 @@ import pytest
 
 from tests.ctxmgr_cli import run_ctxmgr
 from tests.support import vllm_cpu as cpu
-from tests.support.demo import free_port
+from tests.support.standin import free_port
 from vllm_ctxmgr.probe import wait_until_serving
 
 REPO = Path(__file__).resolve().parent.parent

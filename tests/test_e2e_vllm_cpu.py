@@ -30,8 +30,8 @@ import requests
 from tests.ctxmgr_cli import ctxmgr_argv as shared_argv
 from tests.ctxmgr_cli import run_ctxmgr
 from tests.support import vllm_cpu as vllm_cpu
-from tests.support.demo import free_port
 from tests.support.sandbox import Sandbox
+from tests.support.standin import free_port
 from tests.systemd_fixtures import InstallUnit
 from vllm_ctxmgr.errors import ExitCode
 from vllm_ctxmgr.probe import wait_until_serving

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
@@ -138,13 +137,6 @@ def test_a_service_given_twice_differently_is_a_usage_error() -> None:
     assert "vllm-a" in json.loads(done.stdout)["error"] and "vllm-b" in json.loads(done.stdout)["error"]
     done = cli("history")
     assert done.returncode == 2 and "ctxmgr status" in done.stderr, done.stderr
-
-
-@pytest.fixture
-def workdir() -> Path:
-    path = REPO / ".cache" / "it" / f"operator-{uuid.uuid4().hex[:8]}"
-    path.mkdir(parents=True)
-    return path
 
 
 def test_the_unit_as_an_argument_and_completion_of_vllm_services(  # type: ignore[no-untyped-def]

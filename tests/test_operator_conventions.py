@@ -10,27 +10,20 @@ from __future__ import annotations
 
 import json
 import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
 import requests
 
 from tests.ctxmgr_cli import run_ctxmgr
-from tests.support.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit
+from tests.support.demo import make_vllm_wrapper, offline_gpu_args, standin_unit
 from tests.support.sandbox import Sandbox
+from tests.support.standin import free_port
 from vllm_ctxmgr.errors import UsageError
 from vllm_ctxmgr.planning import imported_observation
 from vllm_ctxmgr.probe import wait_until_serving
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def workdir() -> Path:
-    path = REPO / ".cache" / "it" / uuid.uuid4().hex[:8]
-    path.mkdir(parents=True)
-    return path
 
 
 def start_service(sandbox: Sandbox, install_unit, workdir: Path, name: str, **unit_kw) -> int:  # type: ignore[no-untyped-def]

@@ -12,14 +12,14 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.ctxmgr_cli import run_ctxmgr
-from tests.support.demo import free_port, make_vllm_wrapper, standin_unit
+from tests.support.demo import make_vllm_wrapper, standin_unit
 from tests.support.sandbox import Sandbox
+from tests.support.standin import free_port
 from vllm_ctxmgr.errors import UsageError
 from vllm_ctxmgr.schedule import (
     ScheduleRequest,
@@ -141,13 +141,6 @@ def verify_journal(sandbox: Sandbox, name: str) -> list[str]:
                                    f"_SYSTEMD_UNIT=ctxmgr-verify@{name}.service")  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     return [json.loads(line)["MESSAGE"] for line in out.splitlines() if line.strip()]
-
-
-@pytest.fixture
-def workdir() -> Path:
-    path = REPO / ".cache" / "it" / f"schedule-{uuid.uuid4().hex[:8]}"
-    path.mkdir(parents=True)
-    return path
 
 
 def test_a_timer_verifies_every_few_seconds_into_the_journal_and_a_textfile(  # type: ignore[no-untyped-def]

@@ -9,13 +9,11 @@ including a start that fails with a decisive line quoting a key.
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 
-import pytest
-
 from tests.ctxmgr_cli import Run, run_ctxmgr
-from tests.support.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit
+from tests.support.demo import make_vllm_wrapper, offline_gpu_args, standin_unit
+from tests.support.standin import free_port
 from vllm_ctxmgr.masking import mask, mask_json, secrets_of
 from vllm_ctxmgr.service import view_from_unit
 from vllm_ctxmgr.systemd.unit import ServiceUnit, UnitFile, unified_diff
@@ -109,13 +107,6 @@ def _wrapper_failing_with_the_keys(directory: Path) -> Path:
 
 def _leaks(text: str) -> list[str]:
     return [key for key in (K1, K2, ENV_KEY) if key in text]
-
-
-@pytest.fixture
-def workdir() -> Path:
-    path = REPO / ".cache" / "it" / uuid.uuid4().hex[:8]
-    path.mkdir(parents=True)
-    return path
 
 
 def test_no_key_in_any_output_or_state_file(sandbox, install_unit, workdir: Path) -> None:  # type: ignore[no-untyped-def]

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from pathlib import Path
 
-import pytest
-
 from tests.ctxmgr_cli import run_ctxmgr
-from tests.support.demo import free_port, make_vllm_wrapper, standin_unit
+from tests.support.demo import make_vllm_wrapper, standin_unit
 from tests.support.sandbox import Sandbox
+from tests.support.standin import free_port
 from vllm_ctxmgr.status import ServiceStatus, status_table
 from vllm_ctxmgr.store import ServiceStore
 
@@ -42,13 +40,6 @@ def test_the_table_lines_up_like_systemctl_list_units() -> None:
 def ctxmgr(sandbox: Sandbox, state: Path, *args: str) -> tuple[int, str]:
     run = run_ctxmgr(sandbox.pid, state, "--unit-dir", "/run/systemd/system", *args, timeout=120)
     return run.code, run.stdout + run.stderr
-
-
-@pytest.fixture
-def workdir() -> Path:
-    path = REPO / ".cache" / "it" / f"status-{uuid.uuid4().hex[:8]}"
-    path.mkdir(parents=True)
-    return path
 
 
 def test_status_lists_vllm_services_with_their_last_verification(sandbox, install_unit, workdir) -> None:  # type: ignore[no-untyped-def]

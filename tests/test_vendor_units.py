@@ -8,22 +8,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.ctxmgr_cli import crashing_argv, ctxmgr_command, run_ctxmgr
-from tests.support.demo import free_port, make_vllm_wrapper, offline_gpu_args, standin_unit
+from tests.support.demo import make_vllm_wrapper, offline_gpu_args, standin_unit
+from tests.support.standin import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def workdir() -> Path:
-    path = REPO / ".cache" / "it" / uuid.uuid4().hex[:8]
-    path.mkdir(parents=True)
-    return path
 
 
 def plan_unit(path: Path) -> tuple[int, str]:

@@ -8,21 +8,19 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from pathlib import Path
 
-import pytest
 import requests
 
 from tests.ctxmgr_cli import run_ctxmgr
 from tests.support.demo import (
-    free_port,
     make_vllm_wrapper,
     offline_gpu_args,
     standin_unit,
 )
 from tests.support.sandbox import Sandbox
 from tests.support.seed_gpus import OTHER_PID, VLLM_HOLDS, gpu_state
+from tests.support.standin import free_port
 from vllm_ctxmgr.core.hardware import GIB
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,13 +34,6 @@ T0 = 1_790_000_000.0
 def ctxmgr(sandbox: Sandbox, state: Path, *args: str, timeout: float = 120) -> tuple[int, dict, str]:
     run = run_ctxmgr(sandbox.pid, state, *args, timeout=timeout)
     return run.code, run.data, run.stderr + run.stdout
-
-
-@pytest.fixture
-def workdir() -> Path:
-    path = REPO / ".cache" / "it" / f"verify-{uuid.uuid4().hex[:8]}"
-    path.mkdir(parents=True)
-    return path
 
 
 def start_service(sandbox: Sandbox, install_unit, workdir: Path, name: str) -> tuple[str, int]:  # type: ignore[no-untyped-def]

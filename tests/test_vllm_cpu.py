@@ -7,13 +7,13 @@ import ast
 import hashlib
 import json
 import re
-import socket
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.support import vllm_cpu as vllm_cpu
+from tests.support.standin import free_port
 from tests.systemd_fixtures import InstallUnit
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
 from vllm_ctxmgr.systemd.quoting import resolve_escapes
@@ -125,12 +125,6 @@ def test_tiny_model_is_deterministic_and_counts_one_token_per_word(tmp_path: Pat
     assert len(encoding.ids) == 1 + 4  # <s> and one token per word, unknown words included
     assert encoding.tokens[:2] == ["<s>", "hello"]
     assert max(tokenizer.get_vocab().values()) < config["vocab_size"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_for_health(port: int, systemd: Systemd, unit: str, timeout: float) -> None:

@@ -74,13 +74,6 @@ def install_collection(directory: Path) -> Path:
     return collections
 
 
-@pytest.fixture
-def workdir() -> Path:
-    path = REPO_ROOT / ".cache" / "it" / f"install-{uuid.uuid4().hex[:8]}"
-    path.mkdir(parents=True)
-    return path
-
-
 def recap_changed(output: str) -> int:
     """changed=N of the play recap's one host."""
     (changed,) = re.findall(r"\bok=\d+\s+changed=(\d+)", output)

@@ -96,11 +96,3 @@ def offline_gpu_args() -> list[str]:
         "--weights-bytes",
         f"{weights_total:.2f}GiB",
     ]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
