@@ -225,7 +225,8 @@ def find_alternatives(
             )
 
     bounded = any(
-        not group.grows_with_context and group.kind in ("sliding", "chunked") for group in layout.groups
+        not group.grows_with_context and group.kind in (LayerKind.SLIDING, LayerKind.CHUNKED)
+        for group in layout.groups
     )
     if bounded and layout.max_num_batched_tokens > SMALL_BATCH_TOKENS:
         small = replace(
@@ -262,7 +263,9 @@ def find_alternatives(
         if alt is not None and alt.feasible:
             found.append(alt)
 
-    has_attention = any(g.grows_with_context or g.kind in ("sliding", "chunked") for g in layout.groups)
+    has_attention = any(
+        g.grows_with_context or g.kind in (LayerKind.SLIDING, LayerKind.CHUNKED) for g in layout.groups
+    )
     if has_attention and not is_quantized_kv_cache(layout.kv_cache_dtype):
         found.append(
             _alternative(

@@ -35,7 +35,6 @@ from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts, dtype_byte
 from vllm_ctxmgr.core.hardware import GIB, Platform
 from vllm_ctxmgr.core.kv.backends import (
     FLASHINFER_GDN_CHECKPOINT_ALIGNMENT,
-    AttentionBackend,
     backend_block_size,
     backend_kv_cache_dtype,
     flashinfer_gdn_prefill,
@@ -46,6 +45,7 @@ from vllm_ctxmgr.core.kv.backends import (
 )
 from vllm_ctxmgr.core.kv.specs import (
     AttentionSpec,
+    CacheConfig,
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
@@ -428,81 +428,11 @@ def kv_cache_layout(
     if args.env.get("VLLM_MLA_DISABLE") in ("1", "true") and facts.is_mla:
         raise UsageError("VLLM_MLA_DISABLE=1 is not modelled: ctxmgr sizes the MLA latent cache")
     notes: list[str] = []
-    model_dtype = resolve_model_dtype(facts, args, platform)
-    kv_dtype = resolve_kv_cache_dtype(facts, args, platform, vllm_version, notes)
-    backend = select_attention_backend(facts, kv_dtype, platform, tp, dcp, vllm_version)
-    kv_dtype = backend_kv_cache_dtype(facts, kv_dtype, backend, dcp, platform, notes)
-    kv_bytes = dtype_bytes(model_dtype) if kv_dtype == "auto" else kv_dtype_bytes(kv_dtype)
-
-    mnbt = args.max_num_batched_tokens or platform.default_max_num_batched_tokens(tp * pp)
-    memory = platform.total_memory_bytes
-    if not args.max_num_batched_tokens and not platform.is_cpu and memory and memory >= B200_CLASS_MEMORY:
-        mnbt = rule("default_max_num_batched_tokens", vllm_version)
-    in_flight = mnbt
-    if rule("sliding_window_in_flight", vllm_version) == "max_concurrent_batches":
-        in_flight = _max_concurrent_batches(facts, platform, args, vllm_version) * mnbt
-    has_mamba = facts.count(LayerKind.MAMBA) > 0
-    has_attention = any(layer.kind not in (LayerKind.MAMBA, LayerKind.NONE) for layer in facts.layers)
-    mamba_cache_mode = _mamba_cache_mode(facts, args, has_mamba, has_attention, vllm_version)
-
-    # Phase 1: the block size every backend takes.
-    block_size = backend_block_size(facts, args, platform, backend, has_attention, notes)
-
-    layers = [_with_mamba_dtypes(layer, args) for layer in facts.layers]
-    # an MTP method drafts with the checkpoint's own MTP layers; ngram / suffix / a draft model do not
-    # (config/speculative.py SpeculativeConfig.__post_init__); None: ServeArgs built without a method
-    if args.num_speculative_tokens and facts.mtp_layers and args.speculative_method in (None, "mtp"):
-        layers += [layers[-1]] * facts.mtp_layers
-        notes.append(
-            f"MTP speculative decoding adds {facts.mtp_layers} draft layer(s) to the KV cache [unverified]"
-        )
-
-    # Phase 2: hybrid attention/mamba models align the block size to the mamba page.
-    mamba_block_padding: int | None = None
-    checkpoint_families = rule("mamba_prefill_checkpoint", vllm_version)
-    gdn_checkpoints = "gdn" in checkpoint_families and all(
-        layer.state is not None
-        and layer.state.family == "gdn"
-        and flashinfer_gdn_prefill(platform, layer.state)
-        for layer in layers
-        if layer.kind == LayerKind.MAMBA
-    )
-    mamba2_checkpoints = "mamba2" in checkpoint_families
-    if has_mamba and has_attention:
-        block_size, mamba_block_padding = _align_hybrid_block_size(
-            facts,
-            layers,
-            args,
-            backend,
-            block_size,
-            kv_bytes,
-            model_dtype,
-            mamba_cache_mode,
-            gdn_checkpoints,
-            vllm_version,
-            notes,
-        )
+    cache, layers, mnbt, in_flight = resolve_cache_config(facts, args, platform, vllm_version, notes)
 
     specs: list[tuple[int, KVCacheSpec]] = []
     for index, layer in enumerate(layers):
-        specs.extend(
-            (index, spec)
-            for spec in layer_specs(
-                layer,
-                index,
-                args,
-                platform,
-                kv_dtype,
-                kv_bytes,
-                model_dtype,
-                block_size,
-                mamba_cache_mode,
-                mamba_block_padding,
-                gdn_checkpoints,
-                backend,
-                mamba2_checkpoints,
-            )
-        )
+        specs.extend((index, spec) for spec in layer_specs(layer, index, cache))
     if args.disable_sliding_window and any(isinstance(s, SlidingWindowSpec) for _, s in specs):
         notes.append("--disable-sliding-window: sliding layers keep every token (full attention)")
 
@@ -525,22 +455,90 @@ def kv_cache_layout(
     stages = list(pp_stage_layers(num_layers, pp, args.env.get("VLLM_PP_LAYER_PARTITION")))
     if len(layers) > num_layers:  # MTP draft layers live on the last stage
         stages[-1] = range(stages[-1].start, len(layers))
+    has_attention = any(layer.kind not in (LayerKind.MAMBA, LayerKind.NONE) for layer in facts.layers)
     return KVCacheLayout(
         groups=tuple(groups),
-        block_size=block_size,
-        kv_cache_dtype=kv_dtype,
-        model_dtype=model_dtype,
-        attention_backend=backend.name if has_attention else "none",
+        block_size=cache.block_size,
+        kv_cache_dtype=cache.kv_cache_dtype,
+        model_dtype=cache.model_dtype,
+        attention_backend=cache.backend.name if has_attention else "none",
         tensor_parallel_size=tp,
         pipeline_parallel_size=pp,
         decode_context_parallel_size=dcp,
         max_num_batched_tokens=mnbt,
         max_in_flight_tokens=in_flight,
-        mamba_cache_mode=mamba_cache_mode,
+        mamba_cache_mode=cache.mamba_cache_mode,
         stage_layers=tuple(stages),
         notes=tuple(notes),
         vllm_version=vllm_version,
     )
+
+
+def resolve_cache_config(
+    facts: ModelFacts, args: ServeArgs, platform: Platform, vllm_version: VllmVersion, notes: list[str]
+) -> tuple[CacheConfig, list[LayerFacts], int, int]:
+    """vLLM's cache configuration for this deployment, resolved once: (CacheConfig, the layers that get
+    a KV cache, max_num_batched_tokens, the tokens in flight a sliding window must keep). In vLLM's
+    order, which is also the order of its log lines (notes): the model and KV dtypes, the attention
+    backend (which may choose the KV format), the batch, the mamba cache mode, the backend's block size
+    (phase 1), the layers (MTP draft layers added), then for a hybrid attention/mamba model the block
+    size aligned to the mamba page (phase 2, Platform._align_hybrid_block_size)."""
+    tp, pp, dcp = args.tensor_parallel_size, args.pipeline_parallel_size, args.decode_context_parallel_size
+    model_dtype = resolve_model_dtype(facts, args, platform)
+    kv_dtype = resolve_kv_cache_dtype(facts, args, platform, vllm_version, notes)
+    backend = select_attention_backend(facts, kv_dtype, platform, tp, dcp, vllm_version)
+    kv_dtype = backend_kv_cache_dtype(facts, kv_dtype, backend, dcp, platform, notes)
+    kv_bytes = dtype_bytes(model_dtype) if kv_dtype == "auto" else kv_dtype_bytes(kv_dtype)
+
+    mnbt = args.max_num_batched_tokens or platform.default_max_num_batched_tokens(tp * pp)
+    memory = platform.total_memory_bytes
+    if not args.max_num_batched_tokens and not platform.is_cpu and memory and memory >= B200_CLASS_MEMORY:
+        mnbt = rule("default_max_num_batched_tokens", vllm_version)
+    in_flight = mnbt
+    if rule("sliding_window_in_flight", vllm_version) == "max_concurrent_batches":
+        in_flight = _max_concurrent_batches(facts, platform, args, vllm_version) * mnbt
+    has_mamba = facts.count(LayerKind.MAMBA) > 0
+    has_attention = any(layer.kind not in (LayerKind.MAMBA, LayerKind.NONE) for layer in facts.layers)
+    mamba_cache_mode = _mamba_cache_mode(facts, args, has_mamba, has_attention, vllm_version)
+
+    # Phase 1: the block size every backend takes.
+    block_size = backend_block_size(facts, args, platform, backend, has_attention, notes)
+    layers = [_with_mamba_dtypes(layer, args) for layer in facts.layers]
+    # an MTP method drafts with the checkpoint's own MTP layers; ngram / suffix / a draft model do not
+    # (config/speculative.py SpeculativeConfig.__post_init__); None: ServeArgs built without a method
+    if args.num_speculative_tokens and facts.mtp_layers and args.speculative_method in (None, "mtp"):
+        layers += [layers[-1]] * facts.mtp_layers
+        notes.append(
+            f"MTP speculative decoding adds {facts.mtp_layers} draft layer(s) to the KV cache [unverified]"
+        )
+    checkpoint_families = rule("mamba_prefill_checkpoint", vllm_version)
+    cache = CacheConfig(
+        tensor_parallel_size=tp,
+        decode_context_parallel_size=dcp,
+        model_dtype=model_dtype,
+        kv_cache_dtype=kv_dtype,
+        kv_bytes=kv_bytes,
+        backend=backend,
+        block_size=block_size,
+        mamba_cache_mode=mamba_cache_mode,
+        mamba_page_padded=None,
+        gdn_checkpoints="gdn" in checkpoint_families
+        and all(
+            layer.state is not None
+            and layer.state.family == "gdn"
+            and flashinfer_gdn_prefill(platform, layer.state)
+            for layer in layers
+            if layer.kind == LayerKind.MAMBA
+        ),
+        mamba2_checkpoints="mamba2" in checkpoint_families,
+        disable_sliding_window=args.disable_sliding_window,
+        num_speculative_tokens=args.num_speculative_tokens,
+    )
+    # Phase 2: hybrid attention/mamba models align the block size to the mamba page.
+    if has_mamba and has_attention:
+        block_size, padded = _align_hybrid_block_size(facts, layers, cache, vllm_version, notes)
+        cache = replace(cache, block_size=block_size, mamba_page_padded=padded)
+    return cache, layers, mnbt, in_flight
 
 
 def _mamba_cache_mode(
@@ -566,18 +564,13 @@ def _mamba_cache_mode(
 def _align_hybrid_block_size(
     facts: ModelFacts,
     layers: list[LayerFacts],
-    args: ServeArgs,
-    backend: AttentionBackend,
-    block_size: int,
-    kv_bytes: int,
-    model_dtype: str,
-    mamba_cache_mode: str,
-    gdn_checkpoints: bool,
+    cache: CacheConfig,
     vllm_version: VllmVersion,
     notes: list[str],
 ) -> tuple[int, int | None]:
     """Platform._align_hybrid_block_size: attention page >= mamba page, then pad the mamba page."""
-    tp = args.tensor_parallel_size
+    tp, kv_bytes, block_size = cache.tensor_parallel_size, cache.kv_bytes, cache.block_size
+    backend = cache.backend
     attention = next(layer for layer in layers if layer.kind not in (LayerKind.MAMBA, LayerKind.NONE))
     if facts.is_mla:
         # vLLM builds this MLAAttentionSpec without state_content_bytes: head_size x dtype even for ds_mla
@@ -590,8 +583,8 @@ def _align_hybrid_block_size(
     mamba_pages = []
     for layer in layers:
         if layer.kind == LayerKind.MAMBA and layer.state is not None:
-            shapes, conv_like = mamba_state_shapes(layer.state, tp, args.num_speculative_tokens)
-            sizes = mamba_state_dtype_sizes(layer.state, model_dtype, conv_like)
+            shapes, conv_like = mamba_state_shapes(layer.state, tp, cache.num_speculative_tokens)
+            sizes = mamba_state_dtype_sizes(layer.state, cache.model_dtype, conv_like)
             mamba_pages.append(sum(math.prod(s) * b for s, b in zip(shapes, sizes, strict=True)))
     mamba_page = max(mamba_pages, default=0)
     if mamba_page == 0:
@@ -605,7 +598,7 @@ def _align_hybrid_block_size(
         kernel_alignment = max(backend.min_kernel_block, block_size)
         if facts.is_mla and alignment_rule == "backend_block_mla128":
             kernel_alignment = max(kernel_alignment, 128)
-    if mamba_cache_mode == "align" and gdn_checkpoints:
+    if cache.mamba_cache_mode == "align" and cache.gdn_checkpoints:
         kernel_alignment = math.lcm(kernel_alignment, FLASHINFER_GDN_CHECKPOINT_ALIGNMENT)
     attn_block_size = kernel_alignment * cdiv(mamba_page, kernel_alignment * attn_page_1_token)
     attn_block_size = round_up(attn_block_size, backend.min_kernel_block)
@@ -708,6 +701,27 @@ def _unify_page_size(specs: list[tuple[int, KVCacheSpec]]) -> list[tuple[int, KV
 def _kv_cache_groups(
     specs: list[tuple[int, KVCacheSpec]], disable_hybrid: bool, group_ratio: float | None, notes: list[str]
 ) -> list[KVCacheGroup]:
+    """vLLM's get_kv_cache_groups: which layers share a block table, in its order of attempts.
+
+    1. With the hybrid KV cache manager off (--disable-hybrid-kv-cache-manager, a connector without
+       SupportsHMA), sliding-window and chunked layers are promoted to full attention
+       (_promote_local_specs): they keep every token; a model whose specs still differ is refused.
+    2. All layers the same spec, or the same type with different shapes (UniformTypeKVCacheSpecs:
+       full attention with per-layer head sizes, MLA with its indexer): one group of every layer.
+    3. Otherwise the page sizes are unified (unify_kv_cache_spec_page_size: smaller pages padded up to
+       the largest, which must divide evenly) and the layers are grouped by spec into groups of equal
+       size (step 4). Where pages cannot be unified and the model mixes MLA with sliding windows,
+       vLLM promotes the sliding layers and makes one group, as in step 1.
+    4. _get_kv_cache_groups_uniform_page_size: the group size is the fewest layers of one spec (or,
+       by rule hybrid_group_size_rule, the most, where the counts are close); each spec's layers are
+       dealt round-robin (layers[i::num_groups]) into that many groups, a short one padded.
+
+    Worked example, gpt-oss-120b (36 layers alternating sliding window 128 / full attention, same head
+    shape): steps 1-2 do not apply (two specs), the pages are equal already, 18 sliding and 18 full
+    layers make a group size of 18: two groups, [0, 2, .., 34] sliding and [1, 3, .., 35] full, sharing
+    one block pool; a request then needs cdiv(len, block) full blocks plus the window's few sliding
+    blocks, which is why its KV per token is half that of an all-full model.
+    """
     if disable_hybrid:
         promoted = _promote_local_specs(specs)
         if promoted != specs:

@@ -13,14 +13,12 @@ import math
 from dataclasses import dataclass
 
 from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, StateFacts, dtype_bytes
-from vllm_ctxmgr.core.hardware import Platform
 from vllm_ctxmgr.core.kv.backends import (
     PACKED_MLA_BYTES,
     AttentionBackend,
     attention_content_bytes,
     mla_content_bytes,
 )
-from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.errors import UsageError
 
 
@@ -121,7 +119,7 @@ class FullAttentionSpec(AttentionSpec):
     Overrides only the request cost: the page is AttentionSpec's.
     """
 
-    kind = "full"
+    kind = LayerKind.FULL
 
     def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
         """vLLM's FullAttentionSpec.max_memory_usage_bytes: cdiv(max_model_len, block_size) pages, with
@@ -150,7 +148,7 @@ class MLAAttentionSpec(FullAttentionSpec):
         """The latent cache is "mla", the DSA indexer K cache "indexer": vLLM groups both as full
         attention, the plan reports them apart.
         """
-        return "indexer" if self.cache_role == "indexer" else "mla"
+        return "indexer" if self.cache_role == "indexer" else LayerKind.MLA
 
 
 @dataclass(frozen=True)
@@ -163,7 +161,7 @@ class SlidingWindowSpec(AttentionSpec):
     sliding_window: int = 0
     extra_retained_tokens: int = 0
 
-    kind = "sliding"
+    kind = LayerKind.SLIDING
 
     def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
         """vLLM's SlidingWindowSpec.max_memory_usage_bytes: window - 1 + tokens in flight (at most
@@ -185,7 +183,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 
     attention_chunk_size: int = 0
 
-    kind = "chunked"
+    kind = LayerKind.CHUNKED
 
     def max_memory_usage_bytes(self, ctx: SizingContext) -> int:
         """vLLM's ChunkedLocalAttentionSpec.max_memory_usage_bytes: one chunk + tokens in flight (at most
@@ -211,7 +209,7 @@ class MambaSpec(KVCacheSpec):
     num_prefill_checkpoint_blocks: int = 0
     family: str = "mamba2"
 
-    kind = "mamba"
+    kind = LayerKind.MAMBA
 
     @property
     def real_page_size_bytes(self) -> int:
@@ -293,45 +291,52 @@ def mamba_state_dtype_sizes(state: StateFacts, model_dtype: str, conv_like: int)
     return (dtype_bytes(conv_dtype), dtype_bytes(ssm_dtype))
 
 
-def layer_specs(
-    layer: LayerFacts,
-    index: int,
-    args: ServeArgs,
-    platform: Platform,
-    kv_dtype: str,
-    kv_bytes: int,
-    model_dtype: str,
-    block_size: int,
-    mamba_cache_mode: str,
-    mamba_page_padded: int | None,
-    gdn_checkpoints: bool,
-    backend: AttentionBackend,
-    mamba2_checkpoints: bool = True,
-) -> list[KVCacheSpec]:
+@dataclass(frozen=True)
+class CacheConfig:
+    """vLLM's cache configuration of one deployment, resolved once by kv_cache_layout (the parts of
+    vLLM's CacheConfig, ParallelConfig and the chosen backend that every layer's spec reads): what a
+    layer's get_kv_cache_spec sees, so a spec needs the layer and this, nothing else."""
+
+    tensor_parallel_size: int
+    decode_context_parallel_size: int
+    model_dtype: str  # the weights' torch dtype: a mamba state and an "auto" KV cache follow it
+    kv_cache_dtype: str  # cache_config.cache_dtype after the backend's own choice ("auto", "fp8", ...)
+    kv_bytes: int  # bytes of one KV element in that dtype
+    backend: AttentionBackend
+    block_size: int  # tokens per block, after the hybrid alignment to the mamba page
+    mamba_cache_mode: str  # cache_config.mamba_cache_mode: "none" | "align" | "all"
+    mamba_page_padded: int | None  # the attention page a mamba page is padded to (hybrid models)
+    gdn_checkpoints: bool  # FlashInfer GDN prefill keeps one checkpoint block per request
+    mamba2_checkpoints: bool  # MambaMixer2 keeps one (rule mamba_prefill_checkpoint)
+    disable_sliding_window: bool
+    num_speculative_tokens: int
+
+
+def layer_specs(layer: LayerFacts, index: int, cache: CacheConfig) -> list[KVCacheSpec]:
     """One decoder layer's specs as its get_kv_cache_spec builds them (attention.py, mla_attention.py,
     mamba layers); [] for a layer that reads another's cache, UsageError where vLLM refuses.
     """
-    tp = args.tensor_parallel_size
+    tp = cache.tensor_parallel_size
     kind = layer.kind
     if kind == LayerKind.NONE:
         return []  # kv_sharing_target_layer_name: reads another layer's cache
-    if kind == LayerKind.SLIDING and args.disable_sliding_window:
+    if kind == LayerKind.SLIDING and cache.disable_sliding_window:
         kind = LayerKind.FULL
     if kind in (LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED):
-        if args.decode_context_parallel_size > 1:
+        if cache.decode_context_parallel_size > 1:
             if kind == LayerKind.SLIDING:
                 raise UsageError("vLLM does not support decode context parallel with sliding-window layers")
-            _check_gqa_dcp(layer, args)
+            _check_gqa_dcp(layer, tp, cache.decode_context_parallel_size)
         # each layer's own geometry (Gemma-4's global layers differ from its sliding ones), and the
         # scales a quantized format packs with each head (backends.attention_content_bytes)
         head_size_v = layer.head_size_v or layer.head_size
         common = dict(
-            block_size=block_size,
+            block_size=cache.block_size,
             num_kv_heads=kv_heads_per_gpu(layer.num_kv_heads, tp, index),
             head_size=layer.head_size,
             head_size_v=head_size_v,
-            dtype_bytes=kv_bytes,
-            state_content_bytes=attention_content_bytes(layer.head_size, head_size_v, kv_dtype),
+            dtype_bytes=cache.kv_bytes,
+            state_content_bytes=attention_content_bytes(layer.head_size, head_size_v, cache.kv_cache_dtype),
         )
         if kind == LayerKind.SLIDING:
             if not layer.window:
@@ -343,17 +348,17 @@ def layer_specs(
             return [ChunkedLocalAttentionSpec(**common, attention_chunk_size=layer.window)]
         return [FullAttentionSpec(**common)]
     if kind == LayerKind.MLA:
-        content = mla_content_bytes(layer, kv_dtype, kv_bytes)
-        sparse_backend = "SPARSE" in backend.name
+        content = mla_content_bytes(layer, cache.kv_cache_dtype, cache.kv_bytes)
+        sparse_backend = "SPARSE" in cache.backend.name
         specs: list[KVCacheSpec] = [
             MLAAttentionSpec(
-                block_size=block_size,
+                block_size=cache.block_size,
                 num_kv_heads=1,
                 head_size=layer.head_size,
                 head_size_v=0,
-                dtype_bytes=kv_bytes,
-                state_content_bytes=content if kv_dtype in PACKED_MLA_BYTES else None,
-                cache_dtype_str=kv_dtype,
+                dtype_bytes=cache.kv_bytes,
+                state_content_bytes=content if cache.kv_cache_dtype in PACKED_MLA_BYTES else None,
+                cache_dtype_str=cache.kv_cache_dtype,
                 # sparse backends read flat rows, so blocks must be whole rows apart (align_blocks_to_rows)
                 stride_alignment=content if sparse_backend else 1,
             )
@@ -362,7 +367,7 @@ def layer_specs(
             indexer_bytes = layer.indexer_head_dim + layer.indexer_head_dim // 128 * 4
             specs.append(
                 MLAAttentionSpec(
-                    block_size=block_size,
+                    block_size=cache.block_size,
                     num_kv_heads=1,
                     head_size=indexer_bytes,
                     head_size_v=0,
@@ -374,19 +379,19 @@ def layer_specs(
     if kind == LayerKind.MAMBA:
         if layer.state is None:
             raise UsageError(f"layer {index} is a mamba/linear layer without state dimensions")
-        shapes, conv_like = mamba_state_shapes(layer.state, tp, args.num_speculative_tokens)
+        shapes, conv_like = mamba_state_shapes(layer.state, tp, cache.num_speculative_tokens)
         checkpoint_blocks = 0
-        if (layer.state.family == "mamba2" and mamba2_checkpoints) or (
-            layer.state.family == "gdn" and gdn_checkpoints
+        if (layer.state.family == "mamba2" and cache.mamba2_checkpoints) or (
+            layer.state.family == "gdn" and cache.gdn_checkpoints
         ):
             checkpoint_blocks = 1  # MambaMixer2 (0.32+) / FlashInfer GDN (0.33+) keep a prefill checkpoint
         return [
             MambaSpec(
-                block_size=block_size if mamba_cache_mode in ("align", "all") else 0,
+                block_size=cache.block_size if cache.mamba_cache_mode in ("align", "all") else 0,
                 shapes=shapes,
-                dtype_sizes=mamba_state_dtype_sizes(layer.state, model_dtype, conv_like),
-                page_size_padded=mamba_page_padded,
-                num_speculative_blocks=args.num_speculative_tokens,
+                dtype_sizes=mamba_state_dtype_sizes(layer.state, cache.model_dtype, conv_like),
+                page_size_padded=cache.mamba_page_padded,
+                num_speculative_blocks=cache.num_speculative_tokens,
                 num_prefill_checkpoint_blocks=checkpoint_blocks,
                 family=layer.state.family,
             )
@@ -394,9 +399,9 @@ def layer_specs(
     raise UsageError(f"layer {index}: unknown layer kind {layer.kind!r}")
 
 
-def _check_gqa_dcp(layer: LayerFacts, args: ServeArgs) -> None:
+def _check_gqa_dcp(layer: LayerFacts, tp: int, dcp: int) -> None:
     """ModelConfig.verify_with_parallel_config for decode context parallel on GQA/MQA."""
-    tp, dcp, kv = args.tensor_parallel_size, args.decode_context_parallel_size, layer.num_kv_heads
+    kv = layer.num_kv_heads
     if tp <= kv:
         raise UsageError(
             f"Decode context parallelism for GQA/MQA requires --tensor-parallel-size ({tp}) to be greater "
