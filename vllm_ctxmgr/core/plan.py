@@ -44,6 +44,11 @@ This module is the entry point (make_plan, PlanOptions, Plan) and the per-GPU ev
 core/budget.py (vLLM's KV-budget arithmetic, shared with the readers of stored plans),
 core/calibration.py (earlier starts), core/alternatives.py (what would help when the target does not
 fit) and core/plan_record.py (the stored plan's schema and reader).
+
+Why one module of ~1,050 lines: make_plan, the per-GPU evaluation and the deployment terms (LoRA,
+experts over DP x TP, offloaded and cast weights, the named flags' margin) all read the same per-GPU
+figures in one pass; splitting the evaluation out would pass a dozen of them around. The arithmetic
+that other readers share already lives apart (budget, calibration, alternatives, plan_record).
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ gets the class default (hf_defaults.py).
 `ModelFacts.dtype` is the dtype `--dtype auto` resolves to on a bfloat16-capable GPU: the
 checkpoint's dtype, with float32 (or none declared) downcast to bfloat16, as
 vllm/config/model.py `_resolve_auto_dtype` does. KV `auto` uses the same dtype.
+
+Why ~950 lines: each model family's config shape (text_config nesting, layer_types, hybrid state
+keys, MLA and DSA keys, KV sharing) is read here, and validated at the same door, so that what `facts`
+accepts `plan` can plan; the family readers share the door's helpers.
 """
 
 from __future__ import annotations
