@@ -198,6 +198,8 @@ def _recover_first(
 
 
 def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> ChangeResult:
+    """set-context under the lock. Long because it reads as its steps in order: recover, plan, refuse or
+    keep, render, verify the candidate, confirm, record, apply."""
     store, systemd = restarter.store, restarter.systemd
     pending = _recover_first(restarter, "set-context", request.dry_run, request.confirm)
     if pending is not None:

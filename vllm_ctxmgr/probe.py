@@ -157,7 +157,8 @@ def probe(
     `probe_tokens` overrides max_tokens of the context completion (default: expected context minus the
     prompt's tokens, counted by /tokenize). `model` picks a served model name (default: the first).
     Stops at the first failed step.
-    """
+    Long because it is the probe's steps in order (health, models, the context-sized completion, the long
+    prompt), each recorded with its own timing and error."""
     import requests
 
     started = time.monotonic()

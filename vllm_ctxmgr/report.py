@@ -119,7 +119,8 @@ HEADLINE = {"feasible": "FEASIBLE", "infeasible": "NOT FEASIBLE", "unknown": "UN
 
 
 def plan_text(plan: Any, command_change: str = "") -> str:
-    """The memory table per GPU, a stacked bar each, the chosen flags and the verdict."""
+    """The memory table per GPU, a stacked bar each, the chosen flags and the verdict.
+    Long because it is the plan's text top to bottom, a line or a table per part."""
     out: list[str] = []
     layout = plan.layout
     out.append(
@@ -205,7 +206,8 @@ def plan_text(plan: Any, command_change: str = "") -> str:
 
 def change_text(result: Any, shown_before: bool = False) -> str:
     """What a set-context / rollback / recover did, in plain words. `shown_before`: the diff and the plan
-    were printed before the restart (as "planned"), so a change that went ahead is not shown twice."""
+    were printed before the restart (as "planned"), so a change that went ahead is not shown twice.
+    Long because it is one headline per result of the one vocabulary, plus the plan and diff parts."""
     out = []
     went_ahead = (
         result.result in ("applied", "rolled-back", "rollback-failed") and result.revision is not None

@@ -171,7 +171,9 @@ def installed_revision(systemd: Systemd, store: ServiceStore, revisions: Sequenc
 def gather(
     systemd: Systemd, store: ServiceStore, service: str, options: VerifyOptions, on_step: Printer = _quiet
 ) -> VerifyFacts:
-    """Read the unit, systemd's state, the journal of the running process, GPU memory; probe."""
+    """Read the unit, systemd's state, the journal of the running process, GPU memory; probe.
+    Long because it gathers each fact of a verification in turn (systemd, the journal, the probe, NVML, the
+    store) with its own fallback."""
 
     now = time.time()
     view = read_service(systemd, service)

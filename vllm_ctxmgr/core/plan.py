@@ -611,7 +611,9 @@ def _evaluate(
     upper: int,
     same_config: bool,
 ) -> _Outcome:
-    """Does `target` fit on these GPUs, at which utilisation, and what is the most that fits?"""
+    """Does `target` fit on these GPUs, at which utilisation, and what is the most that fits?
+    Long because the fixed, explicit, unknown-weights and searched utilisations share the same per-GPU
+    figures; each branch returns its own outcome."""
     current_u = args.gpu_memory_utilization or default_gpu_memory_utilization(options.vllm_version)
     explicit, explicit_source = explicit_budget(args, platform, options.vllm_version)
     requests = options.concurrency
@@ -880,7 +882,8 @@ def make_plan(
     target below 1 or a configuration vLLM itself would reject (TP not dividing the heads, DCP
     with sliding windows, ...). An infeasible target is not an error: the plan says
     `feasible=False` with the reason, `max_context` and ranked alternatives.
-    """
+    Long because it is the planner's one pass, in order: facts and refusals, the layout, the evaluation, the
+    deployment terms and the named flags, the reason, the alternatives."""
     target = options.target_context
     if not isinstance(target, int) or target < 1:
         raise UsageError(f"the target context must be a positive number of tokens, not {target!r}")

@@ -290,7 +290,9 @@ def parse_size(value: str, *, unit_required: bool = False) -> int:
 
 
 def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> ServeArgs:
-    """ServeArgs from the words after `vllm serve` (or after `-m vllm.entrypoints.openai.api_server`)."""
+    """ServeArgs from the words after `vllm serve` (or after `-m vllm.entrypoints.openai.api_server`).
+    Long because it is one table-like read of every flag ServeArgs holds, each converted as vLLM's argparse
+    converts it."""
 
     positionals, flags = split_flags(args)
     model = flags.get("--model")

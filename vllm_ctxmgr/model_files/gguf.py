@@ -459,7 +459,9 @@ def gguf_facts(
     source: str,
     parts: int = 1,
 ) -> ModelFacts:
-    """Facts from GGUF metadata and tensor infos, following llama.cpp's converter conventions."""
+    """Facts from GGUF metadata and tensor infos, following llama.cpp's converter conventions.
+    Long because it reads one GGUF header's keys in the order llama.cpp writes them, each checked at
+    the door."""
     arch = str(meta[gguf_key("general.architecture")])
     provenance: dict[str, str] = {}
     notes = [

@@ -834,7 +834,9 @@ def _mla_layers(cfg: HfConfig, num_layers: int, kv_lora_rank: int) -> list[Layer
 
 
 def _hybrid_layers(cfg: HfConfig, num_layers: int, num_heads: int) -> list[LayerFacts] | None:
-    """Mamba / gated-delta-net / linear-attention hybrids, or None for plain attention models."""
+    """Mamba / gated-delta-net / linear-attention hybrids, or None for plain attention models.
+    Long because each hybrid family (nemotron_h, qwen3_next, jamba, falcon_h1, ...) names its layer pattern
+    and state keys its own way."""
     model_type = cfg.model_type
     raw = cfg.raw
     kinds: list[str] | None = None  # per layer: "attention" | "state" | "none"

@@ -233,7 +233,9 @@ def parse_env_file(text: str) -> list[tuple[str, str]]:
     """Assignments of an EnvironmentFile= in order. Shell-like but not a shell: `#`/`;` comment lines (a
     comment ending in a backslash swallows the next line, as systemd 252 does), `'...'` literal,
     `"..."` with `\\"` `\\\\` `\\$` `` \\` `` escapes, a backslash-newline joins lines, trailing blanks of an
-    unquoted value are dropped. An invalid name (`export X=1`, `bad name=1`) is ignored, as systemd does."""
+    unquoted value are dropped. An invalid name (`export X=1`, `bad name=1`) is ignored, as systemd does.
+    Long because it is systemd's EnvironmentFile= state machine (quotes, escapes, continuations, comments)
+    kept as one loop to compare with systemd's own."""
     pairs: list[tuple[str, str]] = []
     state = "pre_key"
     key: list[str] = []

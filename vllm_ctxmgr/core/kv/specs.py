@@ -315,7 +315,7 @@ class CacheConfig:
 def layer_specs(layer: LayerFacts, index: int, cache: CacheConfig) -> list[KVCacheSpec]:
     """One decoder layer's specs as its get_kv_cache_spec builds them (attention.py, mla_attention.py,
     mamba layers); [] for a layer that reads another's cache, UsageError where vLLM refuses.
-    """
+    Long because it is one branch per layer kind, each the constructor call vLLM's layer makes."""
     tp = cache.tensor_parallel_size
     kind = layer.kind
     if kind == LayerKind.NONE:
