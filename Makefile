@@ -66,10 +66,11 @@ fleet-deps: $(foreach v,$(ANSIBLE_VENVS),$(v)/.installed)
 	echo "fleet-deps: apt-get install$$missing"; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
 
-# ansible-core X.Y's newest patch release (2.15 runs on Python <= 3.11, 2.19 on >= 3.11)
+# ansible-core X.Y's newest patch release (2.15 runs on Python <= 3.11, 2.19 on >= 3.11); the newest
+# also gets ansible-lint, which the collection's checks run (tests/test_collection_docs.py)
 .venv-ansible-%/.installed:
 	$(PYTHON) -m venv .venv-ansible-$*
-	.venv-ansible-$*/bin/pip install -q 'ansible-core==$*.*'
+	.venv-ansible-$*/bin/pip install -q 'ansible-core==$*.*' $(if $(filter $*,$(lastword $(ANSIBLE_VERSIONS))),ansible-lint)
 	touch $@
 
 # 3 hosts in network namespaces behind HAProxy, Ansible rolling a larger context across them under load
