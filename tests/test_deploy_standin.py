@@ -413,7 +413,7 @@ def test_the_diff_the_operator_confirms_is_the_diff_applied(sandbox, install_uni
 
 
 def test_dropin_mode_leaves_the_unit_file_alone_and_rolls_back_by_removing_its_dropin(  # type: ignore[no-untyped-def]
-    sandbox, install_unit, workdir
+    sandbox, install_unit, workdir, monkeypatch
 ) -> None:
     """Issue 17 item 8: a unit that configuration management renders is changed as `systemctl edit`
     would, through UNIT.d/50-ctxmgr.conf (ExecStart= reset, then rewritten); the next converge of the
@@ -422,11 +422,14 @@ def test_dropin_mode_leaves_the_unit_file_alone_and_rolls_back_by_removing_its_d
     unit, port, path = start_service(sandbox, install_unit, workdir, name)
     before = path.read_bytes()
     state = workdir / "state"
+    # the sandbox's own unit directory (a private /run): the host's /etc is never written
+    monkeypatch.setenv("CTXMGR_UNIT_DIR", "/run/systemd/system")
     code, data, err = ctxmgr(sandbox, state, "set-context", "100000", "--service", name, *offline_gpu_args(),
                              "--edit", "dropin", "--yes", "--json")  # fmt: skip
     assert code == 0, err
-    dropin = f"/etc/systemd/system/{unit}.d/50-ctxmgr.conf"
+    dropin = f"/run/systemd/system/{unit}.d/50-ctxmgr.conf"
     assert data["result"] == "applied" and data["unit_path"] == dropin
+    assert not Path(f"/etc/systemd/system/{unit}.d").exists()
     assert path.read_bytes() == before  # the unit file is as configuration management wrote it
     text = sandbox.systemd.host_path(dropin).read_text()
     assert "ctxmgr's drop-in mode" in text and "[Service]\nExecStart=\nExecStart=" in text
@@ -484,3 +487,31 @@ def test_without_a_terminal_the_status_is_a_plain_timestamped_line_at_most_every
     assert "\x1b" not in err and "\r" not in err  # a pipe gets no control codes
     assert re.fullmatch(r"ctxmgr: \d\d:\d\d:\d\d vllm-x\.service: loading weights 0/8 \[\.{10}\], 0s, "
                         r"timeout in 30m 00s\n", err), err  # fmt: skip
+
+
+def test_a_unit_directory_that_cannot_be_written_is_one_line_and_the_record_says_nothing_was_installed(  # type: ignore[no-untyped-def]
+    sandbox, install_unit, workdir
+) -> None:
+    """Issue 16 item 10: a read-only unit directory (or a full disk) was "unexpected error: OSError"
+    with the revision left `installed` though nothing was. Now: one line naming the path, exit 1, the
+    unit as it was, nothing restarted, and the record rolled back with the reason."""
+    name = "vllm-it-readonly"
+    unit, port, path = start_service(sandbox, install_unit, workdir, name)
+    before = path.read_bytes()
+    pid = sandbox.systemd.show(unit, "MainPID")["MainPID"]
+    units = "/run/systemd/system"
+    sandbox.run("mount", "--bind", units, units)
+    try:
+        sandbox.run("mount", "-o", "remount,ro,bind", units)
+        code, data, err = ctxmgr(sandbox, workdir / "state", "set-context", "100000", "--service", name,
+                                 *offline_gpu_args(), "--yes", "--json")  # fmt: skip
+    finally:
+        sandbox.run("umount", units)
+    assert code == 1, err
+    assert data["result"] == "rolled-back" and data["changed"] is False
+    assert data["reason"] == f"nothing was installed: cannot write {units}/{unit}: Read-only file system"
+    assert "unexpected error" not in err and "Traceback" not in err
+    assert path.read_bytes() == before and sandbox.systemd.show(unit, "MainPID")["MainPID"] == pid
+    record = json.loads((workdir / "state" / name / "revisions" / "0001" / "record.json").read_text())
+    assert record["state"] == "rolled-back" and "nothing was installed" in record["reason"]
+    assert served_max_model_len(port) == 8192

@@ -41,7 +41,7 @@ from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UnitError, UsageError
 from vllm_ctxmgr.observing import calibration, capacity
 from vllm_ctxmgr.planning import PlanRequest, plan_service
 from vllm_ctxmgr.recovery import recover_if_needed
-from vllm_ctxmgr.restart import Restarter
+from vllm_ctxmgr.restart import InstallError, Restarter
 from vllm_ctxmgr.service import ServiceView, read_service, view_from_unit
 from vllm_ctxmgr.store import Revision, ServiceStore, State, Step
 from vllm_ctxmgr.systemd.systemctl import Systemd, new_problems
@@ -66,6 +66,8 @@ def apply(restarter: Restarter, change: Change, probe_tokens: int | None, long_p
             interrupted = False
             try:
                 failure = _forward(restarter, change, result, probe_tokens, long_probe)
+            except _NothingInstalled:
+                return result
             except Interrupted as exc:
                 interrupted = True
                 if rev.state is State.PLANNED:
@@ -87,6 +89,10 @@ def apply(restarter: Restarter, change: Change, probe_tokens: int | None, long_p
     return result
 
 
+class _NothingInstalled(Exception):
+    """The new unit could not be written: _forward has recorded it; apply returns the result as is."""
+
+
 def _forward(
     restarter: Restarter, change: Change, result: ChangeResult, probe_tokens: int | None, long_probe: bool
 ) -> tuple[str, str] | None:
@@ -98,7 +104,16 @@ def _forward(
     result.revision = rev.number  # recording the revision is what numbers it
     restarter.on_step(f"installing {path} (revision {rev.number})")
     change.enter(State.INSTALLED, f"installing {path}")
-    restarter.install(path, change.new)
+    try:
+        restarter.install(path, change.new)
+    except InstallError as exc:
+        # the unit is as it was and nothing restarted: the record says so, with no restart to undo
+        change.enter(State.ROLLING_BACK, f"nothing was installed: {exc.message}")
+        rev.reason = f"nothing was installed: {exc.message}"
+        change.enter(State.ROLLED_BACK, "the previous unit was never replaced; nothing was restarted")
+        result.result, result.exit_code, result.changed = Result.ROLLED_BACK, ExitCode.ERROR, False
+        result.reason = rev.reason
+        raise _NothingInstalled from None
     view = view_from_unit(restarter.loaded_unit_with(path, change.new), restarter.systemd.root)
     change.enter(State.RESTARTING, f"daemon-reload; restart {restarter.unit}; following its journal")
     started = time.monotonic()

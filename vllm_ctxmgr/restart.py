@@ -27,6 +27,10 @@ from vllm_ctxmgr.systemd.unit import ServiceUnit, UnitFile
 from vllm_ctxmgr.vllm_log.watcher import StartVerdict
 
 
+class InstallError(CtxmgrError):
+    """A unit file could not be written or removed; the file is as it was before."""
+
+
 @dataclass
 class Restarter:
     """One service's systemd, store, timeouts and printers: install a unit file, restart, watch, probe."""
@@ -59,18 +63,30 @@ class Restarter:
 
     def install(self, path: Path, data: bytes | None) -> None:
         """Write the unit file, or remove it (None: a drop-in ctxmgr created goes). Creating or removing
-        a file changes the unit's DropInPaths: systemd is reloaded so that what it reports is current."""
+        a file changes the unit's DropInPaths: systemd is reloaded so that what it reports is current.
+
+        A unit directory that cannot be written (read-only /etc, a full disk) is InstallError naming the
+        path, and leaves the file as it was (atomic_write renames a whole temporary or nothing) and no
+        empty drop-in directory behind."""
         host = self.systemd.host_path(path)
         existed = host.exists()
-        if data is None:
-            host.unlink(missing_ok=True)
-            if host.parent.name.endswith(".d"):
+        made_dir = False
+        try:
+            if data is None:
+                host.unlink(missing_ok=True)
+                if host.parent.name.endswith(".d"):
+                    with contextlib.suppress(OSError):
+                        host.parent.rmdir()  # only when empty: the directory ctxmgr made for it
+            else:
+                if not host.parent.exists():
+                    host.parent.mkdir(mode=0o755, parents=True)
+                    made_dir = True
+                atomic_write(host, data)
+        except OSError as exc:
+            if made_dir:
                 with contextlib.suppress(OSError):
-                    host.parent.rmdir()  # only when empty: the directory ctxmgr made for it
-        else:
-            if not host.parent.exists():
-                host.parent.mkdir(mode=0o755, parents=True)
-            atomic_write(host, data)
+                    host.parent.rmdir()
+            raise InstallError(f"cannot write {path}: {exc.strerror or exc}") from None
         if existed != (data is not None):
             self.systemd.daemon_reload()
 
@@ -139,8 +155,8 @@ class Restarter:
     def restore(self, path: Path, old: bytes | None) -> tuple[bool, str]:
         """Put `old` back byte for byte (or remove a drop-in that did not exist), restart, and prove it
         serves again at its own context: (it does, or why not)."""
-        self.install(path, old)
         try:
+            self.install(path, old)
             view = view_from_unit(self.loaded_unit_with(path, old), self.systemd.root)
             verdict, probe_result = self.restart_and_probe(view)
         except CtxmgrError as exc:
