@@ -515,3 +515,36 @@ def test_a_unit_directory_that_cannot_be_written_is_one_line_and_the_record_says
     record = json.loads((workdir / "state" / name / "revisions" / "0001" / "record.json").read_text())
     assert record["state"] == "rolled-back" and "nothing was installed" in record["reason"]
     assert served_max_model_len(port) == 8192
+
+
+def test_one_node_of_a_multi_node_deployment_is_planned_with_a_warning_and_not_changed_alone(  # type: ignore[no-untyped-def]
+    sandbox, install_unit, workdir
+) -> None:
+    """A unit with vLLM's own multi-node flags (0.33: --nnodes/--node-rank/--headless,
+    entrypoints/cli/serve.py) is one node of a deployment: changing its --max-model-len alone would
+    leave the other nodes at the old one. Until ctxmgr changes a deployment as one (issue 19), plan
+    says so and set-context refuses before anything is written."""
+    name = "vllm-it-node0"
+    _unit, port, path = start_service(sandbox, install_unit, workdir, name)
+    text = path.read_text().replace(
+        "--max-model-len 8192", "--max-model-len 8192 --nnodes 2 --node-rank 0", 1
+    )
+    assert "--nnodes 2" in text
+    path.write_text(text)
+    sandbox.systemd.daemon_reload()
+    before = path.read_bytes()
+    code, data, err = ctxmgr(sandbox, workdir / "state", "plan", "100000", "--service", name,
+                             *offline_gpu_args(), "--json")  # fmt: skip
+    assert code == 0 and data["max_model_len"] == 100000, err
+    assert any(
+        w.startswith("--nnodes: this unit is one node of a multi-node deployment") for w in data["warnings"]
+    )
+    code, data, _err = ctxmgr(sandbox, workdir / "state", "set-context", "100000", "--service", name,
+                             *offline_gpu_args(), "--yes", "--json")  # fmt: skip
+    assert (
+        code == 2 and "is one node of a multi-node vLLM deployment (its unit gives --nnodes)" in data["error"]
+    )
+    assert path.read_bytes() == before and served_max_model_len(port) == 8192
+    assert not (workdir / "state" / name / "revisions").exists() or not any(
+        (workdir / "state" / name / "revisions").iterdir()
+    )

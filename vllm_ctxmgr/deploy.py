@@ -35,7 +35,7 @@ from vllm_ctxmgr.change import (
 )
 from vllm_ctxmgr.core.budget import default_gpu_memory_utilization
 from vllm_ctxmgr.core.change_policy import flags_to_apply
-from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT
+from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, multi_node_flag
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UnitError, UsageError
 from vllm_ctxmgr.observing import calibration, capacity
@@ -226,6 +226,14 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
         argv_check=False,
     )  # fmt: skip
     view, plan = service_plan.view, service_plan.plan
+    node_flag = multi_node_flag(view.args)
+    if node_flag is not None:
+        raise UsageError(
+            f"{restarter.service} is one node of a multi-node vLLM deployment (its unit gives {node_flag}): "
+            "changing this node alone would leave the others at the old max_model_len; ctxmgr does not "
+            "change a multi-node deployment yet: change every node's unit, then restart the workers and "
+            "the head together"
+        )
     if service_plan.learned:
         restarter.on_step(service_plan.learned)
     context = plan.max_model_len  # `auto` is resolved by the plan: the unit gets the number

@@ -89,7 +89,7 @@ from vllm_ctxmgr.core.kv.specs import round_up
 from vllm_ctxmgr.core.memory import NonKvMemory, margin_widening, non_kv_memory, uses_flashinfer_sampler
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA, FigureRecord, PlanRecord, VllmRuleRecord
-from vllm_ctxmgr.core.serve_args import ServeArgs
+from vllm_ctxmgr.core.serve_args import ServeArgs, multi_node_flag
 from vllm_ctxmgr.core.vllm_versions import NEWEST_VLLM, VllmVersion, known_version, rule, rules_in_force
 from vllm_ctxmgr.errors import UsageError
 
@@ -956,6 +956,12 @@ def make_plan(
             )
     if derived is None:
         warnings.append("the model's maximum length is unknown: max_context is bounded by the target")
+    node_flag = multi_node_flag(args)
+    if node_flag is not None:
+        warnings.append(
+            f"{node_flag}: this unit is one node of a multi-node deployment; the plan is this node's GPUs "
+            "only, and set-context refuses to change one node alone"
+        )
     if args.max_model_len == -1 and not supports_auto_max_model_len(version):
         warnings.append("this vLLM version has no --max-model-len auto")
     if layout.check_undercounts(target):

@@ -684,3 +684,14 @@ def with_overrides(args: ServeArgs, overrides: Mapping[str, object]) -> ServeArg
     extra = tuple(overrides.get("given_flags", ()))  # type: ignore[call-overload]
     fields_ = {k: v for k, v in overrides.items() if k != "given_flags"}
     return replace(args, given_flags=(*args.given_flags, *extra), **fields_)  # type: ignore[arg-type]
+
+
+# vLLM's own multi-node flags (entrypoints/cli/serve.py, config/parallel.py @0.33): a unit that holds
+# one of them is one node of a deployment that spans machines
+MULTI_NODE_FLAGS = ("--nnodes", "--node-rank", "--headless", "--data-parallel-start-rank", "--master-addr")
+
+
+def multi_node_flag(args: ServeArgs) -> str | None:
+    """The first multi-node flag the unit gives, or None: such a unit is one node of a deployment whose
+    every node must get the same --max-model-len and restart together, which one unit's change cannot do."""
+    return next((flag for flag in MULTI_NODE_FLAGS if flag in args.given_flags), None)
