@@ -375,13 +375,14 @@ def _key_commands(unit_path: Path, state: Path) -> dict[str, Callable[[], str]]:
 
     def view() -> Any:
         from vllm_ctxmgr.service import view_from_unit
-        from vllm_ctxmgr.systemd.unit import ServiceUnit
+        from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 
         return view_from_unit(ServiceUnit.load_with_dropins(unit_path))
 
     def diff() -> str:
         from vllm_ctxmgr.masking import scrub
-        from vllm_ctxmgr.systemd.unit import ServiceUnit, edit_unit, unified_diff
+        from vllm_ctxmgr.systemd.unit_edit import edit_unit, unified_diff
+        from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 
         v = view()
         edit = edit_unit(ServiceUnit.load_with_dropins(unit_path), {"--max-model-len": "4096"})
@@ -431,7 +432,7 @@ def campaign_keys(args: argparse.Namespace) -> int:
 
         def probe_key(path: Path = unit_path) -> str | None:
             from vllm_ctxmgr.service import view_from_unit
-            from vllm_ctxmgr.systemd.unit import ServiceUnit
+            from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 
             return view_from_unit(ServiceUnit.load_with_dropins(path)).api_key
 
@@ -530,7 +531,7 @@ def _sane(view: Any) -> str | None:
 
 
 def campaign_yaml(args: argparse.Namespace) -> int:
-    from vllm_ctxmgr.systemd.unit import ServiceUnit, UnitFile
+    from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
 
     tally = Tally("yaml", args.show)
     root = WORK / "yaml" / uuid.uuid4().hex[:10]
@@ -716,7 +717,7 @@ def _container_tree(host: Path, rng: random.Random) -> None:
 
 def campaign_container_paths(args: argparse.Namespace) -> int:
     from vllm_ctxmgr.errors import UnitError
-    from vllm_ctxmgr.systemd.unit import ContainerVolume, host_path
+    from vllm_ctxmgr.systemd.vllm_command import ContainerVolume, host_path
 
     tally = Tally("container-paths", args.show)
     if os.geteuid() != 0 or shutil.which("unshare") is None:

@@ -23,7 +23,8 @@ from tests.support.demo import offline_gpu_args
 from vllm_ctxmgr.cli.main import main
 from vllm_ctxmgr.masking import api_keys_in_args, vllm_api_keys
 from vllm_ctxmgr.service import view_from_unit
-from vllm_ctxmgr.systemd.unit import ServiceUnit, UnitFile, edit_unit, unified_diff
+from vllm_ctxmgr.systemd.unit_edit import edit_unit, unified_diff
+from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "examples" / "models" / "qwen3-32b"

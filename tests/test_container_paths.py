@@ -13,7 +13,8 @@ import pytest
 
 from vllm_ctxmgr.errors import CtxmgrError, UnitError
 from vllm_ctxmgr.service import view_from_unit
-from vllm_ctxmgr.systemd.unit import ServiceUnit, UnitFile, container_volumes, find_vllm_command, host_path
+from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
+from vllm_ctxmgr.systemd.vllm_command import container_volumes, find_vllm_command, host_path
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE = "vllm/vllm-openai:v0.11.0"

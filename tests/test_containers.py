@@ -12,14 +12,9 @@ import pytest
 from vllm_ctxmgr.errors import CtxmgrError, UnitError
 from vllm_ctxmgr.planning import PlanRequest, plan_for
 from vllm_ctxmgr.service import container_vllm_version, view_from_unit
-from vllm_ctxmgr.systemd.unit import (
-    ServiceUnit,
-    UnitFile,
-    container_volumes,
-    edit_unit,
-    find_vllm_command,
-    host_path,
-)
+from vllm_ctxmgr.systemd.unit_edit import edit_unit
+from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
+from vllm_ctxmgr.systemd.vllm_command import container_volumes, find_vllm_command, host_path
 
 REPO = Path(__file__).resolve().parent.parent
 UNITS = REPO / "units"

@@ -47,7 +47,8 @@ def templates() -> Iterator[Path]:
 
 @pytest.mark.parametrize("what", ["directory", "file"])
 def test_a_template_dir_another_user_may_change_is_refused(templates: Path, what: str) -> None:
-    from vllm_ctxmgr.systemd.unit import ServiceUnit, UnitFile, edit_unit
+    from vllm_ctxmgr.systemd.unit_edit import edit_unit
+    from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
 
     text = "[Service]\nExecStart=/opt/vllm/bin/vllm serve m\n"
     unit = ServiceUnit("t.service", (UnitFile.parse("/etc/systemd/system/t.service", text),))

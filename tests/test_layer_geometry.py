@@ -18,7 +18,7 @@ from vllm_ctxmgr.errors import ModelFactsError, UsageError
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.planning import PlanRequest, plan_for
 from vllm_ctxmgr.service import installed_cuda_version, view_from_unit
-from vllm_ctxmgr.systemd.unit import ServiceUnit
+from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 
 MODELS = Path(__file__).resolve().parent.parent / "examples" / "models"
 GEMMA4_12B = MODELS / "gemma-4-12b"

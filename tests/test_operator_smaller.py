@@ -20,7 +20,7 @@ from vllm_ctxmgr.metrics import write_textfile
 from vllm_ctxmgr.report import verification_text
 from vllm_ctxmgr.schedule import ScheduleRequest, render_units, timer_schedule
 from vllm_ctxmgr.status import ServiceStatus, status_table
-from vllm_ctxmgr.systemd.unit import UnitFile
+from vllm_ctxmgr.systemd.unit_file import UnitFile
 from vllm_ctxmgr.verify import TRIGGER_ENV, trigger_of_this_run
 
 REPO = Path(__file__).resolve().parent.parent

@@ -31,7 +31,7 @@ from vllm_ctxmgr.schedule import (
 )
 from vllm_ctxmgr.systemd.quoting import resolve_escapes, split_words
 from vllm_ctxmgr.systemd.systemctl import Systemd
-from vllm_ctxmgr.systemd.unit import UnitFile
+from vllm_ctxmgr.systemd.unit_file import UnitFile
 
 REPO = Path(__file__).resolve().parent.parent
 SPANS = ["15min", "1h 30min", "2s", "90", "500ms", "1.5h", "2 days", "1h30m", "1w 2d", "3 min 4 sec", "250us"]

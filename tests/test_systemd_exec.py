@@ -1,7 +1,7 @@
 """ExecStart= as systemd executes it: comment lines inside continuations, `$VAR` / `${VAR}` expansion,
 EnvironmentFile= syntax, edits read back; and the same rules checked against what a real systemd runs
 (the private sandbox): units print their argv with `printf "%s\\n" "$@"` and that is compared
-with quoting.py's and unit.py's reading."""
+with quoting.py's and unit_file.py's reading."""
 
 from __future__ import annotations
 
@@ -19,14 +19,9 @@ from vllm_ctxmgr.errors import UnitError
 from vllm_ctxmgr.service import view_from_unit
 from vllm_ctxmgr.systemd.quoting import exec_argv, parse_env_file, split_words
 from vllm_ctxmgr.systemd.systemctl import Systemd, cmdline_argv
-from vllm_ctxmgr.systemd.unit import (
-    ServiceUnit,
-    UnitFile,
-    edit_unit,
-    find_vllm_command,
-    read_environment_file,
-    vllm_args_from_cmdline,
-)
+from vllm_ctxmgr.systemd.unit_edit import edit_unit
+from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile, read_environment_file
+from vllm_ctxmgr.systemd.vllm_command import find_vllm_command, vllm_args_from_cmdline
 
 UNITS = Path(__file__).resolve().parent.parent / "units"
 

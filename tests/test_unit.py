@@ -18,13 +18,9 @@ from vllm_ctxmgr.systemd.quoting import (
     resolve_specifiers,
     split_words,
 )
-from vllm_ctxmgr.systemd.unit import (
-    ServiceUnit,
-    UnitFile,
-    edit_unit,
-    find_vllm_command,
-    unified_diff,
-)
+from vllm_ctxmgr.systemd.unit_edit import edit_unit, unified_diff
+from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
+from vllm_ctxmgr.systemd.vllm_command import find_vllm_command
 
 UNITS = Path(__file__).resolve().parent.parent / "units"
 

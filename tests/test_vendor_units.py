@@ -74,7 +74,7 @@ def test_plan_unit_refuses_what_systemd_refuses_naming_file_and_line(
 
 
 def test_several_exec_start_are_fine_for_a_oneshot_and_after_a_reset(workdir: Path) -> None:
-    from vllm_ctxmgr.systemd.unit import ServiceUnit
+    from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 
     text = _unit_text(workdir)
     reset = workdir / "vllm-reset.service"

@@ -20,7 +20,8 @@ from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.planning import PlanRequest, plan_for
 from vllm_ctxmgr.service import VLLM_CONFIG_MAX_BYTES, view_from_unit
-from vllm_ctxmgr.systemd.unit import ServiceUnit, UnitFile, edit_unit
+from vllm_ctxmgr.systemd.unit_edit import edit_unit
+from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
 
 REPO = Path(__file__).resolve().parent.parent
 UNITS = REPO / "units"

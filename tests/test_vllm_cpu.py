@@ -18,7 +18,8 @@ from tests.systemd_fixtures import InstallUnit
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
 from vllm_ctxmgr.systemd.quoting import resolve_escapes
 from vllm_ctxmgr.systemd.systemctl import Systemd
-from vllm_ctxmgr.systemd.unit import ServiceUnit, UnitFile, find_vllm_command
+from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
+from vllm_ctxmgr.systemd.vllm_command import find_vllm_command
 
 needs_vllm = pytest.mark.usefixtures("require_vllm")  # skip here, fail in CI when it is missing
 

@@ -15,7 +15,7 @@ import pytest
 
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.service import view_from_unit
-from vllm_ctxmgr.systemd.unit import ServiceUnit, UnitFile
+from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "/models/qwen3-32b"

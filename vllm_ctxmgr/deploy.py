@@ -45,7 +45,7 @@ from vllm_ctxmgr.restart import InstallError, Restarter
 from vllm_ctxmgr.service import ServiceView, read_service, view_from_unit
 from vllm_ctxmgr.store import Revision, ServiceStore, State, Step
 from vllm_ctxmgr.systemd.systemctl import Systemd, new_problems
-from vllm_ctxmgr.systemd.unit import edit_unit, unified_diff
+from vllm_ctxmgr.systemd.unit_edit import edit_unit, unified_diff
 
 # Shown the change (its diff, plan and reason) before anything is written; False: nothing is changed.
 Confirm = Callable[[ChangeResult], bool]

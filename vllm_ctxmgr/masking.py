@@ -111,7 +111,7 @@ def vllm_api_keys(args: Sequence[str], env: Mapping[str, str]) -> list[str]:
     """The keys vLLM's server accepts (entrypoints/serve/middleware/register.py):
     `[key for key in (args.api_key or [envs.VLLM_API_KEY]) if key]`. `args` are the arguments vLLM
     parses (its --config YAML pulled in, the command line after it), `env` the environment the vLLM
-    process gets (inside a container: the container's, see systemd.unit.container_environment)."""
+    process gets (inside a container: the container's, see systemd.vllm_command.container_environment)."""
     values = api_key_values(args)
     return [key for key in (values or [env.get(_ENV_NAME, "")]) if key]
 

@@ -23,7 +23,7 @@ from vllm_ctxmgr.service import ServiceView, read_service, view_from_unit
 from vllm_ctxmgr.store import ServiceStore, atomic_write
 from vllm_ctxmgr.systemd.names import unit_name
 from vllm_ctxmgr.systemd.systemctl import Systemd
-from vllm_ctxmgr.systemd.unit import ServiceUnit, UnitFile
+from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
 from vllm_ctxmgr.vllm_log.watcher import StartVerdict
 
 

@@ -23,10 +23,9 @@ from vllm_ctxmgr.masking import mask, probe_key, remember, secrets_of
 from vllm_ctxmgr.systemd.names import unit_name
 from vllm_ctxmgr.systemd.quoting import split_words
 from vllm_ctxmgr.systemd.systemctl import Systemd, cmdline_argv
-from vllm_ctxmgr.systemd.unit import (
+from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
+from vllm_ctxmgr.systemd.vllm_command import (
     ContainerVolume,
-    ServiceUnit,
-    UnitFile,
     VllmCommand,
     container_env_words,
     container_environment,

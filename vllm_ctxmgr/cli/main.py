@@ -59,7 +59,7 @@ from vllm_ctxmgr.restart import Restarter
 from vllm_ctxmgr.service import read_service, view_from_unit
 from vllm_ctxmgr.store import ServiceStore
 from vllm_ctxmgr.systemd.names import canonical_unit
-from vllm_ctxmgr.systemd.unit import ServiceUnit
+from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 
 
 @click.group(

@@ -6,6 +6,10 @@ model's derived maximum. Each candidate is the operator's flags with one change,
 planner's own rules, so its numbers are as good as the plan's; they are ranked by whether they fit on
 the GPUs the service has, then by how little they change.
 
+Each kind of candidate is one small function, kept in the `CANDIDATES` tuple that find_alternatives
+walks in order (as vllm_log/patterns.py keeps its line patterns): a new kind is one function and one
+entry.
+
 Its own module, apart from core/plan.py: the search only proposes flag changes and ranks them. The
 evaluation stays in the planner, which hands it in as `Search.evaluate`, so this module never
 imports core/plan.py and the planner imports it.
@@ -160,6 +164,223 @@ def _more_gpus(gpus: GpuState | None, count: int) -> GpuState | None:
     return GpuState(tuple(chosen), gpus.source, gpus.driver_version)
 
 
+# Candidate(search, layout, max_context, refused) -> the candidate, or None where it does not apply
+Candidate = Callable[[Search, KVCacheLayout, int, bool], Alternative | None]
+
+
+def _kv_needed(search: Search, layout: KVCacheLayout) -> int:
+    """The KV bytes the target needs on the most loaded pipeline stage."""
+    return max(
+        kv_needed_bytes(layout, search.target, s, search.concurrency)
+        for s in range(layout.pipeline_parallel_size)
+    )
+
+
+def _raised_explicit_budget(
+    search: Search, layout: KVCacheLayout, max_context: int, refused: bool
+) -> Alternative | None:
+    """Where the KV budget is set outright (VLLM_CPU_KVCACHE_SPACE, or --kv-cache-memory-bytes without
+    GPUs to check), the plan is short only because that number is: raising it to what the target needs
+    is the smallest change, though the memory behind it is not checked here."""
+    args = search.args
+    explicit, source = explicit_budget(args, search.platform, search.vllm_version)
+    if explicit is None or not (search.gpus is None or search.platform.is_cpu):
+        return None
+    needed = _kv_needed(search, layout)
+    if source == "VLLM_CPU_KVCACHE_SPACE":
+        space = str(cdiv(needed, GIB))
+        raised = replace(args, env={**args.env, "VLLM_CPU_KVCACHE_SPACE": space})
+        return _alternative(
+            search,
+            "kv-cache-memory-bytes",
+            f"a {space} GiB KV cache (host memory not checked)",
+            raised,
+            {},
+            extra_env={"VLLM_CPU_KVCACHE_SPACE": space},
+        )
+    raised = replace(args, kv_cache_memory_bytes=round_up(needed, MIB))
+    return _alternative(
+        search, "kv-cache-memory-bytes", "a larger explicit KV budget (memory not checked)", raised, {}
+    )
+
+
+def _smaller_prefill_batches(
+    search: Search, layout: KVCacheLayout, max_context: int, refused: bool
+) -> Alternative | None:
+    """Sliding-window and chunked layers hold the window plus the tokens in flight, not the context:
+    fewer batched tokens shrink them, so a smaller prefill batch frees KV memory for the target."""
+    args = search.args
+    bounded = any(
+        not group.grows_with_context and group.kind in (LayerKind.SLIDING, LayerKind.CHUNKED)
+        for group in layout.groups
+    )
+    if not bounded or layout.max_num_batched_tokens <= SMALL_BATCH_TOKENS:
+        return None
+    small = replace(
+        args,
+        max_num_batched_tokens=SMALL_BATCH_TOKENS,
+        max_num_seqs=min(args.max_num_seqs, SMALL_BATCH_TOKENS) if args.max_num_seqs else None,
+    )
+    flags = {"--max-num-batched-tokens": str(SMALL_BATCH_TOKENS)}
+    if small.max_num_seqs != args.max_num_seqs:
+        flags["--max-num-seqs"] = str(small.max_num_seqs)
+    return _alternative(
+        search,
+        "max-num-batched-tokens",
+        "smaller prefill batches: sliding-window layers hold the window plus the tokens in flight",
+        small,
+        flags,
+    )
+
+
+def _exact_kv_budget(
+    search: Search, layout: KVCacheLayout, max_context: int, refused: bool
+) -> Alternative | None:
+    """On GPUs, --kv-cache-memory-bytes gives the KV cache what the target needs instead of what is
+    left under the utilisation fraction (it skips the cap); offered only where that then fits."""
+    args = search.args
+    if search.gpus is None or args.kv_cache_memory_bytes is not None or search.platform.is_cpu:
+        return None
+    exact = replace(args, kv_cache_memory_bytes=round_up(_kv_needed(search, layout), MIB))
+    alt = _alternative(
+        search,
+        "kv-cache-memory-bytes",
+        "give the KV cache an exact budget instead of a utilisation fraction (skips the cap)",
+        exact,
+        {},
+    )
+    return alt if alt is not None and alt.feasible else None
+
+
+def _fp8_kv_cache(
+    search: Search, layout: KVCacheLayout, max_context: int, refused: bool
+) -> Alternative | None:
+    """An fp8 KV cache holds each token in half the bytes of bf16: about twice the context in the same
+    memory, where the model has attention layers and the cache is not quantized already."""
+    has_attention = any(
+        g.grows_with_context or g.kind in (LayerKind.SLIDING, LayerKind.CHUNKED) for g in layout.groups
+    )
+    if not has_attention or is_quantized_kv_cache(layout.kv_cache_dtype):
+        return None
+    return _alternative(
+        search,
+        "fp8-kv-cache",
+        "fp8 KV cache: half the bytes of bf16 (fp8_ds_mla for DeepSeek sparse attention)",
+        replace(search.args, kv_cache_dtype="fp8"),
+        {"--kv-cache-dtype": "fp8"},
+    )
+
+
+def _decode_context_parallel(
+    search: Search, layout: KVCacheLayout, max_context: int, refused: bool
+) -> Alternative | None:
+    """With tensor parallel, each rank keeps a full replica of the KV heads it cannot split (all of
+    MLA's latent, or KV heads fewer than the ranks); decode context parallel gives each rank 1/DCP of
+    the tokens instead (MLA with an indexer also needs an fp8 cache there)."""
+    args, facts = search.args, search.facts
+    tp = args.tensor_parallel_size
+    if tp <= 1 or args.decode_context_parallel_size != 1:
+        return None
+    dcp_args: ServeArgs | None = None
+    if facts.is_mla:
+        dcp_args = replace(args, decode_context_parallel_size=tp)
+        if facts.has_indexer and not is_quantized_kv_cache(layout.kv_cache_dtype):
+            dcp_args = replace(dcp_args, kv_cache_dtype="fp8")
+    else:
+        kv_heads = next((lf.num_kv_heads for lf in facts.layers if lf.kind == LayerKind.FULL), 0)
+        if kv_heads and tp // kv_heads >= 2:
+            dcp_args = replace(args, decode_context_parallel_size=tp // kv_heads)
+    if dcp_args is None:
+        return None
+    flags = {"--decode-context-parallel-size": str(dcp_args.decode_context_parallel_size)}
+    if dcp_args.kv_cache_dtype != args.kv_cache_dtype:
+        flags["--kv-cache-dtype"] = dcp_args.kv_cache_dtype
+    return _alternative(
+        search,
+        "decode-context-parallel",
+        "decode context parallel: each rank keeps 1/DCP of the tokens instead of a full replica",
+        dcp_args,
+        flags,
+    )
+
+
+def _more_tensor_parallel(
+    search: Search, layout: KVCacheLayout, max_context: int, refused: bool
+) -> Alternative | None:
+    """Twice the tensor parallel spreads the weights and KV heads over twice the GPUs, leaving each
+    more room for the KV cache; sized on the service's GPUs repeated where the host shows fewer, and
+    says how many more it needs."""
+    args = search.args
+    tp = args.tensor_parallel_size
+    more_tp = replace(args, tensor_parallel_size=tp * 2)
+    ranks_needed = more_tp.tensor_parallel_size * args.pipeline_parallel_size * args.data_parallel_size
+    have = len(search.gpus.gpus) if search.gpus is not None else 0
+    description = f"tensor parallel {tp * 2}: weights and KV heads spread over twice the GPUs"
+    if search.gpus is not None and have < ranks_needed:
+        description += f" (needs {ranks_needed} GPUs; this service sees {have})"
+    return _alternative(
+        search,
+        "tensor-parallel",
+        description,
+        more_tp,
+        {"--tensor-parallel-size": str(tp * 2)},
+        gpus=_more_gpus(search.gpus, ranks_needed),
+        needs_gpus=max(0, ranks_needed - have) if search.gpus is not None else 0,
+    )
+
+
+def _longest_context_that_fits(
+    search: Search, layout: KVCacheLayout, max_context: int, refused: bool
+) -> Alternative | None:
+    """Changing nothing but the context: the longest one that fits as the service is (where the target
+    is past the derived maximum, _past_the_derived_maximum offers that maximum instead)."""
+    if max_context <= 0 or refused:
+        return None
+    return _alternative(
+        search,
+        "shorter-context",
+        f"the longest context that fits: {max_context} tokens",
+        search.args,
+        {},
+        target=max_context,
+    )
+
+
+# The memory and parallelism candidates, in the order they are tried (ties in _ranked keep it)
+CANDIDATES: tuple[Candidate, ...] = (
+    _raised_explicit_budget,
+    _smaller_prefill_batches,
+    _exact_kv_budget,
+    _fp8_kv_cache,
+    _decode_context_parallel,
+    _more_tensor_parallel,
+    _longest_context_that_fits,
+)
+
+
+def _past_the_derived_maximum(search: Search, max_context: int) -> tuple[list[Alternative | None], bool]:
+    """A target past the model's derived maximum without allow-long: the derived maximum itself, and
+    serving past it with ALLOW_LONG_ENV; True where the latter fits, so nothing else need be tried."""
+    allow_long = _alternative(
+        search,
+        "allow-long",
+        f"serve past the derived maximum with {ALLOW_LONG_ENV}=1 (RoPE positions beyond training)",
+        search.args,
+        {},
+        allow_long=True,
+    )
+    found: list[Alternative | None] = []
+    shorter = min(max_context, search.derived or max_context)
+    if shorter > 0:
+        found.append(
+            _alternative(
+                search, "shorter-context", f"the derived maximum: {shorter} tokens", search.args, {}, shorter
+            )
+        )
+    found.append(allow_long)
+    return found, allow_long is not None and allow_long.feasible
+
+
 def find_alternatives(
     search: Search, layout: KVCacheLayout, max_context: int, refused: bool
 ) -> tuple[Alternative, ...]:
@@ -168,169 +389,14 @@ def find_alternatives(
     `refused`: the target is above the derived maximum without allow-long; then serving past it
     comes first if it fits, else the memory alternatives are sized as if it were allowed.
     """
-    args, facts = search.args, search.facts
     found: list[Alternative | None] = []
-    tp = args.tensor_parallel_size
-
     if refused:
-        allow_long = _alternative(
-            search,
-            "allow-long",
-            f"serve past the derived maximum with {ALLOW_LONG_ENV}=1 (RoPE positions beyond training)",
-            args,
-            {},
-            allow_long=True,
-        )
-        shorter = min(max_context, search.derived or max_context)
-        if shorter > 0:
-            found.append(
-                _alternative(
-                    search, "shorter-context", f"the derived maximum: {shorter} tokens", args, {}, shorter
-                )
-            )
-        if allow_long is not None and allow_long.feasible:
-            return _ranked([*found, allow_long])
-        found.append(allow_long)
+        found, allow_long_fits = _past_the_derived_maximum(search, max_context)
+        if allow_long_fits:
+            return _ranked(found)
         search = replace(search, allow_long=True)  # memory alternatives past the limit
-
-    explicit, source = explicit_budget(args, search.platform, search.vllm_version)
-    if explicit is not None and (search.gpus is None or search.platform.is_cpu):
-        needed = max(
-            kv_needed_bytes(layout, search.target, s, search.concurrency)
-            for s in range(layout.pipeline_parallel_size)
-        )
-        if source == "VLLM_CPU_KVCACHE_SPACE":
-            space = str(cdiv(needed, GIB))
-            raised = replace(args, env={**args.env, "VLLM_CPU_KVCACHE_SPACE": space})
-            found.append(
-                _alternative(
-                    search,
-                    "kv-cache-memory-bytes",
-                    f"a {space} GiB KV cache (host memory not checked)",
-                    raised,
-                    {},
-                    extra_env={"VLLM_CPU_KVCACHE_SPACE": space},
-                )
-            )
-        else:
-            raised = replace(args, kv_cache_memory_bytes=round_up(needed, MIB))
-            found.append(
-                _alternative(
-                    search,
-                    "kv-cache-memory-bytes",
-                    "a larger explicit KV budget (memory not checked)",
-                    raised,
-                    {},
-                )
-            )
-
-    bounded = any(
-        not group.grows_with_context and group.kind in (LayerKind.SLIDING, LayerKind.CHUNKED)
-        for group in layout.groups
-    )
-    if bounded and layout.max_num_batched_tokens > SMALL_BATCH_TOKENS:
-        small = replace(
-            args,
-            max_num_batched_tokens=SMALL_BATCH_TOKENS,
-            max_num_seqs=min(args.max_num_seqs, SMALL_BATCH_TOKENS) if args.max_num_seqs else None,
-        )
-        flags = {"--max-num-batched-tokens": str(SMALL_BATCH_TOKENS)}
-        if small.max_num_seqs != args.max_num_seqs:
-            flags["--max-num-seqs"] = str(small.max_num_seqs)
-        found.append(
-            _alternative(
-                search,
-                "max-num-batched-tokens",
-                "smaller prefill batches: sliding-window layers hold the window plus the tokens in flight",
-                small,
-                flags,
-            )
-        )
-
-    if search.gpus is not None and args.kv_cache_memory_bytes is None and not search.platform.is_cpu:
-        needed = max(
-            kv_needed_bytes(layout, search.target, s, search.concurrency)
-            for s in range(layout.pipeline_parallel_size)
-        )
-        exact = replace(args, kv_cache_memory_bytes=round_up(needed, MIB))
-        alt = _alternative(
-            search,
-            "kv-cache-memory-bytes",
-            "give the KV cache an exact budget instead of a utilisation fraction (skips the cap)",
-            exact,
-            {},
-        )
-        if alt is not None and alt.feasible:
-            found.append(alt)
-
-    has_attention = any(
-        g.grows_with_context or g.kind in (LayerKind.SLIDING, LayerKind.CHUNKED) for g in layout.groups
-    )
-    if has_attention and not is_quantized_kv_cache(layout.kv_cache_dtype):
-        found.append(
-            _alternative(
-                search,
-                "fp8-kv-cache",
-                "fp8 KV cache: half the bytes of bf16 (fp8_ds_mla for DeepSeek sparse attention)",
-                replace(args, kv_cache_dtype="fp8"),
-                {"--kv-cache-dtype": "fp8"},
-            )
-        )
-
-    if tp > 1 and args.decode_context_parallel_size == 1:
-        dcp_args: ServeArgs | None = None
-        if facts.is_mla:
-            dcp_args = replace(args, decode_context_parallel_size=tp)
-            if facts.has_indexer and not is_quantized_kv_cache(layout.kv_cache_dtype):
-                dcp_args = replace(dcp_args, kv_cache_dtype="fp8")
-        else:
-            kv_heads = next((lf.num_kv_heads for lf in facts.layers if lf.kind == LayerKind.FULL), 0)
-            if kv_heads and tp // kv_heads >= 2:
-                dcp_args = replace(args, decode_context_parallel_size=tp // kv_heads)
-        if dcp_args is not None:
-            flags = {"--decode-context-parallel-size": str(dcp_args.decode_context_parallel_size)}
-            if dcp_args.kv_cache_dtype != args.kv_cache_dtype:
-                flags["--kv-cache-dtype"] = dcp_args.kv_cache_dtype
-            found.append(
-                _alternative(
-                    search,
-                    "decode-context-parallel",
-                    "decode context parallel: each rank keeps 1/DCP of the tokens instead of a full replica",
-                    dcp_args,
-                    flags,
-                )
-            )
-
-    more_tp = replace(args, tensor_parallel_size=tp * 2)
-    ranks_needed = more_tp.tensor_parallel_size * args.pipeline_parallel_size * args.data_parallel_size
-    have = len(search.gpus.gpus) if search.gpus is not None else 0
-    description = f"tensor parallel {tp * 2}: weights and KV heads spread over twice the GPUs"
-    if search.gpus is not None and have < ranks_needed:
-        description += f" (needs {ranks_needed} GPUs; this service sees {have})"
-    found.append(
-        _alternative(
-            search,
-            "tensor-parallel",
-            description,
-            more_tp,
-            {"--tensor-parallel-size": str(tp * 2)},
-            gpus=_more_gpus(search.gpus, ranks_needed),
-            needs_gpus=max(0, ranks_needed - have) if search.gpus is not None else 0,
-        )
-    )
-
-    if max_context > 0 and not refused:
-        shorter = max_context
-        found.append(
-            _alternative(
-                search,
-                "shorter-context",
-                f"the longest context that fits: {shorter} tokens",
-                args,
-                {},
-                target=shorter,
-            )
-        )
+    for candidate in CANDIDATES:
+        found.append(candidate(search, layout, max_context, refused))
     return _ranked(found)
 
 
