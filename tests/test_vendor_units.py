@@ -243,3 +243,50 @@ def test_findings_the_unit_already_had_do_not_block_a_change_new_ones_do(  # typ
     added, inherited = verify_candidate(sandbox.systemd, view, fragment.path, worse)
     assert len(added) == 1 and "/opt/ctxmgr-absent/cleanup is not executable" in added[0]
     assert len(inherited) == 2
+
+
+def test_a_package_dropin_holding_execstart_is_masked_by_a_copy_and_never_edited(  # type: ignore[no-untyped-def]
+    sandbox, vendor_dir, workdir
+) -> None:
+    """Issue 16 item 8: where a package's ExecStart= lives in its own drop-in
+    (/usr/lib/systemd/system/NAME.service.d/10-vendor.conf), set-context edited that file in place (the
+    next package upgrade reverts it). Now the change goes to a copy of the same name in the unit
+    directory systemd reads first, which masks the package's file; a rollback removes the copy."""
+    copy, installed = vendor_dir
+    port = free_port()
+    unit = "vllm-vendor-dropin.service"
+    text = standin_unit(make_vllm_wrapper(workdir), port=port)
+    head, _, rest = text.partition("ExecStart=")
+    exec_lines, _, tail = rest.partition("\nRestart=")
+    (copy / unit).write_text(head + "Restart=" + tail)  # the package's unit, without a command line
+    (copy / f"{unit}.d").mkdir()
+    vendor_dropin = copy / f"{unit}.d" / "10-vendor.conf"
+    vendor_dropin.write_text(f"# shipped by the package\n[Service]\nExecStart=\nExecStart={exec_lines}\n")
+    installed.append(unit)
+    sandbox.systemd.daemon_reload()
+    sandbox.systemd.start(unit)
+    import time
+
+    from vllm_ctxmgr.probe import wait_until_serving
+
+    assert wait_until_serving(f"http://127.0.0.1:{port}", time.monotonic() + 60)
+    package_bytes = vendor_dropin.read_bytes(), (copy / unit).read_bytes()
+    state = workdir / "state"
+    run = run_ctxmgr(sandbox.pid, state, "set-context", "100000", "--service", unit, *offline_gpu_args(),
+                     "--yes", "--json")  # fmt: skip
+    assert run.code == 0, run.stdout + run.stderr
+    masking = f"/run/systemd/system/{unit}.d/10-vendor.conf"
+    assert run.data["unit_path"] == masking
+    assert (vendor_dropin.read_bytes(), (copy / unit).read_bytes()) == package_bytes  # never edited
+    assert "--max-model-len 100000" in sandbox.systemd.host_path(masking).read_text()
+    assert (
+        f"{VENDOR_DIR}/{unit}.d/10-vendor.conf"
+        not in sandbox.systemd.show(unit, "DropInPaths")["DropInPaths"]
+    )
+    assert _served(port) == 100000
+
+    run = run_ctxmgr(sandbox.pid, state, "rollback", "--service", unit, "--yes", "--json")
+    assert run.code == 0, run.stdout + run.stderr
+    assert not sandbox.systemd.host_path(masking).exists()
+    assert (vendor_dropin.read_bytes(), (copy / unit).read_bytes()) == package_bytes
+    assert _served(port) == 8192

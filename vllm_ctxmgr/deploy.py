@@ -389,8 +389,14 @@ def verify_candidate(
     def merged(pieces: list[str]) -> bytes:
         return "\n".join(p if p.endswith("\n") else p + "\n" for p in pieces).encode()
 
-    pieces = [text if f.path == path else f.text for f in view.unit.files]
-    if all(f.path != path for f in view.unit.files):
+    # a new drop-in masks a package's drop-in of the same name (masking_copy): that one is not read
+    files = [
+        f
+        for f in view.unit.files
+        if f.path == path or f.path.name != path.name or not f.path.parent.name.endswith(".d")
+    ]
+    pieces = [text if f.path == path else f.text for f in files]
+    if all(f.path != path for f in files):
         pieces.append(text)  # a new drop-in: after the others (its ExecStart= is the last one)
     found = systemd.analyze_verify_text(merged(pieces), view.name)
     if not found:

@@ -239,6 +239,27 @@ def is_vendor_unit(path: Path | str) -> bool:
     return Path(path).parent in VENDOR_UNIT_DIRS
 
 
+def is_vendor_dropin(path: Path | str) -> bool:
+    """A package's drop-in (`/usr/lib/systemd/system/NAME.service.d/10-vendor.conf`): the package's next
+    upgrade overwrites it as it does the package's unit."""
+    path = Path(path)
+    return path.parent.name.endswith(".d") and path.parent.parent in VENDOR_UNIT_DIRS
+
+
+def masking_copy(unit: ServiceUnit, holder: UnitFile, dropin_dir: Path) -> ServiceUnit:
+    """The unit with a package's drop-in `holder` masked by a copy of it in `dropin_dir` (the same name in
+    a directory systemd reads first hides the package's file: systemd.unit(5)), ready to be edited in
+    place there, so the change survives the package's upgrades and a rollback (removing the copy)
+    brings the package's own drop-in back."""
+    path = dropin_dir / holder.path.name
+    if any(f.path == path for f in unit.files):
+        raise UnitError(
+            f"{path} exists beside the package's {holder.path} but systemd does not read it first"
+        )
+    copy = UnitFile.parse(path, holder.text)
+    return ServiceUnit(unit.name, tuple(copy if f is holder else f for f in unit.files))
+
+
 def override_dropin(unit: ServiceUnit, dropin_dir: Path, why: str = "") -> ServiceUnit:
     """The unit with a new drop-in in `dropin_dir` that overrides ExecStart= (an empty `ExecStart=`,
     then the fragment's own ExecStart= copied byte for byte), ready for edit_unit to change in place:
@@ -280,7 +301,11 @@ def edit_unit(
     intended ones and every other directive and comment line byte-identical (UnitError if not)."""
 
     created = False
-    if dropin_dir is not None and unit.exec_start()[0] is unit.files[0]:
+    holder = unit.exec_start()[0]
+    if dropin_dir is not None and holder is not unit.files[0] and is_vendor_dropin(holder.path):
+        unit = masking_copy(unit, holder, dropin_dir)
+        created = True
+    elif dropin_dir is not None and holder is unit.files[0]:
         if is_vendor_unit(unit.files[0].path):
             unit = override_dropin(unit, dropin_dir)
             created = True
