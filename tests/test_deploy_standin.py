@@ -7,6 +7,7 @@ real vLLM CPU build.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
@@ -548,3 +549,41 @@ def test_one_node_of_a_multi_node_deployment_is_planned_with_a_warning_and_not_c
     assert not (workdir / "state" / name / "revisions").exists() or not any(
         (workdir / "state" / name / "revisions").iterdir()
     )
+
+
+def test_a_rollback_that_another_unit_file_would_override_stops_before_the_restart(  # type: ignore[no-untyped-def]
+    sandbox, install_unit, workdir, monkeypatch
+) -> None:
+    """Issue 16 item 9: after an operator's later drop-in resets ExecStart=, `rollback --to 0` removed
+    ctxmgr's drop-in, said "applied" and passed its probe while vLLM still served the operator's
+    context. Now the unit as systemd would load it is checked against the revision before any restart:
+    it stops (exit 1), puts ctxmgr's drop-in back and restarts nothing."""
+    name = "vllm-it-override"
+    unit, port, _path = start_service(sandbox, install_unit, workdir, name)
+    monkeypatch.setenv("CTXMGR_UNIT_DIR", "/run/systemd/system")
+    state = workdir / "state"
+    code, data, err = ctxmgr(sandbox, state, "set-context", "100000", "--service", name, *offline_gpu_args(),
+                             "--edit", "dropin", "--yes", "--json")  # fmt: skip
+    assert code == 0, err
+    ours = sandbox.systemd.host_path(data["unit_path"])
+    operators = ours.parent / "60-operator.conf"
+    operators.write_text(ours.read_text().replace("--max-model-len 100000", "--max-model-len 120000"))
+    sandbox.systemd.daemon_reload()
+    sandbox.systemd.restart(unit)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:  # the new process serves the operator's context
+        with contextlib.suppress(requests.RequestException, KeyError, IndexError):
+            if served_max_model_len(port) == 120000:
+                break
+        time.sleep(0.5)
+    assert served_max_model_len(port) == 120000
+    pid = sandbox.systemd.show(unit, "MainPID")["MainPID"]
+    ours_bytes = ours.read_bytes()
+
+    code, data, err = ctxmgr(sandbox, state, "rollback", "--service", name, "--to", "0", "--yes", "--json")
+    assert code == 1 and data["result"] == "rolled-back", err
+    assert "would still serve max_model_len 120000, not 8192" in data["reason"]
+    assert ours.read_bytes() == ours_bytes  # ctxmgr's drop-in is back
+    assert sandbox.systemd.show(unit, "MainPID")["MainPID"] == pid and served_max_model_len(port) == 120000
+    operators.unlink()
+    sandbox.systemd.daemon_reload()

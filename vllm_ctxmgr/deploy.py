@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from vllm_ctxmgr import store as st
 from vllm_ctxmgr.change import (
@@ -66,7 +66,7 @@ def apply(restarter: Restarter, change: Change, probe_tokens: int | None, long_p
             interrupted = False
             try:
                 failure = _forward(restarter, change, result, probe_tokens, long_probe)
-            except _NothingInstalled:
+            except _StoppedBeforeRestart:
                 return result
             except Interrupted as exc:
                 interrupted = True
@@ -89,8 +89,19 @@ def apply(restarter: Restarter, change: Change, probe_tokens: int | None, long_p
     return result
 
 
-class _NothingInstalled(Exception):
-    """The new unit could not be written: _forward has recorded it; apply returns the result as is."""
+class _StoppedBeforeRestart(Exception):
+    """The change stopped before any restart (the unit could not be written, or would not serve what the
+    revision says): _stop_before_restart recorded it; apply returns the result as is."""
+
+
+def _stop_before_restart(change: Change, result: ChangeResult, reason: str) -> NoReturn:
+    """Record a change that ends before the restart: the unit is as it was and nothing restarted."""
+    change.enter(State.ROLLING_BACK, reason)
+    change.rev.reason = reason
+    change.enter(State.ROLLED_BACK, "the previous unit is in place; nothing was restarted")
+    result.result, result.exit_code, result.changed = Result.ROLLED_BACK, ExitCode.ERROR, False
+    result.reason = reason
+    raise _StoppedBeforeRestart
 
 
 def _forward(
@@ -107,14 +118,22 @@ def _forward(
     try:
         restarter.install(path, change.new)
     except InstallError as exc:
-        # the unit is as it was and nothing restarted: the record says so, with no restart to undo
-        change.enter(State.ROLLING_BACK, f"nothing was installed: {exc.message}")
-        rev.reason = f"nothing was installed: {exc.message}"
-        change.enter(State.ROLLED_BACK, "the previous unit was never replaced; nothing was restarted")
-        result.result, result.exit_code, result.changed = Result.ROLLED_BACK, ExitCode.ERROR, False
-        result.reason = rev.reason
-        raise _NothingInstalled from None
+        _stop_before_restart(change, result, f"nothing was installed: {exc.message}")
     view = view_from_unit(restarter.loaded_unit_with(path, change.new), restarter.systemd.root)
+    if rev.max_model_len is not None and view.args.max_model_len != rev.max_model_len:
+        # another unit file (an operator's later drop-in) decides ExecStart=: restarting would serve
+        # its context, not this revision's, and a probe at the unit's own context would call it applied
+        try:
+            restarter.install(path, change.old)
+        except InstallError as exc:
+            return f"{path} could not be put back: {exc.message}", ""
+        _stop_before_restart(
+            change,
+            result,
+            f"with {path} as revision {rev.number} has it, the unit would still serve max_model_len "
+            f"{view.args.max_model_len}, not {rev.max_model_len}: another of its files sets ExecStart= "
+            f"({', '.join(str(f.path) for f in view.unit.files)}); nothing was restarted",
+        )
     change.enter(State.RESTARTING, f"daemon-reload; restart {restarter.unit}; following its journal")
     started = time.monotonic()
     try:
