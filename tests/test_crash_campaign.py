@@ -92,9 +92,9 @@ class Service:
         good: dict[bytes, int] = {}
         for rev in self.store.revisions():
             if rev.state in GOOD:
-                good[self.store.unit_bytes(rev.number, "unit")] = rev.max_model_len or 0
+                good[(self.store.file_bytes(rev.number, "unit") or b"")] = rev.max_model_len or 0
             if rev.state == "rolled-back":
-                good[self.store.unit_bytes(rev.number, "previous")] = rev.previous_max_model_len or 0
+                good[(self.store.file_bytes(rev.number, "previous") or b"")] = rev.previous_max_model_len or 0
         return good
 
     def check_whole(self) -> list[str]:
@@ -144,7 +144,7 @@ def stop(service: Service) -> None:
 def run_case(service: Service, command: str, crash_at: str, then: str) -> list[str]:
     """One crash and its recovery; the problems found."""
     problems: list[str] = []
-    if command == "rollback" and service.path.read_bytes() == service.store.unit_bytes(0, "unit"):
+    if command == "rollback" and service.path.read_bytes() == (service.store.file_bytes(0, "unit") or b""):
         done = service.set_context(next(service.contexts))  # something to roll back from
         if done.returncode != 0:
             return [f"set-context before the rollback failed: {done.stderr.strip()[-300:]}"]

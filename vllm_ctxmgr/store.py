@@ -67,7 +67,6 @@ from typing import Any
 from vllm_ctxmgr.errors import CtxmgrError, LockedError, UnsafePathError, UsageError
 from vllm_ctxmgr.masking import scrub
 
-DEFAULT_STATE_DIR = Path("/var/lib/ctxmgr")
 KEEP = 50  # revisions and observations kept per service (plus every revision a rollback may need)
 RECORD_FORMAT = 2  # 1: epoch floats, the plan inline, no steps (read still)
 STALE_S = 600.0  # a leftover /run/ctxmgr-verify-* older than this belongs to no live run
@@ -618,10 +617,6 @@ class ServiceStore:
             if rev.number == number:
                 return rev
         raise UsageError(f"{self.service}: there is no revision {number} (see `ctxmgr history`)")
-
-    def unit_bytes(self, number: int, which: str = "unit") -> bytes:
-        """The bytes, b"" where the revision says the file is absent (file_bytes tells the two apart)."""
-        return self.file_bytes(number, which) or b""
 
     def file_bytes(self, number: int, which: str = "unit") -> bytes | None:
         """`unit` or `previous` of a revision; None where the file was (or is to be) absent."""

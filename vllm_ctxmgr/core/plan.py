@@ -58,7 +58,6 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from vllm_ctxmgr.core import facts as facts_module
 from vllm_ctxmgr.core.alternatives import Alternative, Search, Trial, find_alternatives
 from vllm_ctxmgr.core.budget import (
     DEFAULT_MARGIN_FRACTION,
@@ -82,7 +81,7 @@ from vllm_ctxmgr.core.deployment import (
     vllm_refusals,
     widening_bytes,
 )
-from vllm_ctxmgr.core.facts import ALLOW_LONG_ENV, ModelFacts
+from vllm_ctxmgr.core.facts import ALLOW_LONG_ENV, NO_LENGTH_KEY, ModelFacts, derived_max_model_len
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, Platform, platform_for
 from vllm_ctxmgr.core.kv.layout import KVCacheLayout, kv_cache_layout
 from vllm_ctxmgr.core.kv.specs import round_up
@@ -768,14 +767,11 @@ def _derived(facts: ModelFacts, args: ServeArgs, options: PlanOptions) -> tuple[
     """The derived maximum from the options, else from facts.derived_max_model_len; None: no ceiling."""
     if options.derived_max_model_len is not None:
         return options.derived_max_model_len, options.derived_max_model_len_key
-    derive = getattr(facts_module, "derived_max_model_len", None)
-    if derive is None:
-        return None, None
     try:
-        value, key = derive(facts, options.vllm_version, args.disable_sliding_window)
+        value, key = derived_max_model_len(facts, options.vllm_version, args.disable_sliding_window)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if key == getattr(facts_module, "NO_LENGTH_KEY", None):
+    if key == NO_LENGTH_KEY:
         return None, None  # the config names no length: vLLM accepts any user value
     return value, key
 
