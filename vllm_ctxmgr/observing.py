@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from vllm_ctxmgr.core.budget import effective_args, kv_budget_at_utilization
+from vllm_ctxmgr.core.budget import effective_args
 from vllm_ctxmgr.core.hardware import GIB
 from vllm_ctxmgr.core.observations import Observation, ObservationRecord
+from vllm_ctxmgr.core.plan_record import StoredPlan
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.probe import cache_config_info
@@ -232,29 +233,10 @@ def calibration(
     Observed capacity is vLLM's block count (/metrics num_gpu_blocks, exact) or, without metrics,
     the logged KV budget; never the "KV cache size: N tokens" line (concurrency x length, derived).
     """
-    lines = plan.get("gpus") or []
-    planned_u = plan.get("gpu_memory_utilization")
-    explicit = plan.get("kv_cache_memory_bytes")
-    budgets = []
-    for line in lines:
-        budget = (line.get("kv_budget") or {}).get("bytes")
-        if budget is None:
-            continue
-        total = (line.get("total") or {}).get("bytes")
-        requested = (line.get("requested") or {}).get("bytes")
-        if (
-            not explicit
-            and applied_utilization is not None
-            and planned_u is not None
-            and abs(applied_utilization - planned_u) > 1e-9
-            and total
-            and requested
-        ):
-            budget = kv_budget_at_utilization(budget, requested, total, applied_utilization)
-        budgets.append(budget)
-    bytes_per_block = (plan.get("layout") or {}).get("bytes_per_block")
-    block_size = (plan.get("layout") or {}).get("block_size")
-    predicted_budget = min(budgets) if budgets else explicit
+    stored = StoredPlan.from_json(plan)
+    planned_u = stored.gpu_memory_utilization
+    predicted_budget = stored.min_kv_budget_bytes(applied_utilization)
+    bytes_per_block, block_size = stored.bytes_per_block, stored.block_size
     if not predicted_budget or not bytes_per_block:
         return {}
     predicted_blocks = predicted_budget // bytes_per_block

@@ -14,15 +14,11 @@ Only each shard's 8-byte length and JSON header are read, never tensor data.
 
 from __future__ import annotations
 
-import os
 import re
-import struct
 from pathlib import Path
 
-from vllm_ctxmgr.errors import ModelFactsError
-from vllm_ctxmgr.model_files.files import open_regular, parse_json
+from vllm_ctxmgr.model_files.safetensors import read_header
 
-MAX_HEADER_BYTES = 100_000_000  # the safetensors reference implementation's cap
 ROUTED_EXPERT = re.compile(r"\.experts\.")
 SHARED_EXPERT = re.compile(r"shared_expert")
 
@@ -47,24 +43,7 @@ def expert_weight_bytes(directory: Path) -> int | None:
 
 def _tensor_bytes(path: Path) -> list[tuple[str, int]]:
     """(name, bytes) of each tensor a shard's header declares."""
-    try:
-        fd = open_regular(path)
-    except FileNotFoundError as error:
-        raise ModelFactsError(f"cannot read {path}: {error.strerror}") from None
-    try:
-        with os.fdopen(fd, "rb") as handle:
-            prefix = handle.read(8)
-            if len(prefix) < 8:
-                raise ModelFactsError(f"{path}: truncated safetensors file (no header length)")
-            (length,) = struct.unpack("<Q", prefix)
-            if length > MAX_HEADER_BYTES:
-                raise ModelFactsError(f"{path}: not a safetensors file (header length {length})")
-            header_bytes = handle.read(length)
-    except OSError as error:
-        raise ModelFactsError(f"cannot read {path}: {error}") from None
-    header = parse_json(header_bytes, path)
-    if not isinstance(header, dict):
-        raise ModelFactsError(f"{path}: malformed safetensors header (not a JSON object)")
+    header, _length, _size = read_header(path)
     out = []
     for name, tensor in header.items():
         offsets = tensor.get("data_offsets") if isinstance(tensor, dict) else None

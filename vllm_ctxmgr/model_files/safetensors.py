@@ -112,12 +112,10 @@ def read_json_any(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def safetensors_header_bytes(path: Path) -> tuple[int, set[str]]:
-    """Sum of the tensors' byte ranges declared in one shard's header, and their dtypes.
-
-    Checked as the format's reference reader checks it: the header at most 100 MB, each tensor's
-    data_offsets a [begin, end] pair with 0 <= begin <= end, and the data inside the file.
-    """
+def read_header(path: Path) -> tuple[dict[str, Any], int, int]:
+    """One shard's JSON header, its length and the file's size, read as the format's reference reader
+    reads it (an 8-byte length, at most 100 MB of header), never the tensor data. Shared by the
+    weight sum and the expert split (expert_weights.py)."""
     try:
         fd = open_regular(path)
     except FileNotFoundError as error:
@@ -139,6 +137,16 @@ def safetensors_header_bytes(path: Path) -> tuple[int, set[str]]:
     header = parse_json(header_bytes, path)
     if not isinstance(header, dict):
         raise ModelFactsError(f"{path}: malformed safetensors header (not a JSON object)")
+    return header, length, file_size
+
+
+def safetensors_header_bytes(path: Path) -> tuple[int, set[str]]:
+    """Sum of the tensors' byte ranges declared in one shard's header, and their dtypes.
+
+    Checked as the format's reference reader checks it: the header at most 100 MB, each tensor's
+    data_offsets a [begin, end] pair with 0 <= begin <= end, and the data inside the file.
+    """
+    header, length, file_size = read_header(path)
     data_size = file_size - 8 - length
     total = 0
     dtypes: set[str] = set()
