@@ -127,6 +127,16 @@ class StoreError(CtxmgrError):
 step_hook: Callable[[str, str], None] | None = None
 
 
+@contextlib.contextmanager
+def _closing(fd: int | None) -> Iterator[int | None]:
+    """A directory descriptor (or None, where the directory is not there) closed after use."""
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def crash_point(name: str, command: str = "") -> None:
     """Where a test may kill the run (see step_hook); nothing happens otherwise."""
     if step_hook is not None:
@@ -540,39 +550,22 @@ class ServiceStore:
             fd = open_dir_at(state_fd, self.service, self.root, create, tighten=create)
         finally:
             os.close(state_fd)
-        if fd is None:
-            yield None
-            return
-        try:
-            yield fd
-        finally:
-            os.close(fd)
+        with _closing(fd) as opened:
+            yield opened
 
     @contextlib.contextmanager
     def _revisions_fd(self, create: bool = False) -> Iterator[int | None]:
         with self._service_fd(create) as service_fd:
-            if service_fd is None:
-                yield None
-                return
-            fd = open_dir_at(service_fd, "revisions", self.revisions_dir, create, tighten=create)
-            if fd is None:
-                yield None
-                return
-            try:
-                yield fd
-            finally:
-                os.close(fd)
+            fd = (
+                None
+                if service_fd is None
+                else open_dir_at(service_fd, "revisions", self.revisions_dir, create, tighten=create)
+            )
+            with _closing(fd) as opened:
+                yield opened
 
-    @contextlib.contextmanager
-    def _revision_fd(self, revisions_fd: int, name: str) -> Iterator[int | None]:
-        fd = open_dir_at(revisions_fd, name, self.revisions_dir / name, create=False)
-        if fd is None:
-            yield None
-            return
-        try:
-            yield fd
-        finally:
-            os.close(fd)
+    def _revision_fd(self, revisions_fd: int, name: str) -> contextlib.AbstractContextManager[int | None]:
+        return _closing(open_dir_at(revisions_fd, name, self.revisions_dir / name, create=False))
 
     def ensure(self) -> None:
         """Make the state directories root-only (0700), and tighten ones that exist: the unit copies
