@@ -30,17 +30,19 @@ sys.path.insert(0, str(REPO))
 
 from tests.support.demo import (  # noqa: E402
     GLM5_CONFIG_DIR,
-    free_port,
     make_vllm_wrapper,
     offline_gpu_args,
     standin_unit,
 )
+from tests.support.standin import free_port  # noqa: E402
 
 SERVICE = "vllm-glm5"
 
 
 def banner(text: str) -> None:
-    print(f"\n\033[1m== {text}\033[0m", flush=True)
+    """A section title: bold on a terminal, plain in a pipe or a log and wherever NO_COLOR is set."""
+    bold = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    print(f"\n\033[1m== {text}\033[0m" if bold else f"\n== {text}", flush=True)
 
 
 def ctxmgr(*args: str, check_codes: tuple[int, ...] = (0,)) -> int:
