@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tests.support.deadline import deadline
 from vllm_ctxmgr.cli.main import main
 from vllm_ctxmgr.errors import ExitCode, UsageError
 from vllm_ctxmgr.planning import imported_observation
@@ -78,15 +78,10 @@ def test_a_record_of_another_service_gpu_or_vllm_is_refused(kw: dict[str, object
 
 
 @pytest.fixture(autouse=True)
-def deadline() -> Iterator[None]:
-    def expired(*_: object) -> None:
-        raise TimeoutError("the import did not finish in 20 s")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(20)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+def bounded() -> Iterator[None]:
+    """A hang fails the test instead of stalling the run."""
+    with deadline(20, "the import"):
+        yield
 
 
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])

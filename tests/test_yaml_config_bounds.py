@@ -5,7 +5,6 @@ circular aliases and 5,000-digit ints raised unexpected exceptions; values the C
 
 from __future__ import annotations
 
-import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.deadline import deadline
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.service import view_from_unit
 from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
@@ -37,17 +37,10 @@ def root() -> Iterator[Path]:
 
 
 @pytest.fixture(autouse=True)
-def deadline() -> Iterator[None]:
+def bounded() -> Iterator[None]:
     """A hang fails the test instead of stalling the run."""
-
-    def expired(*_: object) -> None:
-        raise TimeoutError("reading the YAML did not finish in 20 s")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(20)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    with deadline(20, "reading the YAML"):
+        yield
 
 
 def view_of(root: Path, text: str, tail: str = "") -> object:
