@@ -598,6 +598,8 @@ def confirmation(yes: bool, as_json: bool, unit: str) -> Callable[[ChangeResult]
         return None
 
     def ask(result: ChangeResult) -> bool:
+        if yes and result.pending_recovery is not None:
+            return True  # recover says what it does as it does it; the pending text is a dry run's
         if not as_json:
             echo(report.change_text(result), err=True)
         if yes:
