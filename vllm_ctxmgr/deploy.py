@@ -238,11 +238,14 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
     pending = _recover_first(restarter, "set-context", request.dry_run, request.confirm)
     if pending is not None:
         return pending
-    planning = replace(request.planning or PlanRequest(request.context), context=request.context)
+    planning = replace(
+        request.planning or PlanRequest(request.context),
+        context=request.context,
+        fixed_gpu_memory_utilization=request.gpu_memory_utilization,
+    )
     service_plan = plan_service(
         systemd, store, restarter.service, planning, restarter.keep_observation,
-        restarter.unsaved_observations, fixed_gpu_memory_utilization=request.gpu_memory_utilization,
-        argv_check=False,
+        restarter.unsaved_observations, argv_check=False,
     )  # fmt: skip
     view, plan = service_plan.view, service_plan.plan
     node_flag = multi_node_flag(view.args)

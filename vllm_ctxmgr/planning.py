@@ -170,12 +170,6 @@ class PlanRequest:
     cuda_version: str | None = None  # CUDA runtime of the unit's vLLM ("12.8"); None: unknown
 
 
-def stored_observations(state_dir: Path | str, unit: str) -> list[Observation]:
-    """The starts ctxmgr has seen of a unit (newest last), as the planner takes them."""
-    store = ServiceStore(state_dir, unit.removesuffix(".service"))
-    return observations_from_store(store.observations())
-
-
 def plan_for(
     args: ServeArgs,
     request: PlanRequest,
@@ -257,7 +251,6 @@ def plan_service(
     keep_observation: Callable[[ObservationRecord], None],
     unsaved_observations: Iterable[ObservationRecord] = (),
     overrides: Mapping[str, Any] | None = None,
-    fixed_gpu_memory_utilization: float | None = None,
     argv_check: bool = True,
 ) -> ServicePlan:
     """The one way a service is planned, for `plan --service` and `set-context` alike.
@@ -273,13 +266,6 @@ def plan_service(
     observations = observations_from_store([*store.observations(), *unsaved_observations])
     pids = tuple(systemd.unit_processes(view.name))
     args = with_overrides(view.args, overrides) if overrides else view.args
-    if fixed_gpu_memory_utilization is not None or request.fixed_gpu_memory_utilization is not None:
-        request = replace(
-            request,
-            fixed_gpu_memory_utilization=fixed_gpu_memory_utilization
-            if fixed_gpu_memory_utilization is not None
-            else request.fixed_gpu_memory_utilization,
-        )
     if request.context == AUTO_CONTEXT:
         request = replace(
             request, context=largest_context(args, request, service_pids=pids, observations=observations)

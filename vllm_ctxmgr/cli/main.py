@@ -224,15 +224,15 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     # a utilisation given is the one the deployment runs with (as set-context takes it), not a hint
     fixed = explicit["gpu_memory_utilization"]
     unit_args: ServeArgs | None = None
+    # no CONTEXT: the one the unit (or a vLLM flag after the options, `--max_model_len 64k`) gives
+    given = context is not None or max_model_len is not None
     if service:
         restarter = restarter_for(ctx, service, True, 60.0)
-        view = read_service(restarter.systemd, restarter.unit)
-        unit_args = with_overrides(view.args, overrides)
+        if not given:  # plan_service reads the unit again with the plan; this is only for its context
+            unit_args = with_overrides(read_service(restarter.systemd, restarter.unit).args, overrides)
     elif unit_file:
         view = view_from_unit(ServiceUnit.load_with_dropins(unit_file))
         unit_args = with_overrides(view.args, {**overrides, **({"model": model} if model else {})})
-    # no CONTEXT: the one the unit (or a vLLM flag after the options, `--max_model_len 64k`) gives
-    given = context is not None or max_model_len is not None
     if given or unit_args is None:
         target = context_from(context, max_model_len)
     else:
@@ -243,7 +243,7 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
             restarter.systemd, restarter.store, restarter.service, request, restarter.keep_observation,
             overrides=overrides,
         )  # fmt: skip
-        result = planned.plan
+        result, unit_args = planned.plan, with_overrides(planned.view.args, overrides)
     else:
         args = unit_args if unit_args is not None else ServeArgs(model=model, **overrides)  # type: ignore[arg-type]
         if target == AUTO_CONTEXT:
