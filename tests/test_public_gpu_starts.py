@@ -10,6 +10,7 @@ The accuracy figures themselves are printed by benchmarks/calibration_logs.py.
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +24,7 @@ from vllm_ctxmgr.core.memory import sampler_bytes, uses_flashinfer_sampler
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan import PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import ServeArgs, parse_serve_argv
+from vllm_ctxmgr.errors import UsageError
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.service import installed_flashinfer
 from vllm_ctxmgr.vllm_log.patterns import parse_line
@@ -226,8 +228,9 @@ def test_a_gemma4_hybrids_pool_matches_its_public_start(
         ["google/gemma-4-26B-A4B-it", "--max-model-len", "32768", "--kv-cache-dtype", kv_cache_dtype,
          "--max-num-batched-tokens", "4096"]
     )  # fmt: skip
-    observation = Observation(max_model_len=32768, available_kv_gib=15.18, gpu_memory_utilization=0.9)
-    options = PlanOptions(target_context=32768, vllm_version=(0, 26, 0), fixed_gpu_memory_utilization=0.9)
+    # the post's budget; its utilisation is not stated (0.26's default)
+    observation = Observation(max_model_len=32768, available_kv_gib=15.18, gpu_memory_utilization=0.92)
+    options = PlanOptions(target_context=32768, vllm_version=(0, 26, 0), fixed_gpu_memory_utilization=0.92)
     gpus = _one_gpu("NVIDIA L40S", int(44.39 * GIB), (8, 9))
     plan = make_plan(facts, args, gpus, options, [observation])
     assert plan.kv_cache_tokens is not None
@@ -267,11 +270,48 @@ def test_a_gated_delta_net_hybrids_pool_on_a_consumer_gpu_matches_its_public_sta
     argv = ["qwen3.6-35b-a3b", "--max-model-len", "131072", "--kv-cache-dtype", "fp8",
             "--enable-prefix-caching", "--max-num-batched-tokens", "8192", "--max-num-seqs", "1"]  # fmt: skip
     args = parse_serve_argv(argv)
-    observation = Observation(max_model_len=131072, available_kv_gib=5.98, gpu_memory_utilization=0.9)
-    options = PlanOptions(target_context=131072, vllm_version=(0, 24, 0), fixed_gpu_memory_utilization=0.9)
+    logged = observe_start(_lines("qwen3.6-35b-a3b-5090-0.24.0.log"))
+    assert (logged.available_kv_gib, logged.kv_cache_tokens) == (5.98, 567978)
+    observation = replace(logged, gpu_memory_utilization=0.92)  # 0.24's default: no flag, no args line
+    options = PlanOptions(target_context=131072, vllm_version=(0, 24, 0), fixed_gpu_memory_utilization=0.92)
     gpus = _one_gpu("NVIDIA GeForce RTX 5090", int(31.36 * GIB), (12, 0))
     facts = load_model_facts(str(model))
     plan = make_plan(facts, args, gpus, options, [observation])
     assert plan.layout.block_size == 2096
     assert plan.kv_cache_tokens is not None and abs(plan.kv_cache_tokens - 567978) / 567978 < 0.01
-    assert plan.capacity[0].max_concurrency == 4.33
+    assert plan.capacity[0].max_concurrency == observation.max_concurrency == 4.33
+    bf16_state = load_model_facts(str(_bf16_state_copy(tmp_path, model)))
+    assert make_plan(bf16_state, args, gpus, options, [observation]).kv_cache_tokens == 593380
+
+
+def _bf16_state_copy(tmp_path: Path, model: Path) -> Path:
+    """The same checkpoint with mamba_ssm_dtype dropped: vLLM then keeps the GDN state in bfloat16."""
+    config = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    del config["text_config"]["mamba_ssm_dtype"]
+    copy = tmp_path / "bf16-state"
+    copy.mkdir()
+    (copy / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return copy
+
+
+def test_gemma4_with_a_batch_smaller_than_one_video_is_refused_as_vllm_refuses_it(tmp_path: Path) -> None:
+    """vllm-project/recipes#572: gemma-4-26B-A4B-it on one A100 failed with vLLM's "Chunked MM input
+    disabled but max_tokens_per_mm_item (2496) is larger than max_num_batched_tokens (2048)" (CUDA forces
+    unchunked MM input for a prefix-LM model, encoder_cache_manager.py refuses): a default 2048 before 0.22,
+    an explicit one on any version; the default is raised from 0.22, and no video means no such item."""
+    facts = load_model_facts(str(_model_dir(tmp_path, "config-gemma-4-26b-a4b.json")))
+    a100 = _one_gpu("NVIDIA A100-SXM4-40GB", int(39.39 * GIB), (8, 0))
+
+    def plan(version: tuple[int, int, int], *flags: str) -> None:
+        args = parse_serve_argv(["google/gemma-4-26B-A4B-it", "--max-model-len", "32768", *flags])
+        options = PlanOptions(target_context=32768, vllm_version=version, weights_bytes=int(25 * GIB))
+        make_plan(facts, args, a100, options)
+
+    message = r"max_tokens_per_mm_item \(2496\) is larger than max_num_batched_tokens \(2048\)"
+    with pytest.raises(UsageError, match=message):
+        plan((0, 21, 0))
+    with pytest.raises(UsageError, match=message):
+        plan((0, 26, 0), "--max-num-batched-tokens", "2048")
+    plan((0, 26, 0))
+    plan((0, 21, 0), "--max-num-batched-tokens", "4096")
+    plan((0, 21, 0), "--limit-mm-per-prompt", '{"image": 0, "video": 0}')
