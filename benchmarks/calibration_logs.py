@@ -40,6 +40,9 @@ L4_TOTAL = int(22.03 * GIB)
 A100_40GB_TOTAL = int(39.39 * GIB)
 # printed by the Qwen3-Next start itself ("Free memory on device (139.21/139.81 GiB)")
 H200_TOTAL = int(139.81 * GIB)
+# NVML's total for an RTX 5090 is 32607 MiB (club-3090 rig reports); CUDA's is that less the driver's
+# reserve, which the excerpt does not state: only the calibrated pool of that start is checked
+RTX_5090_TOTAL = int(31.36 * GIB)
 LLAMA_31_8B_WEIGHTS = 16060522496  # Llama-3.1-8B's model.safetensors.index.json total_size
 QWEN2_7B_WEIGHTS = 15231233024  # model.safetensors.index.json total_size (Qwen2(.5)-7B-Instruct shapes)
 GPT_OSS_120B_WEIGHTS = int(64.38 * GIB)  # logged on one H100 (vllm#33155): the checkpoint is not here
@@ -189,6 +192,18 @@ def cases() -> list[Case]:
             gpu_name="NVIDIA H200",
             gpu_count=2,
             flashinfer_installed=False,  # "FlashInfer is not available" in the log
+        ),
+        Case(
+            "Qwen3.6-35B-A3B 1x5090 0.24 (club-3090#612)",
+            PUBLIC / "qwen3.6-35b-a3b-5090-0.24.0.log",
+            PUBLIC / "config-qwen3.6-35b-a3b.json",
+            ["qwen3.6-35b-a3b", "--max-model-len", "131072", "--kv-cache-dtype", "fp8",
+             "--enable-prefix-caching", "--max-num-batched-tokens", "8192", "--max-num-seqs", "1"],
+            {},
+            (0, 24, 0),
+            RTX_5090_TOTAL,
+            gpu_name="NVIDIA GeForce RTX 5090",
+            incomplete="an excerpt: no weights line, and the checkpoint's size is not here",
         ),
     ]  # fmt: skip
     for journal, config in (

@@ -10,6 +10,7 @@ The accuracy figures themselves are printed by benchmarks/calibration_logs.py.
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -17,9 +18,13 @@ from pathlib import Path
 import pytest
 
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, Platform
+from vllm_ctxmgr.core.kv.layout import kv_cache_layout
+from vllm_ctxmgr.core.kv.specs import SizingContext
 from vllm_ctxmgr.core.memory import sampler_bytes, uses_flashinfer_sampler
+from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan import PlanOptions, make_plan
-from vllm_ctxmgr.core.serve_args import parse_serve_argv
+from vllm_ctxmgr.core.serve_args import ServeArgs, parse_serve_argv
+from vllm_ctxmgr.errors import UsageError
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.service import installed_flashinfer
 from vllm_ctxmgr.vllm_log.patterns import parse_line
@@ -193,3 +198,120 @@ def test_llama_starts_0_11_to_0_17_calibrate_to_their_logged_pool(
     plan = make_plan(load_model_facts(str(model)), args, gpus, options, [observation])
     assert plan.kv_cache_tokens == observation.kv_cache_tokens
     assert plan.capacity[0].max_concurrency == observation.max_concurrency
+
+
+def _model_dir(tmp_path: Path, config: str) -> Path:
+    model = tmp_path / config.removesuffix(".json")
+    model.mkdir()
+    shutil.copyfile(PUBLIC / config, model / "config.json")
+    return model
+
+
+def _one_gpu(name: str, total: int, capability: tuple[int, int]) -> GpuState:
+    return GpuState((GpuInfo(0, name, total, total, 0, compute_capability=capability),), "given")
+
+
+@pytest.mark.parametrize(
+    ("kv_cache_dtype", "tokens", "concurrency"),
+    [("fp8", 417022, 12.73), ("fp8_per_token_head", 325335, 9.93)],
+)
+def test_a_gemma4_hybrids_pool_matches_its_public_start(
+    tmp_path: Path, kv_cache_dtype: str, tokens: int, concurrency: float
+) -> None:
+    """vllm-project/vllm#40388 (a comment, vLLM 0.26.0): gemma-4-26B-A4B-it on one L40S, max_model_len
+    32768, the same 15.18 GiB KV budget, only --kv-cache-dtype changed: 417,022 tokens (12.73x) with fp8,
+    325,335 (9.93x) with fp8_per_token_head. The post gives no --max-num-batched-tokens; the pool pins
+    the tokens in flight to 8192 (each sliding group holds cdiv(1023 + 8192, 16) + 1 = 577 blocks), i.e.
+    vLLM's recipe flag 4096 x 0.26's two concurrent batches (vllm-project/recipes#572)."""
+    facts = load_model_facts(str(_model_dir(tmp_path, "config-gemma-4-26b-a4b.json")))
+    args = parse_serve_argv(
+        ["google/gemma-4-26B-A4B-it", "--max-model-len", "32768", "--kv-cache-dtype", kv_cache_dtype,
+         "--max-num-batched-tokens", "4096"]
+    )  # fmt: skip
+    # the post's budget; its utilisation is not stated (0.26's default)
+    observation = Observation(max_model_len=32768, available_kv_gib=15.18, gpu_memory_utilization=0.92)
+    options = PlanOptions(target_context=32768, vllm_version=(0, 26, 0), fixed_gpu_memory_utilization=0.92)
+    gpus = _one_gpu("NVIDIA L40S", int(44.39 * GIB), (8, 9))
+    plan = make_plan(facts, args, gpus, options, [observation])
+    assert plan.kv_cache_tokens is not None
+    assert abs(plan.kv_cache_tokens - tokens) / tokens < 0.01
+    assert plan.capacity[0].max_concurrency == pytest.approx(concurrency, abs=0.011)
+
+
+def test_gemma4_raises_a_default_batch_to_one_video_from_0_22(tmp_path: Path) -> None:
+    """engine/arg_utils.py (0.22.0..0.33.0): a multimodal prefix-LM model (Gemma-4: text_config
+    use_bidirectional_attention "vision") gets max_num_batched_tokens raised to its largest item,
+    gemma4_mm.py's video: 32 frames x (70 soft tokens + boi + eoi + 6 timestamp tokens) = 2496; with 0.26's
+    two batches in flight a sliding group holds cdiv(1023 + 2 x 2496, 16) + 1 = 377 blocks. 0.21.0 kept
+    the L40S's default 2048."""
+    facts = load_model_facts(str(_model_dir(tmp_path, "config-gemma-4-26b-a4b.json")))
+    assert facts.mm_prefix_lm_item_tokens == 32 * (70 + 2 + 6) == 2496
+    l40s = Platform("cuda", (8, 9), "NVIDIA L40S", int(44.39 * GIB))
+    args = ServeArgs("gemma", max_model_len=32768)
+    raised = kv_cache_layout(facts, args, l40s, (0, 26, 0))
+    assert (raised.max_num_batched_tokens, raised.max_in_flight_tokens) == (2496, 4992)
+    ctx = SizingContext(32768, raised.max_in_flight_tokens)
+    assert raised.groups[0].specs[0].blocks_per_request(ctx) == 377
+    assert kv_cache_layout(facts, args, l40s, (0, 21, 0)).max_num_batched_tokens == 2048
+    given = kv_cache_layout(facts, replace(args, max_num_batched_tokens=2048), l40s, (0, 26, 0))
+    assert given.max_num_batched_tokens == 2048  # only a default is raised
+    text_only = load_model_facts(str(ROOT / "examples" / "models" / "qwen3-32b"))
+    assert text_only.mm_prefix_lm_item_tokens is None
+
+
+def test_a_gated_delta_net_hybrids_pool_on_a_consumer_gpu_matches_its_public_start(tmp_path: Path) -> None:
+    """noonghunna/club-3090#612 (vLLM 0.24.0): Qwen3.6-35B-A3B NVFP4 on one RTX 5090, fp8 KV,
+    max_model_len 131072, prefix caching (mamba "align"), 8192 batched tokens, one sequence; "Available KV
+    cache memory: 5.98 GiB", "GPU KV cache size: 567,978 tokens", 4.33x. The config's mamba_ssm_dtype
+    float32 (model_executor/models/config.py Qwen3_5ForConditionalGenerationConfig) doubles the GDN state:
+    page 2,146,304 B, attention block 2096 tokens, 299 blocks / (63 + 3 x 2) = 4.33. With a bfloat16
+    state (a config without the key) the pool would be 593,380 tokens, 4.5% above."""
+    model = _model_dir(tmp_path, "config-qwen3.6-35b-a3b.json")
+    argv = ["qwen3.6-35b-a3b", "--max-model-len", "131072", "--kv-cache-dtype", "fp8",
+            "--enable-prefix-caching", "--max-num-batched-tokens", "8192", "--max-num-seqs", "1"]  # fmt: skip
+    args = parse_serve_argv(argv)
+    logged = observe_start(_lines("qwen3.6-35b-a3b-5090-0.24.0.log"))
+    assert (logged.available_kv_gib, logged.kv_cache_tokens) == (5.98, 567978)
+    observation = replace(logged, gpu_memory_utilization=0.92)  # 0.24's default: no flag, no args line
+    options = PlanOptions(target_context=131072, vllm_version=(0, 24, 0), fixed_gpu_memory_utilization=0.92)
+    gpus = _one_gpu("NVIDIA GeForce RTX 5090", int(31.36 * GIB), (12, 0))
+    facts = load_model_facts(str(model))
+    plan = make_plan(facts, args, gpus, options, [observation])
+    assert plan.layout.block_size == 2096
+    assert plan.kv_cache_tokens is not None and abs(plan.kv_cache_tokens - 567978) / 567978 < 0.01
+    assert plan.capacity[0].max_concurrency == observation.max_concurrency == 4.33
+    bf16_state = load_model_facts(str(_bf16_state_copy(tmp_path, model)))
+    assert make_plan(bf16_state, args, gpus, options, [observation]).kv_cache_tokens == 593380
+
+
+def _bf16_state_copy(tmp_path: Path, model: Path) -> Path:
+    """The same checkpoint with mamba_ssm_dtype dropped: vLLM then keeps the GDN state in bfloat16."""
+    config = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    del config["text_config"]["mamba_ssm_dtype"]
+    copy = tmp_path / "bf16-state"
+    copy.mkdir()
+    (copy / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return copy
+
+
+def test_gemma4_with_a_batch_smaller_than_one_video_is_refused_as_vllm_refuses_it(tmp_path: Path) -> None:
+    """vllm-project/recipes#572: gemma-4-26B-A4B-it on one A100 failed with vLLM's "Chunked MM input
+    disabled but max_tokens_per_mm_item (2496) is larger than max_num_batched_tokens (2048)" (CUDA forces
+    unchunked MM input for a prefix-LM model, encoder_cache_manager.py refuses): a default 2048 before 0.22,
+    an explicit one on any version; the default is raised from 0.22, and no video means no such item."""
+    facts = load_model_facts(str(_model_dir(tmp_path, "config-gemma-4-26b-a4b.json")))
+    a100 = _one_gpu("NVIDIA A100-SXM4-40GB", int(39.39 * GIB), (8, 0))
+
+    def plan(version: tuple[int, int, int], *flags: str) -> None:
+        args = parse_serve_argv(["google/gemma-4-26B-A4B-it", "--max-model-len", "32768", *flags])
+        options = PlanOptions(target_context=32768, vllm_version=version, weights_bytes=int(25 * GIB))
+        make_plan(facts, args, a100, options)
+
+    message = r"max_tokens_per_mm_item \(2496\) is larger than max_num_batched_tokens \(2048\)"
+    with pytest.raises(UsageError, match=message):
+        plan((0, 21, 0))
+    with pytest.raises(UsageError, match=message):
+        plan((0, 26, 0), "--max-num-batched-tokens", "2048")
+    plan((0, 26, 0))
+    plan((0, 21, 0), "--max-num-batched-tokens", "4096")
+    plan((0, 21, 0), "--limit-mm-per-prompt", '{"image": 0, "video": 0}')

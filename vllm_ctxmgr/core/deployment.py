@@ -49,9 +49,16 @@ FP8_ONLINE_REFUSED_SINCE: VllmVersion = (0, 33, 0)
 
 
 def vllm_refusals(
-    args: ServeArgs, target: int, facts: ModelFacts, version: VllmVersion, default_mnbt: int
+    args: ServeArgs,
+    target: int,
+    facts: ModelFacts,
+    version: VllmVersion,
+    default_mnbt: int,
+    *,
+    gpu: bool = True,
 ) -> list[str]:
-    """vLLM's config-time ValueErrors for these flags at `target` tokens, in vLLM's words."""
+    """vLLM's config-time ValueErrors for these flags at `target` tokens, in vLLM's words (`gpu`: a
+    CUDA/ROCm platform, whose check_and_update_config adds its own)."""
     out = list(args.refusals)
     unit_version = parse_vllm_version(args.vllm_version)
     if unit_version is not None and unit_version[:2] == FLAG_LIST_VERSION[:2]:
@@ -81,6 +88,17 @@ def vllm_refusals(
         out.append(
             f"max_num_batched_tokens ({effective_mnbt}) must be greater than or equal to max_num_seqs "
             f"({args.max_num_seqs})."
+        )
+    item = facts.mm_prefix_lm_item_tokens
+    limits = args.limit_mm_per_prompt or {}
+    video_off = limits.get("video") == 0  # then the largest item left (an image, audio) is not known
+    if gpu and item and effective_mnbt < item and not video_off:
+        # platforms/cuda.py (rocm.py) check_and_update_config forces disable_chunked_mm_input for a
+        # multimodal prefix-LM model; v1/core/encoder_cache_manager.py compute_mm_encoder_budget then
+        # refuses an item (facts: Gemma-4's 2496-token video) larger than a batch
+        out.append(
+            f"Chunked MM input disabled but max_tokens_per_mm_item ({item}) is larger than "
+            f"max_num_batched_tokens ({effective_mnbt}). Please increase max_num_batched_tokens."
         )
     active = args.max_num_active_seqs
     if active is not None and args.max_num_seqs is not None and active > args.max_num_seqs:

@@ -117,6 +117,9 @@ class ModelFacts:
     moe_intermediate_size: int | None = None  # one expert's MLP width (intermediate_size where unnamed)
     num_experts: int | None = None  # routed experts (num_local_experts / n_routed_experts)
     num_experts_per_tok: int | None = None  # experts each token is routed to (top-k)
+    # a multimodal prefix-LM model's largest item in tokens (Gemma-4: a 32-frame video, 2496): vLLM
+    # raises a default max_num_batched_tokens to it, so one item fits a batch; None for other models
+    mm_prefix_lm_item_tokens: int | None = None
     provenance: dict[str, str] = field(default_factory=dict)  # fact -> where it came from
     notes: tuple[str, ...] = ()
 
@@ -202,6 +205,7 @@ def validate(facts: ModelFacts) -> None:
     check("moe_intermediate_size", facts.moe_intermediate_size, 1, MAX_HIDDEN_SIZE, optional=True)
     check("num_experts", facts.num_experts, 1, MAX_HEADS, optional=True)
     check("num_experts_per_tok", facts.num_experts_per_tok, 1, MAX_HEADS, optional=True)
+    check("mm_prefix_lm_item_tokens", facts.mm_prefix_lm_item_tokens, 1, MAX_HIDDEN_SIZE, optional=True)
 
 
 def _check_layer(facts: ModelFacts, index: int, layer: LayerFacts) -> None:

@@ -896,7 +896,7 @@ def make_plan(
     if args.refusals:  # what vLLM's parser refuses, before any layout is built from it
         raise UsageError(f"vLLM refuses this configuration: {args.refusals[0]}")
     default_mnbt = kv_cache_layout(facts, args, platform, version).max_num_batched_tokens
-    refusals = vllm_refusals(args, target, facts, version, default_mnbt)
+    refusals = vllm_refusals(args, target, facts, version, default_mnbt, gpu=not platform.is_cpu)
     if refusals:
         raise UsageError(f"vLLM refuses this configuration: {refusals[0]}")
     derived, derived_key = _derived(facts, args, options)

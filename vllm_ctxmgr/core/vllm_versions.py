@@ -153,6 +153,19 @@ RULES: tuple[VersionRule, ...] = (
         "vllm/engine/arg_utils.py:EngineArgs.get_batch_defaults ('if device_memory >= 160 * GiB_bytes: "
         "# for GPUs like B200/B300 ... 16384') @0.28.0",
     ),
+    VersionRule(
+        "mm_prefix_lm_batched_tokens_floor", (0, 10, 0), False,
+        "vllm/engine/arg_utils.py:EngineArgs._set_default_max_num_seqs_and_batched_tokens_args (no "
+        "prefix-LM floor) @0.21.0",
+        "a default max_num_batched_tokens stays as it is for a multimodal prefix-LM model",
+    ),
+    VersionRule(
+        "mm_prefix_lm_batched_tokens_floor", (0, 22, 0), True,
+        "vllm/engine/arg_utils.py:EngineArgs._set_default_max_num_seqs_and_batched_tokens_args ('if "
+        "model_config.is_multimodal_model and model_config.is_mm_prefix_lm: ... _get_min_mm_batched_tokens"
+        "') @0.22.0..0.33.0",
+        "a default max_num_batched_tokens is raised to the largest multimodal item (Gemma-4: 2496)",
+    ),
     # --- groups and hybrid models --------------------------------------------------------------------
     VersionRule(
         "hybrid_group_size_rule", (0, 10, 0), None,

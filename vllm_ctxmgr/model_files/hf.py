@@ -147,6 +147,10 @@ NEMOTRON_H_PATTERN = {"M": "state", "*": "attention", "-": "none", "E": "none"}
 TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config")
 # Gemma-4 text configs (gemma4_text, gemma4_unified_text): each layer has its own head size / KV heads
 GEMMA4_MODEL_TYPES = ("gemma4",)
+# Gemma-4's video item, the largest it takes: _VIDEO_MAX_FRAMES x (_VIDEO_MAX_SOFT_TOKENS + boi + eoi
+# + 6 timestamp tokens) = 32 x (70 + 2 + 6) (vllm/model_executor/models/gemma4_mm.py
+# Gemma4ProcessingInfo.get_mm_max_tokens_per_item, gemma4_unified.py likewise @0.26.0)
+GEMMA4_VIDEO_ITEM_TOKENS = 32 * (70 + 2 + 6)
 # DeepSeek-V4's compressed sparse attention (vLLM 0.33 vllm/models/deepseek_v4, registry.py; per-layer
 # compress ratios in transformers_utils/deepseek_v4_utils.py get_compress_ratios): its pages hold one
 # state per `ratio` tokens beside a sliding window, which ctxmgr does not model; read as plain MLA it
@@ -455,9 +459,30 @@ def _hf_facts(
         quantization=quantization,
         kv_cache_scheme=kv_cache_scheme,
         **_mlp_shapes(cfg),
+        mm_prefix_lm_item_tokens=_mm_prefix_lm_item_tokens(model_type, raw, text),
         provenance=provenance,
         notes=tuple(notes),
     )
+
+
+def _mm_prefix_lm_item_tokens(model_type: str, raw: dict[str, Any], text: dict[str, Any]) -> int | None:
+    """The largest multimodal item of a Gemma-4 prefix-LM model, which vLLM makes one batch hold.
+
+    vLLM's Gemma4ModelArchConfigConvertor.is_mm_prefix_lm (text_config.use_bidirectional_attention ==
+    "vision"), on a multimodal checkpoint (a vision_config), makes EngineArgs raise a default
+    max_num_batched_tokens to the largest item of get_mm_max_tokens_per_item (engine/arg_utils.py
+    _set_default_max_num_seqs_and_batched_tokens_args). Images (vision_config default_output_length or
+    num_soft_tokens) and audio (the processor's audio_seq_length, 750) stay under the video's 2496.
+    """
+    if not model_type.startswith(GEMMA4_MODEL_TYPES) or not isinstance(raw.get("vision_config"), dict):
+        return None
+    if text.get("use_bidirectional_attention") != "vision":
+        return None
+    vision = raw["vision_config"]
+    image = next(
+        (v for k in ("num_soft_tokens", "default_output_length") if isinstance(v := vision.get(k), int)), 0
+    )
+    return max(GEMMA4_VIDEO_ITEM_TOKENS, image if 0 < image <= MAX_POSITIONS else 0)
 
 
 def _mlp_shapes(cfg: HfConfig) -> dict[str, int | None]:

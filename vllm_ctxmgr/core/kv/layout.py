@@ -497,6 +497,18 @@ def resolve_cache_config(
     memory = platform.total_memory_bytes
     if not args.max_num_batched_tokens and not platform.is_cpu and memory and memory >= B200_CLASS_MEMORY:
         mnbt = rule("default_max_num_batched_tokens", vllm_version)
+    item = facts.mm_prefix_lm_item_tokens
+    if (
+        not args.max_num_batched_tokens
+        and item
+        and item > mnbt
+        and rule("mm_prefix_lm_batched_tokens_floor", vllm_version)
+    ):
+        notes.append(
+            f"Raising max_num_batched_tokens from {mnbt} to {item} to accommodate the largest multimodal "
+            "item of a prefix-LM model (engine/arg_utils.py)"
+        )
+        mnbt = item
     in_flight = mnbt
     if rule("sliding_window_in_flight", vllm_version) == "max_concurrent_batches":
         in_flight = _max_concurrent_batches(facts, platform, args, vllm_version) * mnbt
