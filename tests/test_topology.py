@@ -8,7 +8,7 @@ import pytest
 
 from vllm_ctxmgr.core.facts import LayerFacts, LayerKind, ModelFacts
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState
-from vllm_ctxmgr.core.plan import PlanOptions, make_plan
+from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
 from vllm_ctxmgr.core.topology import (
     NodeUnit,
@@ -273,37 +273,47 @@ def glm5() -> ModelFacts:
 def test_the_plan_of_a_two_node_deployment_is_bounded_by_the_node_with_the_smaller_gpus() -> None:
     # TP 8 x PP 2: stage 1 lives on gpu-b. vLLM cuts every worker's KV blocks to the smallest worker's
     # (v1/core/kv_cache_planning.py:1583), so the smaller node decides the context for the whole model.
-    topology = read_topology(two_nodes("-tp 8 -pp 2 --max-model-len 8192"))
+    batch = "--max-num-batched-tokens 8192 --max-num-seqs 256"
+    topology = read_topology(two_nodes(f"-tp 8 -pp 2 --max-model-len 8192 {batch}"))
     args = topology.head.args
     assert args is not None
     options = PlanOptions(1_000_000, derived_max_model_len=1_000_000, derived_max_model_len_key="test")
 
-    def plan(node_b_gib: float) -> object:
-        gpus = world_gpus(topology, {"gpu-a": eight("H200", 139), "gpu-b": eight("B", node_b_gib)})
+    def plan(node_a_gib: float, node_b_gib: float) -> Plan:
+        gpus = world_gpus(topology, {"gpu-a": eight("H200", node_a_gib), "gpu-b": eight("B", node_b_gib)})
         assert len(gpus.gpus) == 16
         return make_plan(glm5(), args, gpus, options)
 
-    even, mixed = plan(139), plan(60)
-    assert mixed.max_context < even.max_context  # type: ignore[attr-defined]
-    per_node = node_lines(topology, mixed)  # type: ignore[arg-type]
+    big, mixed, small = plan(139, 139), plan(139, 60), plan(60, 60)
+    assert mixed.max_context < big.max_context
+    assert mixed.max_context == small.max_context == plan(60, 139).max_context  # the minimum decides
+    per_node = node_lines(topology, mixed)
     assert {line.pipeline_stage for line in per_node["gpu-a"]} == {0}
     assert {line.pipeline_stage for line in per_node["gpu-b"]} == {1}
     assert all(line.total.bytes == int(60 * GIB) for line in per_node["gpu-b"])
-    smallest = min(mixed.gpus, key=lambda line: line.kv_budget.bytes or 0)  # type: ignore[attr-defined]
+    smallest = min(mixed.gpus, key=lambda line: line.kv_budget.bytes or 0)
     assert smallest in per_node["gpu-b"]
-    # the node with the smaller GPUs alone, planned as if it held the whole model at its size, bounds it too
-    both_small = plan(60)
-    assert mixed.max_context >= both_small.max_context  # type: ignore[attr-defined]
+
+
+def test_batch_defaults_that_would_differ_by_node_must_be_given() -> None:
+    # vLLM takes --max-num-batched-tokens / --max-num-seqs defaults from each node's own GPU memory
+    topology = read_topology(two_nodes("-tp 16"))
+    with pytest.raises(TopologyError) as caught:
+        world_gpus(topology, {"gpu-a": eight("H200", 139), "gpu-b": eight("L40S", 44)})
+    message = str(caught.value)
+    assert message.startswith("--max-num-batched-tokens is left to vLLM's default")
+    assert "gpu-a 8192 (NVIDIA H200, 139.00 GiB), gpu-b 2048 (NVIDIA L40S, 44.00 GiB)" in message
+    assert len(world_gpus(topology, {"gpu-a": eight("H200", 139), "gpu-b": eight("H100", 80)}).gpus) == 16
 
 
 def test_world_gpus_follows_cuda_visible_devices_and_refuses_too_few_gpus() -> None:
     head = unit("gpu-a", f"-tp 4 --nnodes 2 --node-rank 0 {MASTER}", {"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
     worker = unit("gpu-b", f"-tp 4 --nnodes 2 --node-rank 1 {MASTER} --headless")
     topology = read_topology([head, worker])
-    gpus = world_gpus(topology, {"gpu-a": eight("A", 80), "gpu-b": eight("B", 40)})
+    gpus = world_gpus(topology, {"gpu-a": eight("A", 80), "gpu-b": eight("B", 72)})
     assert [g.index for g in gpus.gpus] == [4, 5, 0, 1]
     assert [g.name for g in gpus.gpus] == ["NVIDIA A", "NVIDIA A", "NVIDIA B", "NVIDIA B"]
-    one = GpuState(eight("B", 40).gpus[:1], "nvml")
+    one = GpuState(eight("B", 72).gpus[:1], "nvml")
     with pytest.raises(TopologyError, match="gpu-b: its workers need 2 GPUs, it has 1"):
         world_gpus(topology, {"gpu-a": eight("A", 80), "gpu-b": one})
     with pytest.raises(TopologyError, match="gpu-b: no GPU state"):

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from vllm_ctxmgr.core.hardware import GpuInfo, GpuState
+from vllm_ctxmgr.core.hardware import GpuInfo, GpuState, gib, platform_for
+from vllm_ctxmgr.core.memory import default_max_num_seqs
 from vllm_ctxmgr.core.plan import GpuMemory, Plan
 from vllm_ctxmgr.core.serve_args import ServeArgs, human_readable_int
 from vllm_ctxmgr.core.vllm_flags import flag as vllm_flag
@@ -30,6 +31,7 @@ RAY_NNODES = "config/parallel.py:1107"
 DP_NODE_GROUPS = "config/parallel.py:827"
 REMOTE_HEADLESS = "v1/engine/utils.py:1511"
 HEADLESS_API_COUNT = "entrypoints/cli/serve.py:70"
+BATCH_DEFAULTS = "engine/arg_utils.py:2973"  # get_batch_defaults: from the node's own device memory
 MIN_BLOCKS = "v1/core/kv_cache_planning.py:1583"  # num_blocks of every worker cut to the smallest
 
 # ParallelConfig's defaults (config/parallel.py:317-328, 161)
@@ -222,6 +224,7 @@ def world_gpus(topology: Topology, per_node: Mapping[str, GpuState]) -> GpuState
     (r % (TP x PP)) // TP, so each stage is planned with the GPUs that hold it, and the smallest
     worker's KV budget decides (vLLM cuts every worker to the smallest block count: MIN_BLOCKS)."""
     by_rank: dict[int, GpuInfo] = {}
+    selected: dict[str, GpuState] = {}
     sources: list[str] = []
     drivers: set[str | None] = set()
     notes: list[str] = []
@@ -247,16 +250,46 @@ def world_gpus(topology: Topology, per_node: Mapping[str, GpuState]) -> GpuState
             )
         for rank, info in zip(sorted(node.ranks), state.gpus, strict=False):
             by_rank[rank] = info
+        selected[node.host] = state
         sources.append(state.source)
         drivers.add(state.driver_version)
         notes.extend(f"{node.host}: {note}" for note in state.notes)
     missing = [r for r in range(topology.world_size) if r not in by_rank]
     if missing:
         raise TopologyError(f"no node holds rank(s) {_ranges(missing)}")
+    _same_batch_defaults(topology, selected)
     source = "nvml" if all(s == "nvml" for s in sources) else ", ".join(dict.fromkeys(sources))
     driver = next(iter(drivers)) if len(drivers) == 1 else None
     ordered = tuple(by_rank[r] for r in range(topology.world_size))
     return GpuState(ordered, source, driver, tuple(notes))
+
+
+def _same_batch_defaults(topology: Topology, selected: Mapping[str, GpuState]) -> None:
+    """A flag left to vLLM's default must come out the same on every node: --max-num-batched-tokens and
+    --max-num-seqs default from the node's own GPU memory (BATCH_DEFAULTS), so a head on 141 GB GPUs
+    schedules 8192-token steps into a node whose 48 GB GPUs sized its workers' buffers for 2048.
+    (v1/worker/gpu_model_runner.py:524; Ray's workers take the head's config: nothing to compare.)"""
+    if topology.backend == "ray":
+        return
+    for flag_name, default in (
+        ("--max-num-batched-tokens", lambda p: p.default_max_num_batched_tokens(topology.world_size)),
+        ("--max-num-seqs", default_max_num_seqs),
+    ):
+        values: dict[str, tuple[int, str]] = {}
+        for node in topology.nodes:
+            state = selected[node.host]
+            if node.args is None or flag_name in node.args.flags or not state.gpus:
+                continue
+            platform = platform_for(state)
+            first = state.gpus[0]
+            values[node.host] = (default(platform), f"{first.name}, {gib(first.total_bytes)}")
+        if len({value for value, _ in values.values()}) > 1:
+            shown = ", ".join(f"{host} {value} ({gpu})" for host, (value, gpu) in values.items())
+            raise TopologyError(
+                f"{flag_name} is left to vLLM's default, which each node takes from its own GPUs "
+                f"(vLLM 0.33 {BATCH_DEFAULTS} get_batch_defaults): {shown}; the head schedules by its "
+                f"value and each node's workers size their buffers by theirs: give {flag_name} on every node"
+            )
 
 
 def node_lines(topology: Topology, plan: Plan) -> dict[str, tuple[GpuMemory, ...]]:
