@@ -220,6 +220,11 @@ def test_ray_with_nnodes_and_nnodes_with_a_ray_dp_backend_are_vllms_refusals() -
     assert "`--nnodes 2` requires `--data-parallel-backend mp`; got `--data-parallel-backend ray`" in dp_ray
     alone = [unit("gpu-a", "-tp 8 --distributed-executor-backend ray")]
     assert "not a multi-node deployment" in refusal(alone)
+    ray_b = NodeUnit("gpu-b", "ray.service", None, ray_worker=True)
+    no_ray_head = [unit("gpu-a", "-tp 16"), ray_b]
+    assert "no node runs `vllm serve --distributed-executor-backend ray`" in refusal(no_ray_head)
+    second_vllm = [unit("gpu-a", "-tp 16 --distributed-executor-backend ray"), unit("gpu-b", "-tp 16"), ray_b]
+    assert "in a Ray deployment only the head runs vLLM" in refusal(second_vllm)
 
 
 def test_a_single_node_unit_list_is_not_a_multi_node_deployment() -> None:
