@@ -113,6 +113,37 @@ def test_every_node_gets_the_context_and_restarts_together(sandbox: Sandbox, dep
                        "--yes", "--json", timeout=300)  # fmt: skip
     assert again.code == 0 and again.data["result"] == "unchanged", again.stdout + again.stderr
     assert sandbox.systemd.show(f"{HEAD}.service", "MainPID")["MainPID"] == pid
+    # each node's plan is split out, and held against what that node's own vLLM logged
+    head, rank1 = run.data["nodes"]
+    assert head["planned"]["gpus"] == rank1["planned"]["gpus"] == 8
+    assert rank1["logged"]["max_model_len"] == 200000 and rank1["logged"]["available_kv_gib"] > 0
+
+
+def test_verify_and_rollback_cover_every_node(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]
+    port, paths, state = deployment()
+    before = {name: path.read_text() for name, path in paths.items()}
+    run = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
+                     "--yes", "--json", timeout=300)  # fmt: skip
+    assert run.code == 0, run.stdout + run.stderr
+    verified = run_ctxmgr(sandbox.pid, state, "deployment", "verify", *nodes_args(), "--json", timeout=300)
+    assert verified.data["result"] in ("ok", "degraded") and verified.code in (0, 1), verified.stdout
+    assert [n["max_model_len"] for n in verified.data["nodes"]] == [200000, 200000]
+
+    back = run_ctxmgr(
+        sandbox.pid, state, "deployment", "rollback", *nodes_args(), "--yes", "--json", timeout=300
+    )
+    assert back.code == 0 and back.data["result"] == "applied", back.stdout + back.stderr
+    assert (back.data["previous_max_model_len"], back.data["max_model_len"]) == (200000, 8192)
+    assert {name: path.read_text() for name, path in paths.items()} == before
+    assert served(port) == 8192
+    last = revisions(state, RANK1)[-1]
+    assert last.action == "rollback" and last.state is State.FINAL
+
+    # a headless rank that is gone fails the deployment's verify, though the head still answers
+    sandbox.systemd.stop(f"{RANK1}.service")
+    gone = run_ctxmgr(sandbox.pid, state, "deployment", "verify", *nodes_args(), "--json", timeout=300)
+    assert gone.code == 2 and gone.data["result"] == "failed", gone.stdout
+    assert any(reason.startswith(f"local:{RANK1}: ") for reason in gone.data["reasons"])
 
 
 def test_a_headless_rank_that_fails_rolls_every_node_back(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]

@@ -62,6 +62,10 @@ class NodeOutcome:
     step: str = "read"  # the last step this node reached: read, written, stopped, started, final, ...
     ok: bool = True
     reason: str = ""
+    # the plan's figures for this node's GPUs (the smallest where they differ), and what this node's
+    # vLLM logged at its last start: the per-node plan held against each rank's own lines
+    planned: dict[str, Any] = field(default_factory=dict)
+    logged: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -144,6 +148,7 @@ class Coordinator:
         self.nodes: list[_Node] = []
         self.topology: Topology | None = None
         self.result = DeploymentResult(self.name, "set-context", Result.PLANNED, False)
+        self.undo: str | None = None  # a rollback: the change whose previous units go back
 
     # ---- talking to nodes --------------------------------------------------------------------
 
@@ -260,7 +265,36 @@ class Coordinator:
         ).max_model_len
         if answer.get("learned"):
             self.say(str(answer["learned"]))
+        self._per_node(plan)
         return answer
+
+    def _per_node(self, plan: Mapping[str, Any]) -> None:
+        """Split the plan's GPU lines (rank order, the world's GPUs) per node."""
+        lines = list(plan.get("gpus") or [])
+        for node in self.nodes:
+            if node.role is None or node.outcome is None:
+                continue
+            mine = [lines[r] for r in node.role.ranks if r < len(lines)]
+            node.outcome.logged = dict(node.shown.get("logged") or {})
+            if not mine:
+                continue
+
+            def least(name: str, gpus: list[dict[str, Any]] = mine) -> int | None:
+                values = [
+                    g[name]["bytes"]
+                    for g in gpus
+                    if isinstance(g.get(name), dict) and g[name].get("bytes") is not None
+                ]
+                return min(values) if values else None
+
+            node.outcome.planned = {
+                "gpus": len(mine),
+                "total_bytes": least("total"),
+                "weights_bytes": least("weights"),
+                "kv_budget_bytes": least("kv_budget"),
+                "kv_needed_bytes": least("kv_needed"),
+                "headroom_bytes": least("headroom"),
+            }
 
     def _head(self) -> _Node:
         return next(n for n in self.nodes if n.role is not None and n.role == self._topology().head)
@@ -315,7 +349,55 @@ class Coordinator:
                 raise UsageError("nothing was changed")
             return self._apply(flags, context)
 
+    def rollback(self) -> DeploymentResult:
+        """Every node back to the unit it had before the deployment's last change (all nodes must have
+        the same last change, final), through the same walk as a change."""
+        request, result = self.request, self.result
+        result.action = "rollback"
+        with self.store.read_lock() if request.dry_run else self.store.lock():
+            self.read()
+            lasts = {n.address: n.shown.get("last_change") or {} for n in self.nodes}
+            changes = {str(last.get("change")) for last in lasts.values()}
+            if len(changes) != 1 or "None" in changes:
+                raise UsageError(
+                    "the nodes' last deployment changes differ, nothing to roll back as one: "
+                    + ", ".join(f"{a}: {last.get('change') or 'none'}" for a, last in lasts.items())
+                )
+            last = next(iter(lasts.values()))
+            if last.get("state") != "final":
+                raise UsageError(f"the last change {last.get('change')} is {last.get('state')}, not final")
+            self.undo = str(last["change"])
+            context = int(last.get("previous_max_model_len") or 0)
+            result.previous_max_model_len, result.max_model_len = last.get("max_model_len"), context
+            flags = {"--max-model-len": str(context)}
+            diffs = self._each(self.nodes, lambda n: self._prepare(n, flags, context, dry_run=True))
+            failed = [d for d in diffs if isinstance(d, NodeError)]
+            if failed:
+                raise NodeError(f"nothing was changed: {failed[0].message}")
+            for node, diff in zip(self.nodes, diffs, strict=True):
+                assert isinstance(diff, dict) and node.outcome is not None
+                node.outcome.diff = str(diff.get("diff") or "")
+            if request.dry_run:
+                result.result, result.reason = Result.DRY_RUN, "dry run: nothing was written or restarted"
+                return result
+            if request.confirm is not None and not request.confirm(result):
+                raise UsageError("nothing was changed")
+            return self._apply(flags, context, keep_previous=result.previous_max_model_len)
+
     def _prepare(self, node: _Node, flags: dict[str, str], context: int, dry_run: bool) -> dict:
+        if self.undo is not None:
+            args = [
+                "prepare",
+                "--change",
+                self.result.change_id or "dry-run",
+                "--max-model-len",
+                str(context),
+                "--expect-digest",
+                str(node.shown.get("unit_digest") or ""),
+                "--undo",
+                self.undo,
+            ]
+            return self._call(node, *args, *(["--dry-run"] if dry_run else []), stdin={"flag_changes": flags})
         args = [
             "prepare",
             "--change",
@@ -339,9 +421,13 @@ class Coordinator:
         data.pop("plan", None)
         self.store.write_json("last-change.json", {"state": state, "time": time.time(), **data})
 
-    def _apply(self, flags: dict[str, str], context: int) -> DeploymentResult:
+    def _apply(
+        self, flags: dict[str, str], context: int, keep_previous: int | None = None
+    ) -> DeploymentResult:
         result = self.result
         t0 = time.monotonic()
+        if keep_previous is not None:
+            result.previous_max_model_len = keep_previous
         result.change_id = f"{self.name}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(2)}"
         result.max_model_len = context
         self._record("writing")
@@ -369,6 +455,7 @@ class Coordinator:
                 else:
                     node.outcome.step = "final"
             result.result, result.changed = Result.APPLIED, True
+            self._read_logged()
             result.reason = (
                 f"every node runs max_model_len {context}; the head served the context-sized probe"
             )
@@ -380,6 +467,13 @@ class Coordinator:
         self._roll_back_all(result.reason)
         result.timings["total_s"] = round(time.monotonic() - t0, 3)
         return result
+
+    def _read_logged(self) -> None:
+        """What every rank logged at the start just made (each node's own memory lines)."""
+        shown = self._each(self.nodes, lambda n: self._call(n, "show", timeout=SHOW_TIMEOUT))
+        for node, answer in zip(self.nodes, shown, strict=True):
+            if isinstance(answer, dict) and node.outcome is not None:
+                node.outcome.logged = dict(answer.get("logged") or {})
 
     def _put_back_unrestarted(self, written: list[_Node], reason: str) -> DeploymentResult:
         """A write failed before anything restarted: the nodes already written get their unit back."""
@@ -499,6 +593,59 @@ class Coordinator:
             result.result, result.exit_code = Result.ROLLBACK_FAILED, ExitCode.ROLLBACK_FAILED
             result.reason += f"; and the rollback failed too: {settle_reason}"
         self._record(str(result.result))
+
+
+def rollback_deployment(request: DeploymentRequest, state_dir: Path | str) -> DeploymentResult:
+    """`ctxmgr deployment rollback`: every node's unit as it was before the deployment's last change,
+    restarted together through the same walk (written, stopped, started, checked, probed)."""
+    coordinator = Coordinator(request, state_dir)
+    return coordinator.rollback()
+
+
+def verify_deployment(request: DeploymentRequest, state_dir: Path | str) -> dict[str, Any]:
+    """`ctxmgr deployment verify`: the head's verify, and every headless rank active with no failure
+    since its start and the same max_model_len: ok | degraded | failed, as `verify`."""
+    coordinator = Coordinator(request, state_dir)
+    coordinator.read()
+    head, workers = coordinator._head(), coordinator._workers()
+    verified = coordinator._call(head, "verify", timeout=SHOW_TIMEOUT + 600)
+    served = verified.get("max_model_len")
+    checks = coordinator._each(
+        workers, lambda n: coordinator._call(n, "check", "--max-model-len", str(served or 0))
+    )
+    result = str(verified.get("result") or "failed")
+    reasons = [f"{head.address}: {r}" for r in verified.get("reasons") or []]
+    nodes = [
+        {
+            "host": head.address.host,
+            "service": head.address.service,
+            "role": "head",
+            "result": result,
+            "max_model_len": served,
+        }
+    ]
+    for node, checked in zip(workers, checks, strict=True):
+        ok = isinstance(checked, dict) and bool(checked.get("ok"))
+        why = checked.message if isinstance(checked, NodeError) else str(checked.get("reason") or "")
+        if not ok:
+            result = "failed"
+            reasons.append(why if isinstance(checked, NodeError) else f"{node.address}: {why}")
+        nodes.append(
+            {
+                "host": node.address.host,
+                "service": node.address.service,
+                "role": "headless",
+                "result": "ok" if ok else "failed",
+                "max_model_len": checked.get("max_model_len") if isinstance(checked, dict) else None,
+            }
+        )
+    return {
+        "deployment": coordinator.name,
+        "result": result,
+        "max_model_len": served,
+        "reasons": reasons,
+        "nodes": nodes,
+    }
 
 
 def plan_deployment(request: DeploymentRequest, state_dir: Path | str) -> DeploymentResult:

@@ -36,9 +36,19 @@ from vllm_ctxmgr.report import plan_text
 from vllm_ctxmgr.restart import InstallError, Restarter
 from vllm_ctxmgr.service import ServiceView, read_service, view_from_unit
 from vllm_ctxmgr.store import Revision, State, Step
-from vllm_ctxmgr.systemd.unit_edit import edit_unit, unified_diff
-from vllm_ctxmgr.vllm_log.watcher import StartWatcher
+from vllm_ctxmgr.systemd.unit_edit import UnitEdit, edit_unit, unified_diff
+from vllm_ctxmgr.verify import VerifyOptions, verify_service
+from vllm_ctxmgr.vllm_log.watcher import StartWatcher, last_start, observe_start
 
+LOGGED_LINES = 20000  # of the journal, to find the last start in
+LOGGED_KEYS = (
+    "max_model_len",
+    "available_kv_gib",
+    "kv_cache_tokens",
+    "model_loading_gib",
+    "ready",
+    "failure",
+)
 # the steps that may still be undone, and the ones a node's `start` may begin from
 UNDOABLE = frozenset({State.RECORDED, State.INSTALLED, State.RESTARTING, State.SERVING, State.PROBED})
 
@@ -66,6 +76,7 @@ def show(restarter: Restarter) -> dict[str, Any]:
         gpus = read_nvml().to_json()
     state = restarter.systemd.state(restarter.unit)
     pending = restarter.store.in_progress()
+    last = next((r for r in reversed(restarter.store.revisions()) if r.deployment), None)
     return {
         "service": restarter.unit,
         "unit_path": str(view.unit_path),
@@ -76,7 +87,25 @@ def show(restarter: Restarter) -> dict[str, Any]:
         "active_state": state.active_state,
         "gpus": gpus,
         "in_progress": None if pending is None else {"revision": pending.number, "state": str(pending.state)},
+        "last_change": None
+        if last is None
+        else {
+            "change": last.deployment,
+            "revision": last.number,
+            "state": str(last.state),
+            "max_model_len": last.max_model_len,
+            "previous_max_model_len": last.previous_max_model_len,
+        },
+        "logged": logged_start(restarter),
     }
+
+
+def logged_start(restarter: Restarter) -> dict[str, Any]:
+    """What this node's vLLM logged at its last start (every rank logs its own memory lines): the
+    figures a per-node plan is held against."""
+    entries = restarter.systemd.journal(restarter.unit, lines=LOGGED_LINES)
+    observation = observe_start(last_start([entry.message for entry in entries]))
+    return {key: getattr(observation, key) for key in LOGGED_KEYS}
 
 
 @dataclass(frozen=True)
@@ -91,6 +120,7 @@ class PrepareRequest:
     gpu_memory_utilization: float | None = None
     dropin: bool = False
     dry_run: bool = False
+    undo_change: str | None = None  # a rollback: put back what this node had before that change
 
 
 def prepare(restarter: Restarter, request: PrepareRequest) -> dict[str, Any]:
@@ -110,13 +140,17 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> dict[str, Any]:
                 f"{restarter.service}: its unit changed since the plan (edited on the node?): nothing was "
                 "written; run again to plan from the unit as it is"
             )
-        edit = edit_unit(
-            view.unit,
-            request.flag_changes,
-            None,
-            systemd.unit_dir / f"{view.name}.d",
-            dropin_mode=request.dropin,
-        )
+        if request.undo_change:
+            edit, new = _undo_edit(restarter, request.undo_change)
+        else:
+            edit = edit_unit(
+                view.unit,
+                request.flag_changes,
+                None,
+                systemd.unit_dir / f"{view.name}.d",
+                dropin_mode=request.dropin,
+            )
+            new = edit.new_text.encode()
         answer: dict[str, Any] = {
             "service": restarter.unit,
             "unit_path": str(edit.path),
@@ -127,7 +161,6 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> dict[str, Any]:
         if request.dry_run or not edit.changed:
             return answer
         old = edit.old_text.encode() if edit.existed else None
-        new = edit.new_text.encode()
         loaded = view_from_unit(restarter.loaded_unit_with(edit.path, new), systemd.root)
         if loaded.args.max_model_len != request.max_model_len:
             raise UsageError(
@@ -147,6 +180,8 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> dict[str, Any]:
             previous_gpu_memory_utilization=view.args.gpu_memory_utilization,
             vllm_version=view.args.vllm_version,
             deployment=request.change_id,
+            action="rollback" if request.undo_change else "set-context",
+            rollback_of=_revision_of(restarter, request.undo_change).number if request.undo_change else None,
             **st.made_by(),
         )
         change = Change(store, rev, old, new, "node prepare")
@@ -165,6 +200,28 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> dict[str, Any]:
         systemd.daemon_reload()
         answer["revision"] = rev.number
         return answer
+
+
+def _revision_of(restarter: Restarter, change_id: str) -> Revision:
+    rev = next((r for r in reversed(restarter.store.revisions()) if r.deployment == change_id), None)
+    if rev is None:
+        raise NodeStepError(f"{restarter.service}: no revision of deployment change {change_id} here")
+    return rev
+
+
+def _undo_edit(restarter: Restarter, change_id: str) -> tuple[UnitEdit, bytes | None]:
+    """The edit that puts back what this node's unit file was before `change_id` (its `previous`;
+    None: a drop-in that change created, which goes)."""
+    rev = _revision_of(restarter, change_id)
+    if rev.state is not State.FINAL:
+        raise UsageError(
+            f"{restarter.service}: revision {rev.number} of {change_id} is {rev.state}, not final"
+        )
+    path = Path(rev.unit_path)
+    current = restarter.installed_bytes(path)
+    previous = restarter.store.file_bytes(rev.number, "previous")
+    edit = UnitEdit(path, (current or b"").decode(), (previous or b"").decode(), existed=current is not None)
+    return edit, previous
 
 
 def _ensure_baseline(restarter: Restarter, view: ServiceView, path: Path, current: bytes | None) -> None:
@@ -198,9 +255,7 @@ def _ensure_baseline(restarter: Restarter, view: ServiceView, path: Path, curren
 def _change_of(restarter: Restarter, change_id: str) -> Change:
     """The revision this deployment change made on this node, with its bytes."""
     store = restarter.store
-    rev = next((r for r in reversed(store.revisions()) if r.deployment == change_id), None)
-    if rev is None:
-        raise NodeStepError(f"{restarter.service}: no revision of deployment change {change_id} here")
+    rev = _revision_of(restarter, change_id)
     return Change(
         store,
         rev,
@@ -259,13 +314,17 @@ def start(restarter: Restarter, change_id: str, head: bool, back: bool = False) 
         return answer
 
 
-def check(restarter: Restarter, cursor: str, expected_max_model_len: int | None) -> dict[str, Any]:
-    """A headless rank since `cursor`: still active, no failure in its journal, and (where it logged
-    one) the max_model_len every rank must share."""
+def check(restarter: Restarter, cursor: str | None, expected_max_model_len: int | None) -> dict[str, Any]:
+    """A headless rank since `cursor` (None: since its last start): still active, no failure in its
+    journal, and (where it logged one) the max_model_len every rank must share."""
     systemd = restarter.systemd
     watcher = StartWatcher()
-    for entry in systemd.journal(restarter.unit, after_cursor=cursor):
-        watcher.feed(entry.message)
+    if cursor is None:
+        messages = last_start([e.message for e in systemd.journal(restarter.unit, lines=LOGGED_LINES)])
+    else:
+        messages = [entry.message for entry in systemd.journal(restarter.unit, after_cursor=cursor)]
+    for message in messages:
+        watcher.feed(message)
     state = systemd.show(restarter.unit, "ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus")
     watcher.feed_unit_state(state)
     verdict = watcher.poll()
@@ -361,3 +420,10 @@ def plan(restarter: Restarter, request: PlanRequest, gpu_memory_utilization: flo
         "applies": applied.text(made),
         "learned": service_plan.learned,
     }
+
+
+def verify(restarter: Restarter, options: VerifyOptions) -> dict[str, Any]:
+    """The head's verify (the same checks as `ctxmgr verify`), answered as a step: the coordinator
+    decides the deployment's verdict from every node's."""
+    verification, _facts = verify_service(restarter.systemd, restarter.store, restarter.service, options)
+    return {"service": restarter.unit, **verification.to_json()}

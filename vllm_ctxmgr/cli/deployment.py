@@ -25,11 +25,19 @@ from vllm_ctxmgr.cli.common import (
     restarter_for,
 )
 from vllm_ctxmgr.core.hardware import uniform_gpus
-from vllm_ctxmgr.errors import UsageError
-from vllm_ctxmgr.multinode import DeploymentRequest, DeploymentResult, plan_deployment, set_deployment_context
+from vllm_ctxmgr.errors import UsageError, VerifyExit
+from vllm_ctxmgr.multinode import (
+    DeploymentRequest,
+    DeploymentResult,
+    plan_deployment,
+    rollback_deployment,
+    set_deployment_context,
+    verify_deployment,
+)
 from vllm_ctxmgr.nvml import gpus_from_file, gpus_from_json
 from vllm_ctxmgr.planning import PlanRequest
 from vllm_ctxmgr.remote import DEFAULT_SSH, Link, NodeAddress
+from vllm_ctxmgr.verify import VerifyOptions
 
 MAX_STDIN_BYTES = 16 << 20  # a node step's request: flags, a reason, every node's GPUs
 MAX_DEPLOYMENT_FILE_BYTES = 1 << 20
@@ -299,6 +307,46 @@ def _ask(as_json: bool) -> Any:
     return ask
 
 
+@deployment_group.command("rollback")
+@_deployment_options
+@click.option(
+    "--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time the head's start may take."
+)
+@click.option("--dry-run", is_flag=True, help="Print every node's diff; change nothing.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the deployment.")
+@click.pass_context
+@handle_errors
+def deployment_rollback_cmd(
+    ctx: click.Context, timeout: float, dry_run: bool, yes: bool, as_json: bool, **options: Any
+) -> None:
+    """Put every node's unit back as it was before the deployment's last change; restart them together."""
+    request = _request(ctx, 0, as_json=as_json, **options)
+    request.dry_run, request.start_timeout = dry_run, timeout
+    if not dry_run and not yes:
+        request.confirm = _ask(as_json)
+    _finish(rollback_deployment(request, ctx.find_root().obj["state_dir"]), as_json, dry_run=dry_run)
+
+
+@deployment_group.command("verify")
+@_deployment_options
+@click.pass_context
+@handle_errors
+def deployment_verify_cmd(ctx: click.Context, as_json: bool, **options: Any) -> None:
+    """Check every node: the head as `ctxmgr verify` does, each headless rank active with no failure
+    since its start and the head's max_model_len. Exit codes as verify: 0 ok, 1 degraded, 2 failed."""
+    request = _request(ctx, 0, as_json=as_json, **options)
+    data = verify_deployment(request, ctx.find_root().obj["state_dir"])
+    if as_json:
+        emit_json({"command": "deployment verify", "changed": False, **data})
+    else:
+        echo(f"{data['deployment']}: {data['result']} (max_model_len {data['max_model_len']})")
+        for node in data["nodes"]:
+            echo(f"  {node['host']}:{node['service']} ({node['role']}) {node['result']}")
+        for reason in data["reasons"]:
+            echo(f"  {reason}")
+    sys.exit({"ok": VerifyExit.OK, "degraded": VerifyExit.DEGRADED}.get(data["result"], VerifyExit.FAILED))
+
+
 # ---- the steps on each node (run by the coordinator over ssh) ---------------------------------------
 
 
@@ -368,6 +416,7 @@ def node_plan_cmd(
 @click.option("--expect-digest", required=True)
 @click.option("--dropin", is_flag=True)
 @click.option("--dry-run", is_flag=True)
+@click.option("--undo", "undo_change", default=None, help="Put back what this node had before that change.")
 @_json_flag
 @click.pass_context
 @handle_errors
@@ -379,6 +428,7 @@ def node_prepare_cmd(
     expect_digest: str,
     dropin: bool,
     dry_run: bool,
+    undo_change: str | None,
     as_json: bool,
 ) -> None:
     """Write this node's new unit (stdin: flag_changes) and record its revision; restart nothing."""
@@ -393,6 +443,7 @@ def node_prepare_cmd(
         float(flags["--gpu-memory-utilization"]) if "--gpu-memory-utilization" in flags else None,
         dropin,
         dry_run,
+        undo_change,
     )
     _emit(node_steps.prepare(restarter_for(ctx, service, True, 0.0), request), "prepare")
 
@@ -426,12 +477,14 @@ def node_start_cmd(
 
 @node_group.command("check")
 @click.argument("service")
-@click.option("--cursor", required=True)
+@click.option("--cursor", default=None, help="Since this journal cursor (default: its last start).")
 @click.option("--max-model-len", type=int, default=0)
 @_json_flag
 @click.pass_context
 @handle_errors
-def node_check_cmd(ctx: click.Context, service: str, cursor: str, max_model_len: int, as_json: bool) -> None:
+def node_check_cmd(
+    ctx: click.Context, service: str, cursor: str | None, max_model_len: int, as_json: bool
+) -> None:
     """A headless rank since CURSOR: active, no failure in its journal, the expected max_model_len."""
     _emit(node_steps.check(restarter_for(ctx, service, True, 0.0), cursor, max_model_len or None), "check")
 
@@ -470,3 +523,15 @@ def node_settle_cmd(ctx: click.Context, service: str, change_id: str, ok: bool, 
     """The end of a rollback on this node: rolled-back, or rollback-failed (stdin: reason)."""
     reason = str(_stdin().get("reason") or "")
     _emit(node_steps.settle(restarter_for(ctx, service, True, 0.0), change_id, ok, reason), "settle")
+
+
+@node_group.command("verify")
+@click.argument("service")
+@click.option("--timeout", type=TIMEOUT, default="2min", show_default=True, help="Time the probe may wait.")
+@_json_flag
+@click.pass_context
+@handle_errors
+def node_verify_cmd(ctx: click.Context, service: str, timeout: float, as_json: bool) -> None:
+    """The head's `ctxmgr verify`, answered as a step (exit 0; the verdict is in the object)."""
+    options = VerifyOptions(probe_timeout=timeout)
+    _emit(node_steps.verify(restarter_for(ctx, service, True, 0.0), options), "verify")
