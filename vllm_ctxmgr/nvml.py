@@ -13,6 +13,18 @@ def gpus_from_file(path: str | Path) -> GpuState:
     """Read what `ctxmgr gpus --json` wrote on the target host."""
     try:
         data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not a `ctxmgr gpus --json` file ({exc})") from None
+    return gpus_from_json(data, str(path))
+
+
+def gpus_from_json(data: object, source: str) -> GpuState:
+    """`ctxmgr gpus --json`'s object, from a file or from a node of a multi-node deployment."""
+    if not isinstance(data, dict):
+        raise UsageError(f"{source}: not a `ctxmgr gpus --json` object")
+    try:
         gpus = tuple(
             GpuInfo(
                 index=int(g["index"]),
@@ -30,13 +42,11 @@ def gpus_from_file(path: str | Path) -> GpuState:
             )
             for g in data["gpus"]
         )
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
     except (ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"{path}: not a `ctxmgr gpus --json` file ({exc})") from None
+        raise UsageError(f"{source}: not a `ctxmgr gpus --json` object ({exc})") from None
     if not gpus:
-        raise UsageError(f"{path}: lists no GPUs")
-    return GpuState(gpus, str(path), data.get("driver_version"))
+        raise UsageError(f"{source}: lists no GPUs")
+    return GpuState(gpus, source, data.get("driver_version"))
 
 
 MEMINFO = Path("/proc/meminfo")

@@ -168,6 +168,9 @@ class PlanRequest:
     fixed_gpu_memory_utilization: float | None = None  # the operator's choice, not the planner's
     concurrency: int = 1  # requests of the full context the KV cache must hold at once
     cuda_version: str | None = None  # CUDA runtime of the unit's vLLM ("12.8"); None: unknown
+    # every node's GPUs of a multi-node deployment in rank order (core.topology.world_gpus), instead of
+    # this host's: the coordinator gathered them from each node
+    world_gpus: GpuState | None = None
 
 
 def plan_for(
@@ -182,8 +185,10 @@ def plan_for(
     model_facts = load_model_facts(
         args.model, hf_home=args.env.get("HF_HOME"), hf_overrides=args.hf_overrides
     )
-    gpu_state = None
-    if cpu and not args.kv_cache_memory_bytes:
+    gpu_state = request.world_gpus
+    if gpu_state is not None:
+        pass  # the deployment's GPUs, each node's already selected by its CUDA_VISIBLE_DEVICES
+    elif cpu and not args.kv_cache_memory_bytes:
         gpu_state = cpu_node_memory()  # on the CPU build the utilisation is a fraction of node memory
     elif not cpu:
         gpu_state, _note = gather_gpus(
@@ -204,6 +209,7 @@ def plan_for(
         concurrency=request.concurrency,
         service_pids=service_pids,
         cpu=cpu,
+        whole_deployment=request.world_gpus is not None,
     )
     if model_facts.num_experts and args.data_parallel_size > 1:  # experts split over DP x TP
         experts = load_expert_weight_bytes(args.model, hf_home=args.env.get("HF_HOME"))

@@ -417,6 +417,8 @@ class Revision:
     host: str | None = None  # where
     ctxmgr_version: str | None = None  # with which ctxmgr
     invocation_id: str | None = None  # the unit's InvocationID when the change was recorded
+    # the multi-node change (multinode.py) this revision is one node's part of; None: a one-host change
+    deployment: str | None = None
     steps: list[Step] = field(default_factory=list)
 
     def __post_init__(self) -> None:

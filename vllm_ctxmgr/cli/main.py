@@ -11,7 +11,7 @@ import click
 
 from vllm_ctxmgr import files, report
 from vllm_ctxmgr.change import ChangeResult, Result
-from vllm_ctxmgr.cli import ops
+from vllm_ctxmgr.cli import deployment, ops
 from vllm_ctxmgr.cli.common import (
     AUTO_CONTEXT,
     BLOCK_SIZE,
@@ -469,3 +469,6 @@ __all__ = ["main"]
 # Operating services over time (verify, schedule, unschedule, status) lives in cli/ops.py.
 for command in (ops.verify_cmd, ops.schedule_cmd, ops.unschedule_cmd, ops.status_cmd):
     main.add_command(command)
+# One deployment over several machines, and the steps its coordinator runs on each: cli/deployment.py.
+main.add_command(deployment.deployment_group)
+main.add_command(deployment.node_group)

@@ -146,6 +146,9 @@ class PlanOptions:
     # the routed experts' bytes (all ranks), where the shard headers say: with DP > 1 vLLM splits
     # them over DP x TP (fused_moe/config.py flatten_tp_across_dp_and_pcp)
     expert_weight_bytes: int | None = None
+    # the GPUs given are every node's of a multi-node deployment, in rank order (multinode.py): the
+    # plan is the whole deployment's, not one node's
+    whole_deployment: bool = False
 
 
 @dataclass(frozen=True)
@@ -953,7 +956,7 @@ def make_plan(
     if derived is None:
         warnings.append("the model's maximum length is unknown: max_context is bounded by the target")
     node_flag = multi_node_flag(args)
-    if node_flag is not None:
+    if node_flag is not None and not options.whole_deployment:
         warnings.append(
             f"{node_flag}: this unit is one node of a multi-node deployment; the plan is this node's GPUs "
             "only, and set-context refuses to change one node alone"

@@ -85,6 +85,9 @@ class ServeArgs:
     optimization_level: str | None = None  # -O / --optimization-level
     # --no-disable-hybrid-kv-cache-manager: the hybrid manager asked for explicitly (config/vllm.py)
     hybrid_kv_cache_manager_forced: bool = False
+    # every flag the command gives, by canonical name, with its word as written (True for a bare switch,
+    # False for --no-X): core/topology.py compares the nodes of a multi-node deployment flag by flag
+    flags: dict[str, str | bool] = field(default_factory=dict)
 
 
 # Flags whose next word is NOT a value (vLLM's store_true / BooleanOptionalAction flags we meet in units).
@@ -440,6 +443,7 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
         optimization_level=level,
         hybrid_kv_cache_manager_forced=flags.get("--disable-hybrid-kv-cache-manager") is False,
         refusals=tuple(refusals),
+        flags=dict(flags),
         served_model_name=flags.get("--served-model-name")
         if isinstance(flags.get("--served-model-name"), str)
         else None,  # type: ignore[arg-type]
@@ -680,10 +684,11 @@ def config_notes(args: list[str], config_flags: list[str], source: str) -> list[
 
 def with_overrides(args: ServeArgs, overrides: Mapping[str, object]) -> ServeArgs:
     """A unit's arguments with vLLM flags given on ctxmgr's command line on top: each field replaced,
-    except `given_flags`, which adds to the unit's own (both are what vLLM would be given)."""
+    except `given_flags` and `flags`, which add to the unit's own (both are what vLLM would be given)."""
     extra = tuple(overrides.get("given_flags", ()))  # type: ignore[call-overload]
-    fields_ = {k: v for k, v in overrides.items() if k != "given_flags"}
-    return replace(args, given_flags=(*args.given_flags, *extra), **fields_)  # type: ignore[arg-type]
+    flags = {**args.flags, **overrides.get("flags", {})}  # type: ignore[dict-item]
+    fields_ = {k: v for k, v in overrides.items() if k not in ("given_flags", "flags")}
+    return replace(args, given_flags=(*args.given_flags, *extra), flags=flags, **fields_)  # type: ignore[arg-type]
 
 
 # vLLM's own multi-node flags (entrypoints/cli/serve.py, config/parallel.py @0.33): a unit that holds

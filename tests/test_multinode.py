@@ -1,0 +1,223 @@
+"""One vLLM deployment over two nodes, changed as one: a real private systemd, real journald, real HTTP.
+
+The two nodes here are two units of one private systemd (`local:UNIT`, each step a real `ctxmgr node`
+subprocess): node 0 runs the API server, node 1 is `--headless`, as vLLM's own multi-node mode runs them
+(shared/recipes/vllm-cpu-multinode.md). vLLM is the stand-in (vLLM 0.33's lines, a CUDA deployment);
+tests/fleet/test_multinode_fleet.py does the same over ssh between network namespaces, and with the
+real vLLM CPU build.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.ctxmgr_cli import ctxmgr_argv, run_ctxmgr
+from tests.support.demo import (
+    SEED_GPU_GIB,
+    SEED_GPU_COUNT,
+    SEED_WEIGHTS_GIB_PER_GPU,
+    make_vllm_wrapper,
+    standin_unit,
+)
+from tests.support.sandbox import Sandbox
+from tests.support.standin import free_port
+from vllm_ctxmgr.multinode import Coordinator, DeploymentRequest
+from vllm_ctxmgr.remote import Link, NodeAddress
+from vllm_ctxmgr.store import ServiceStore, State
+
+HEAD, RANK1 = "vllm-mn-head", "vllm-mn-rank1"
+# TP 8 x PP 2 over two 8-GPU nodes: each node one pipeline stage, the weights split over 16 GPUs
+GPU_ARGS = ["--gpu-memory", f"{SEED_GPU_GIB}GiB", "--gpu-count", str(SEED_GPU_COUNT),
+            "--weights-bytes", f"{SEED_WEIGHTS_GIB_PER_GPU * SEED_GPU_COUNT:.2f}GiB"]  # fmt: skip
+
+
+def node_unit(
+    wrapper: Path, rank: int, port: int, master_port: int, environment: dict[str, str] | None = None
+) -> str:
+    text = standin_unit(
+        wrapper,
+        port=port,
+        environment={"CTXMGR_STANDIN_WEIGHTS_GIB": str(SEED_WEIGHTS_GIB_PER_GPU / 2), **(environment or {})},
+        description=f"vLLM GLM-5 node {rank} of 2 (stand-in, TP 8 x PP 2)",
+    )
+    flags = f"--pipeline-parallel-size 2 --nnodes 2 --node-rank {rank} --master-addr 127.0.0.1 --master-port {master_port}"
+    if rank > 0:
+        flags += " --headless"
+    return text.replace("--trust-remote-code", f"--trust-remote-code \\\n    {flags}")
+
+
+def wait_serving(port: int) -> None:
+    import time
+
+    from vllm_ctxmgr.probe import wait_until_serving
+
+    assert wait_until_serving(f"http://127.0.0.1:{port}", time.monotonic() + 90)
+
+
+@pytest.fixture
+def deployment(sandbox: Sandbox, install_unit, workdir: Path):  # type: ignore[no-untyped-def]
+    """Two nodes of one deployment at 8192, running; yields (port of the head, unit paths, state dir)."""
+
+    def make(worker_env: dict[str, str] | None = None) -> tuple[int, dict[str, Path], Path]:
+        wrapper = make_vllm_wrapper(workdir)
+        port, master = free_port(), free_port()
+        paths = {}
+        for rank, name in enumerate((HEAD, RANK1)):
+            env = worker_env if rank == 1 else None
+            unit = install_unit(
+                f"{name}.service", node_unit(wrapper, rank, port if rank == 0 else free_port(), master, env)
+            )
+            paths[name] = sandbox.systemd.host_unit_dir / unit
+        sandbox.systemd.start(f"{RANK1}.service")
+        sandbox.systemd.start(f"{HEAD}.service")
+        wait_serving(port)
+        return port, paths, workdir / "state"
+
+    return make
+
+
+def served(port: int) -> int:
+    return requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()["data"][0]["max_model_len"]
+
+
+def nodes_args() -> list[str]:
+    return ["--node", f"local:{HEAD}", "--node", f"local:{RANK1}"]
+
+
+def revisions(state: Path, service: str) -> list[Any]:
+    return ServiceStore(state, f"{service}.service").revisions()
+
+
+def test_every_node_gets_the_context_and_restarts_together(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]
+    port, paths, state = deployment()
+    run = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
+                     "--yes", "--json", timeout=300)  # fmt: skip
+    assert run.code == 0, run.stdout + run.stderr
+    assert run.data["result"] == "applied" and run.data["changed"] is True
+    assert [n["role"] for n in run.data["nodes"]] == ["head", "headless"]
+    assert [n["stages"] for n in run.data["nodes"]] == [[0], [1]]
+    for path in paths.values():
+        assert "--max-model-len 200000" in path.read_text()
+    assert served(port) == 200000
+    change = run.data["change_id"]
+    for service in (HEAD, RANK1):
+        last = revisions(state, service)[-1]
+        assert last.state is State.FINAL and last.deployment == change and last.max_model_len == 200000
+    # the same again: nothing to change, nothing restarted
+    pid = sandbox.systemd.show(f"{HEAD}.service", "MainPID")["MainPID"]
+    again = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
+                       "--yes", "--json", timeout=300)  # fmt: skip
+    assert again.code == 0 and again.data["result"] == "unchanged", again.stdout + again.stderr
+    assert sandbox.systemd.show(f"{HEAD}.service", "MainPID")["MainPID"] == pid
+    # each node's plan is split out, and held against what that node's own vLLM logged
+    head, rank1 = run.data["nodes"]
+    assert head["planned"]["gpus"] == rank1["planned"]["gpus"] == 8
+    assert rank1["logged"]["max_model_len"] == 200000 and rank1["logged"]["available_kv_gib"] > 0
+
+
+def test_verify_and_rollback_cover_every_node(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]
+    port, paths, state = deployment()
+    before = {name: path.read_text() for name, path in paths.items()}
+    run = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
+                     "--yes", "--json", timeout=300)  # fmt: skip
+    assert run.code == 0, run.stdout + run.stderr
+    verified = run_ctxmgr(sandbox.pid, state, "deployment", "verify", *nodes_args(), "--json", timeout=300)
+    assert verified.data["result"] in ("ok", "degraded") and verified.code in (0, 1), verified.stdout
+    assert [n["max_model_len"] for n in verified.data["nodes"]] == [200000, 200000]
+
+    back = run_ctxmgr(
+        sandbox.pid, state, "deployment", "rollback", *nodes_args(), "--yes", "--json", timeout=300
+    )
+    assert back.code == 0 and back.data["result"] == "applied", back.stdout + back.stderr
+    assert (back.data["previous_max_model_len"], back.data["max_model_len"]) == (200000, 8192)
+    assert {name: path.read_text() for name, path in paths.items()} == before
+    assert served(port) == 8192
+    last = revisions(state, RANK1)[-1]
+    assert last.action == "rollback" and last.state is State.FINAL
+
+    # a headless rank that is gone fails the deployment's verify, though the head still answers
+    sandbox.systemd.stop(f"{RANK1}.service")
+    gone = run_ctxmgr(sandbox.pid, state, "deployment", "verify", *nodes_args(), "--json", timeout=300)
+    assert gone.code == 2 and gone.data["result"] == "failed", gone.stdout
+    assert any(reason.startswith(f"local:{RANK1}: ") for reason in gone.data["reasons"])
+
+
+def test_a_headless_rank_that_fails_rolls_every_node_back(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]
+    # node 1's KV holds 100,000 tokens: 200,000 fails there with vLLM's KV-too-small error; 8,192 fits
+    port, paths, state = deployment({"CTXMGR_STANDIN_KV_CAPACITY_TOKENS": "100000"})
+    before = {name: path.read_text() for name, path in paths.items()}
+    run = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
+                     "--yes", "--json", timeout=400)  # fmt: skip
+    assert run.code == 1, run.stdout + run.stderr
+    assert run.data["result"] == "rolled-back"
+    assert run.data["reason"].startswith(f"local:{RANK1}: ") and "KV cache" in run.data["reason"]
+    assert {name: path.read_text() for name, path in paths.items()} == before
+    assert served(port) == 8192
+    for service in (HEAD, RANK1):
+        assert revisions(state, service)[-1].state is State.ROLLED_BACK
+
+
+class EditingLink(Link):
+    """A Link that edits node 1's unit right after node 0 was written: the operator's hand between the
+    plan and the write."""
+
+    def __init__(self, base: list[str], path: Path) -> None:
+        super().__init__(local_ctxmgr=tuple(base))
+        object.__setattr__(self, "path", path)
+
+    def call(  # type: ignore[override]
+        self, host: str, args: Any, timeout: float, stdin: dict | None = None, label: str | None = None
+    ) -> dict:
+        answer = super().call(host, args, timeout, stdin, label)
+        if args[:2] == ["node", "prepare"] and "--dry-run" not in args and args[-1] == HEAD:
+            path: Path = self.path  # type: ignore[attr-defined]
+            path.write_text(path.read_text().replace("TimeoutStopSec=10", "TimeoutStopSec=11"))
+        return answer
+
+
+def test_a_node_edited_between_the_plan_and_the_write_stops_the_change_before_any_restart(
+    sandbox: Sandbox, deployment
+) -> None:  # type: ignore[no-untyped-def]
+    port, paths, state = deployment()
+    head_before = paths[HEAD].read_text()
+    pid = sandbox.systemd.show(f"{HEAD}.service", "MainPID")["MainPID"]
+    link = EditingLink(ctxmgr_argv(sandbox.pid, state), paths[RANK1])
+    from vllm_ctxmgr.core.hardware import GIB, uniform_gpus
+
+    request = DeploymentRequest(
+        context=200000,
+        nodes=(NodeAddress("local", HEAD), NodeAddress("local", RANK1)),
+        link=link,
+        default_gpus=uniform_gpus(SEED_GPU_COUNT, int(SEED_GPU_GIB * GIB)),
+        planning={"weights_bytes": int(SEED_WEIGHTS_GIB_PER_GPU * SEED_GPU_COUNT * GIB)},
+    )
+    result = Coordinator(request, state).set_context()
+    assert str(result.result) == "rolled-back" and result.exit_code == 1
+    assert "changed since the plan" in result.reason and f"local:{RANK1}" in result.reason
+    assert paths[HEAD].read_text() == head_before  # node 0's write was put back
+    assert "--max-model-len 8192" in paths[RANK1].read_text()  # node 1 keeps the operator's edit
+    assert sandbox.systemd.show(f"{HEAD}.service", "MainPID")["MainPID"] == pid  # nothing restarted
+    assert served(port) == 8192
+    assert revisions(state, HEAD)[-1].state is State.ROLLED_BACK
+
+
+def test_an_unreachable_node_or_a_topology_vllm_refuses_changes_nothing(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]
+    port, paths, state = deployment()
+    before = {name: path.read_text() for name, path in paths.items()}
+    gone = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", "--node", f"local:{HEAD}",
+                      "--node", f"no-such-node.invalid:{RANK1}", *GPU_ARGS, "--yes", "--json", timeout=120)  # fmt: skip
+    assert gone.code != 0 and "no-such-node.invalid" in gone.data["error"], gone.stdout
+    assert "nothing was changed" in gone.data["error"]
+    # rank 1 without --headless: vLLM would start a second API server there; refused before any write
+    paths[RANK1].write_text(paths[RANK1].read_text().replace(" --headless", ""))
+    sandbox.systemd.daemon_reload()
+    refused = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
+                         "--yes", "--json", timeout=120)  # fmt: skip
+    assert refused.code == 2, refused.stdout + refused.stderr
+    assert "headless" in refused.data["error"]
+    assert paths[HEAD].read_text() == before[HEAD]
+    assert revisions(state, HEAD) == [] and served(port) == 8192

@@ -1,0 +1,64 @@
+"""Reaching a node: HOST:UNIT, the ssh command line (quoted for the remote shell), answers and failures."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_ctxmgr.errors import UsageError
+from vllm_ctxmgr.remote import Link, NodeAddress, NodeError
+
+
+def test_node_address_takes_host_and_unit_and_refuses_the_rest() -> None:
+    assert NodeAddress.parse("gpu-b:vllm-glm5.service") == NodeAddress("gpu-b", "vllm-glm5.service")
+    assert NodeAddress.parse("[fd00::2]:vllm") == NodeAddress("[fd00::2]", "vllm")  # the last colon splits
+    for bad in ("gpu-b", ":vllm", "gpu-b:", "-oProxyCommand=x:vllm", "a b:vllm"):
+        with pytest.raises(UsageError):
+            NodeAddress.parse(bad)
+
+
+def test_the_remote_command_is_one_quoted_word_list_after_the_host() -> None:
+    link = Link(
+        ssh=("ssh", "-F", "cfg"), remote_ctxmgr=("/opt/ctxmgr/bin/ctxmgr", "--state-dir", "/var/lib/x y")
+    )
+    argv = link.argv("gpu-b", ["node", "show", "vllm;rm -rf /"])
+    assert argv[:5] == ["ssh", "-F", "cfg", "--", "gpu-b"]
+    # ssh hands one string to the remote shell: every word comes back out of it unchanged
+    assert shlex.split(argv[5]) == ["/opt/ctxmgr/bin/ctxmgr", "--state-dir", "/var/lib/x y", "node", "show",
+                                    "vllm;rm -rf /"]  # fmt: skip
+    assert link.argv("local", ["node", "show", "u"])[-3:] == ["node", "show", "u"]
+    assert "ssh" not in link.argv("local", ["x"])
+
+
+def _script(tmp: Path, body: str) -> tuple[str, ...]:
+    path = tmp / "fake-ctxmgr.py"
+    path.write_text(body)
+    return (sys.executable, str(path))
+
+
+def test_a_node_answer_is_its_json_object_and_its_failure_names_the_host(workdir: Path) -> None:
+    ok = Link(
+        local_ctxmgr=_script(workdir, "import json,sys; print(json.dumps({'args': sys.argv[1:]}, indent=2))")
+    )
+    assert ok.call("local", ["node", "show", "u"], timeout=30)["args"] == ["node", "show", "u", "--json"]
+    failing = Link(
+        local_ctxmgr=_script(
+            workdir,
+            "import json; print(json.dumps({'error': 'u: no such unit', 'exit_code': 2})); raise SystemExit(2)",
+        )
+    )
+    with pytest.raises(NodeError, match=r"^local: u: no such unit$") as caught:
+        failing.call("local", ["node", "show", "u"], timeout=30)
+    assert caught.value.exit_code == 2
+    garbage = Link(local_ctxmgr=_script(workdir, "print('not json')"))
+    with pytest.raises(NodeError, match="local: exit status 0"):
+        garbage.call("local", ["node", "show", "u"], timeout=30)
+
+
+def test_an_unreachable_host_is_an_ssh_failure_with_the_host_first() -> None:
+    link = Link(ssh=("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3"))
+    with pytest.raises(NodeError, match=r"^no-such-node\.invalid: ssh failed: "):
+        link.call("no-such-node.invalid", ["node", "show", "u"], timeout=30)

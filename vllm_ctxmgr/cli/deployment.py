@@ -1,0 +1,537 @@
+"""`ctxmgr deployment ...` (one vLLM deployment over several machines) and `ctxmgr node ...` (the steps
+the coordinator runs on each of them over ssh). Thin: multinode.py walks the change, node.py is a step."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import click
+
+from vllm_ctxmgr import node as node_steps
+from vllm_ctxmgr.cli.common import (
+    CONTEXT,
+    SIZE,
+    TIMEOUT,
+    UTILIZATION,
+    VLLM_VERSION,
+    echo,
+    emit_json,
+    handle_errors,
+    restarter_for,
+)
+from vllm_ctxmgr.core.hardware import uniform_gpus
+from vllm_ctxmgr.errors import UsageError, VerifyExit
+from vllm_ctxmgr.multinode import (
+    DeploymentRequest,
+    DeploymentResult,
+    plan_deployment,
+    rollback_deployment,
+    set_deployment_context,
+    verify_deployment,
+)
+from vllm_ctxmgr.nvml import gpus_from_file, gpus_from_json
+from vllm_ctxmgr.planning import PlanRequest
+from vllm_ctxmgr.remote import DEFAULT_SSH, Link, NodeAddress
+from vllm_ctxmgr.verify import VerifyOptions
+
+MAX_STDIN_BYTES = 16 << 20  # a node step's request: flags, a reason, every node's GPUs
+MAX_DEPLOYMENT_FILE_BYTES = 1 << 20
+PLANNING_KEYS = ("weights_bytes", "vllm_version", "allow_long", "max_gpu_memory_utilization", "concurrency")
+
+
+# ---- the coordinator -------------------------------------------------------------------------------
+
+
+def _deployment_options(func: Any) -> Any:
+    for option in reversed(
+        [
+            click.option(
+                "--node",
+                "nodes",
+                multiple=True,
+                metavar="HOST:UNIT",
+                help="A node of the deployment (every node, head and headless; HOST `local` is this one).",
+            ),
+            click.option(
+                "--file",
+                "deployment_file",
+                type=click.Path(dir_okay=False),
+                default=None,
+                help="A deployment file (TOML: [[node]] host, service, gpus_from; ssh, remote_ctxmgr).",
+            ),
+            click.option("--ssh", default=None, help=f"The ssh command (default: {' '.join(DEFAULT_SSH)})."),
+            click.option("--remote-ctxmgr", default=None, help="ctxmgr on the nodes (default: ctxmgr)."),
+            click.option(
+                "--gpu-memory", type=SIZE, default=None, help="Every node's GPU memory, where NVML is absent."
+            ),
+            click.option(
+                "--gpu-count",
+                type=click.IntRange(1, 1024),
+                default=None,
+                help="GPUs per node (with --gpu-memory).",
+            ),
+            click.option("--weights-bytes", type=SIZE, default=None, help="Weights of all ranks together."),
+            click.option(
+                "--vllm-version", type=VLLM_VERSION, default=None, help="Plan by this vLLM's rules."
+            ),
+            click.option(
+                "--allow-long", is_flag=True, help="Allow a context above the model's derived maximum."
+            ),
+            click.option(
+                "--gpu-memory-utilization",
+                type=UTILIZATION,
+                default=None,
+                help="Every node's utilisation instead of the planner's choice.",
+            ),
+            click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
+def _local_ctxmgr(ctx: click.Context) -> tuple[str, ...]:
+    """ctxmgr for a `local` node: this program with this run's state directory and systemd."""
+    obj = ctx.find_root().obj
+    words = [sys.executable, "-m", "vllm_ctxmgr", "--state-dir", str(obj["state_dir"])]
+    if obj.get("systemd_pid"):
+        words += ["--systemd-pid", str(obj["systemd_pid"])]
+    if obj.get("unit_dir"):
+        words += ["--unit-dir", str(obj["unit_dir"])]
+    return tuple(words)
+
+
+def _request(
+    ctx: click.Context,
+    context: int,
+    nodes: tuple[str, ...],
+    deployment_file: str | None,
+    ssh: str | None,
+    remote_ctxmgr: str | None,
+    gpu_memory: int | None,
+    gpu_count: int | None,
+    weights_bytes: int | None,
+    vllm_version: str | None,
+    allow_long: bool,
+    gpu_memory_utilization: float | None,
+    as_json: bool,
+) -> DeploymentRequest:
+    """The request from the flags and the deployment file (the flags win where both say)."""
+    data: dict[str, Any] = {}
+    if deployment_file:
+        data = _read_deployment_file(Path(deployment_file))
+    addresses = [NodeAddress.parse(n) for n in nodes]
+    node_gpus = {}
+    for entry in data.get("node", []):
+        address = NodeAddress(str(entry["host"]), str(entry["service"]))
+        if not nodes:
+            addresses.append(address)
+        if entry.get("gpus_from"):
+            node_gpus[address.host] = gpus_from_file(
+                Path(deployment_file or ".").parent / str(entry["gpus_from"])
+            )
+    if not addresses:
+        raise UsageError("name the deployment's nodes: --node HOST:UNIT for each, or --file DEPLOYMENT.toml")
+    link = Link(
+        local_ctxmgr=_local_ctxmgr(ctx),
+        ssh=tuple(shlex.split(ssh)) if ssh else tuple(data.get("ssh") or DEFAULT_SSH),
+        remote_ctxmgr=tuple(shlex.split(remote_ctxmgr))
+        if remote_ctxmgr
+        else tuple(data.get("remote_ctxmgr") or ("ctxmgr",)),
+    )
+    default_gpus = None
+    if gpu_memory is not None or gpu_count is not None:
+        if gpu_memory is None or gpu_count is None:
+            raise UsageError("--gpu-memory and --gpu-count go together (each node's GPUs)")
+        default_gpus = uniform_gpus(gpu_count, gpu_memory)
+    planning = {"weights_bytes": weights_bytes, "vllm_version": vllm_version, "allow_long": allow_long}
+    say = (lambda _text: None) if as_json else (lambda text: echo(f"ctxmgr: {text}", err=True))
+    return DeploymentRequest(
+        context=context,
+        nodes=tuple(addresses),
+        link=link,
+        name=str(data["name"]) if data.get("name") else None,
+        gpu_memory_utilization=gpu_memory_utilization,
+        node_gpus=node_gpus,
+        default_gpus=default_gpus,
+        planning={k: v for k, v in planning.items() if v not in (None, False)},
+        on_step=say,
+    )
+
+
+def _read_deployment_file(path: Path) -> dict[str, Any]:
+    """A small TOML file: name, ssh, remote_ctxmgr, and [[node]] host / service / gpus_from."""
+    try:
+        raw = path.read_bytes()[: MAX_DEPLOYMENT_FILE_BYTES + 1]
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_DEPLOYMENT_FILE_BYTES:
+        raise UsageError(f"{path}: larger than {MAX_DEPLOYMENT_FILE_BYTES} bytes; not a deployment file")
+    try:
+        data = tomllib.loads(raw.decode())
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"{path}: not TOML ({exc})") from None
+    unknown = set(data) - {"name", "ssh", "remote_ctxmgr", "node"}
+    if unknown:
+        raise UsageError(f"{path}: unknown key {sorted(unknown)[0]!r} (name, ssh, remote_ctxmgr, node)")
+    nodes = data.get("node")
+    if not isinstance(nodes, list) or not all(
+        isinstance(n, dict) and n.get("host") and n.get("service") for n in nodes
+    ):
+        raise UsageError(f"{path}: expected [[node]] tables, each with host and service")
+    for key in ("ssh", "remote_ctxmgr"):
+        value = data.get(key)
+        if value is not None and not (isinstance(value, list) and all(isinstance(w, str) for w in value)):
+            raise UsageError(f'{path}: {key} must be a list of words, e.g. ["ssh", "-F", "ssh_config"]')
+    return data
+
+
+def _finish(result: DeploymentResult, as_json: bool, dry_run: bool = False) -> None:
+    data = {"command": f"deployment {result.action}", **result.to_json(), "dry_run": dry_run}
+    if as_json:
+        emit_json(data)
+    else:
+        echo(deployment_text(result))
+    sys.exit(result.exit_code)
+
+
+def deployment_text(result: DeploymentResult) -> str:
+    """The operator's report: the verdict first, then each node, then the diffs and the plan."""
+    lines = [
+        f"{result.deployment}: {result.action} {result.result}"
+        + (
+            f" (max_model_len {result.previous_max_model_len} -> {result.max_model_len})"
+            if result.max_model_len
+            else ""
+        )
+    ]
+    if result.reason:
+        lines.append(f"  {result.reason}")
+    for node in result.nodes:
+        stages = f", pipeline stage {','.join(map(str, node.stages))}" if node.stages else ""
+        status = "" if node.ok else f": {node.reason}"
+        lines.append(
+            f"  node {node.node_rank} {node.host}:{node.service} ({node.role}{stages}) {node.step}{status}"
+        )
+    if result.suggestion:
+        lines.append(f"  {result.suggestion}")
+    if result.plan_text:
+        lines += ["", result.plan_text.rstrip()]
+    for node in result.nodes:
+        if node.diff:
+            lines += ["", f"--- node {node.node_rank} ({node.host}):", node.diff.rstrip()]
+    return "\n".join(lines)
+
+
+@click.group("deployment")
+def deployment_group() -> None:
+    """One vLLM deployment over several machines (vLLM's --nnodes / --headless), changed as one.
+
+    \b
+    Every node is named (--node HOST:UNIT, or a --file); ctxmgr runs `ctxmgr node ...` on each over
+    ssh (BatchMode: keys, never passwords), plans on the head with every node's GPUs, writes every
+    node's unit, restarts them together, watches the head and every rank's journal, probes the head,
+    and rolls every node back when anything fails.
+    """
+
+
+@deployment_group.command("plan")
+@click.argument("context", type=CONTEXT)
+@_deployment_options
+@click.pass_context
+@handle_errors
+def deployment_plan_cmd(ctx: click.Context, context: int, as_json: bool, **options: Any) -> None:
+    """Plan CONTEXT for the whole deployment; change nothing."""
+    request = _request(ctx, context, as_json=as_json, **options)
+    _finish(plan_deployment(request, ctx.find_root().obj["state_dir"]), as_json)
+
+
+@deployment_group.command("set-context")
+@click.argument("context", type=CONTEXT)
+@_deployment_options
+@click.option(
+    "--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time the head's start may take."
+)
+@click.option("--dry-run", is_flag=True, help="Print the plan and every node's diff; change nothing.")
+@click.option("--force", is_flag=True, help="Apply even when the plan says it will not fit.")
+@click.option(
+    "--edit",
+    type=click.Choice(["in-place", "dropin"]),
+    default="in-place",
+    show_default=True,
+    help="Where each node's change is written (as set-context --edit).",
+)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the deployment.")
+@click.pass_context
+@handle_errors
+def deployment_set_context_cmd(
+    ctx: click.Context,
+    context: int,
+    timeout: float,
+    dry_run: bool,
+    force: bool,
+    edit: str,
+    yes: bool,
+    as_json: bool,
+    **options: Any,
+) -> None:
+    """Set every node's max_model_len to CONTEXT, restart the deployment as one; roll all back on failure."""
+    request = _request(ctx, context, as_json=as_json, **options)
+    request.dry_run, request.force, request.dropin, request.start_timeout = (
+        dry_run,
+        force,
+        edit == "dropin",
+        timeout,
+    )
+    if not dry_run and not yes:
+        request.confirm = _ask(as_json)
+    _finish(set_deployment_context(request, ctx.find_root().obj["state_dir"]), as_json, dry_run=dry_run)
+
+
+def _ask(as_json: bool) -> Any:
+    def ask(result: DeploymentResult) -> bool:
+        if not as_json:
+            echo(deployment_text(result), err=True)
+        question = f"restart every node of {result.deployment} with max_model_len {result.max_model_len}"
+        if not sys.stdin.isatty():
+            raise UsageError(
+                f"{question}: not a terminal, so nothing was changed; pass --yes to apply without a prompt"
+            )
+        return click.confirm(f"{question}?", default=False, err=True)
+
+    return ask
+
+
+@deployment_group.command("rollback")
+@_deployment_options
+@click.option(
+    "--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time the head's start may take."
+)
+@click.option("--dry-run", is_flag=True, help="Print every node's diff; change nothing.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the deployment.")
+@click.pass_context
+@handle_errors
+def deployment_rollback_cmd(
+    ctx: click.Context, timeout: float, dry_run: bool, yes: bool, as_json: bool, **options: Any
+) -> None:
+    """Put every node's unit back as it was before the deployment's last change; restart them together."""
+    request = _request(ctx, 0, as_json=as_json, **options)
+    request.dry_run, request.start_timeout = dry_run, timeout
+    if not dry_run and not yes:
+        request.confirm = _ask(as_json)
+    _finish(rollback_deployment(request, ctx.find_root().obj["state_dir"]), as_json, dry_run=dry_run)
+
+
+@deployment_group.command("verify")
+@_deployment_options
+@click.pass_context
+@handle_errors
+def deployment_verify_cmd(ctx: click.Context, as_json: bool, **options: Any) -> None:
+    """Check every node: the head as `ctxmgr verify` does, each headless rank active with no failure
+    since its start and the head's max_model_len. Exit codes as verify: 0 ok, 1 degraded, 2 failed."""
+    request = _request(ctx, 0, as_json=as_json, **options)
+    data = verify_deployment(request, ctx.find_root().obj["state_dir"])
+    if as_json:
+        emit_json({"command": "deployment verify", "changed": False, **data})
+    else:
+        echo(f"{data['deployment']}: {data['result']} (max_model_len {data['max_model_len']})")
+        for node in data["nodes"]:
+            echo(f"  {node['host']}:{node['service']} ({node['role']}) {node['result']}")
+        for reason in data["reasons"]:
+            echo(f"  {reason}")
+    sys.exit({"ok": VerifyExit.OK, "degraded": VerifyExit.DEGRADED}.get(data["result"], VerifyExit.FAILED))
+
+
+# ---- the steps on each node (run by the coordinator over ssh) ---------------------------------------
+
+
+def _stdin() -> dict[str, Any]:
+    """A node step's request from the coordinator (JSON on stdin; empty: none)."""
+    raw = sys.stdin.read(MAX_STDIN_BYTES + 1) if not sys.stdin.isatty() else ""
+    if len(raw) > MAX_STDIN_BYTES:
+        raise UsageError("the request on stdin is too large")
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise UsageError(f"the request on stdin is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise UsageError("the request on stdin is not a JSON object")
+    return data
+
+
+def _emit(answer: dict[str, Any], command: str) -> None:
+    emit_json({"command": f"node {command}", **answer})
+
+
+@click.group("node")
+def node_group() -> None:
+    """The steps of a multi-node change on one node (`ctxmgr deployment` runs them over ssh)."""
+
+
+_json_flag = click.option("--json", "as_json", is_flag=True, help="Print one JSON object (always).")
+
+
+@node_group.command("show")
+@click.argument("service")
+@_json_flag
+@click.pass_context
+@handle_errors
+def node_show_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
+    """The unit's vLLM arguments (keys masked), its digest, this node's GPUs and any change in progress."""
+    _emit(node_steps.show(restarter_for(ctx, service, True, 0.0)), "show")
+
+
+@node_group.command("plan")
+@click.argument("service")
+@click.option("--context", type=CONTEXT, required=True)
+@click.option("--gpu-memory-utilization", type=UTILIZATION, default=None)
+@_json_flag
+@click.pass_context
+@handle_errors
+def node_plan_cmd(
+    ctx: click.Context, service: str, context: int, gpu_memory_utilization: float | None, as_json: bool
+) -> None:
+    """The head's plan of the whole deployment, with every node's GPUs (stdin: world_gpus, planning)."""
+    request = _stdin()
+    world = request.get("world_gpus")
+    planning = {k: v for k, v in dict(request.get("planning") or {}).items() if k in PLANNING_KEYS}
+    plan_request = PlanRequest(
+        context, world_gpus=gpus_from_json(world, "the deployment's nodes") if world else None, **planning
+    )
+    restarter = restarter_for(ctx, service, True, 0.0)
+    _emit(node_steps.plan(restarter, plan_request, gpu_memory_utilization), "plan")
+
+
+@node_group.command("prepare")
+@click.argument("service")
+@click.option("--change", "change_id", required=True)
+@click.option("--max-model-len", type=CONTEXT, required=True)
+@click.option("--expect-digest", required=True)
+@click.option("--dropin", is_flag=True)
+@click.option("--dry-run", is_flag=True)
+@click.option("--undo", "undo_change", default=None, help="Put back what this node had before that change.")
+@_json_flag
+@click.pass_context
+@handle_errors
+def node_prepare_cmd(
+    ctx: click.Context,
+    service: str,
+    change_id: str,
+    max_model_len: int,
+    expect_digest: str,
+    dropin: bool,
+    dry_run: bool,
+    undo_change: str | None,
+    as_json: bool,
+) -> None:
+    """Write this node's new unit (stdin: flag_changes) and record its revision; restart nothing."""
+    flags = {str(k): str(v) for k, v in dict(_stdin().get("flag_changes") or {}).items()}
+    if "--max-model-len" not in flags:
+        raise UsageError("the flag changes do not set --max-model-len")
+    request = node_steps.PrepareRequest(
+        change_id,
+        flags,
+        expect_digest,
+        max_model_len,
+        float(flags["--gpu-memory-utilization"]) if "--gpu-memory-utilization" in flags else None,
+        dropin,
+        dry_run,
+        undo_change,
+    )
+    _emit(node_steps.prepare(restarter_for(ctx, service, True, 0.0), request), "prepare")
+
+
+@node_group.command("stop")
+@click.argument("service")
+@click.option("--timeout", type=TIMEOUT, default="5min", show_default=True)
+@_json_flag
+@click.pass_context
+@handle_errors
+def node_stop_cmd(ctx: click.Context, service: str, timeout: float, as_json: bool) -> None:
+    """Stop this node's vLLM and wait until it has exited."""
+    _emit(node_steps.stop(restarter_for(ctx, service, True, 0.0), timeout), "stop")
+
+
+@node_group.command("start")
+@click.argument("service")
+@click.option("--change", "change_id", required=True)
+@click.option("--head", is_flag=True, help="Watch until it serves, then probe (the head).")
+@click.option("--back", is_flag=True, help="The start of a rollback.")
+@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True)
+@_json_flag
+@click.pass_context
+@handle_errors
+def node_start_cmd(
+    ctx: click.Context, service: str, change_id: str, head: bool, back: bool, timeout: float, as_json: bool
+) -> None:
+    """Start this node's vLLM (the head: watched and probed)."""
+    _emit(node_steps.start(restarter_for(ctx, service, True, timeout), change_id, head, back), "start")
+
+
+@node_group.command("check")
+@click.argument("service")
+@click.option("--cursor", default=None, help="Since this journal cursor (default: its last start).")
+@click.option("--max-model-len", type=int, default=0)
+@_json_flag
+@click.pass_context
+@handle_errors
+def node_check_cmd(
+    ctx: click.Context, service: str, cursor: str | None, max_model_len: int, as_json: bool
+) -> None:
+    """A headless rank since CURSOR: active, no failure in its journal, the expected max_model_len."""
+    _emit(node_steps.check(restarter_for(ctx, service, True, 0.0), cursor, max_model_len or None), "check")
+
+
+@node_group.command("finish")
+@click.argument("service")
+@click.option("--change", "change_id", required=True)
+@_json_flag
+@click.pass_context
+@handle_errors
+def node_finish_cmd(ctx: click.Context, service: str, change_id: str, as_json: bool) -> None:
+    """The deployment served and was probed: this node's revision is final."""
+    _emit(node_steps.finish(restarter_for(ctx, service, True, 0.0), change_id), "finish")
+
+
+@node_group.command("restore")
+@click.argument("service")
+@click.option("--change", "change_id", required=True)
+@_json_flag
+@click.pass_context
+@handle_errors
+def node_restore_cmd(ctx: click.Context, service: str, change_id: str, as_json: bool) -> None:
+    """Put this node's previous unit back (stdin: reason); restart nothing."""
+    reason = str(_stdin().get("reason") or "the deployment change failed")
+    _emit(node_steps.restore(restarter_for(ctx, service, True, 0.0), change_id, reason), "restore")
+
+
+@node_group.command("settle")
+@click.argument("service")
+@click.option("--change", "change_id", required=True)
+@click.option("--ok/--failed", "ok", required=True)
+@_json_flag
+@click.pass_context
+@handle_errors
+def node_settle_cmd(ctx: click.Context, service: str, change_id: str, ok: bool, as_json: bool) -> None:
+    """The end of a rollback on this node: rolled-back, or rollback-failed (stdin: reason)."""
+    reason = str(_stdin().get("reason") or "")
+    _emit(node_steps.settle(restarter_for(ctx, service, True, 0.0), change_id, ok, reason), "settle")
+
+
+@node_group.command("verify")
+@click.argument("service")
+@click.option("--timeout", type=TIMEOUT, default="2min", show_default=True, help="Time the probe may wait.")
+@_json_flag
+@click.pass_context
+@handle_errors
+def node_verify_cmd(ctx: click.Context, service: str, timeout: float, as_json: bool) -> None:
+    """The head's `ctxmgr verify`, answered as a step (exit 0; the verdict is in the object)."""
+    options = VerifyOptions(probe_timeout=timeout)
+    _emit(node_steps.verify(restarter_for(ctx, service, True, 0.0), options), "verify")

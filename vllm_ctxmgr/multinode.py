@@ -1,0 +1,669 @@
+"""A context change of one vLLM deployment that spans machines, made as one change.
+
+vLLM's own multi-node mode runs `vllm serve` on every node with the same engine flags (rank 0 with the
+API server, every other rank `--headless`). Changing one node alone breaks it: ranks that disagree on
+--max-model-len are not refused by vLLM, they corrupt output or kill the engine on the first long
+request, and a head restarted alone waits for ever for its old ranks (shared/recipes). So the walk is
+the deployment's, and each node's step is a `ctxmgr node` command there (node.py):
+
+    read    every node's unit (`node show`): refuse an unreachable node or one with a change in progress
+    plan    the topology (core/topology.py: vLLM's own refusals), then the head plans the whole
+            deployment with every node's GPUs in rank order (the minimum over ranks decides)
+    confirm every node's diff, before anything is written
+    write   every node's unit (`node prepare`: recorded -> installed); a failure puts back those written
+    stop    every node, and wait until each has exited
+    start   the headless ranks, then the head, watched until it serves and is probed at the new context
+    finish  each headless rank checked in its own journal (a rank's OOM is the deployment's failure),
+            then every revision final
+
+and on any failure after the first write: every node's previous unit back, every node stopped and
+started again, the old deployment watched and probed; rolled-back, or rollback-failed (exit 5) when
+the old deployment does not serve either. The coordinator's record (deployment@NAME/last-change.json
+in the state directory) says which node reached which step; each node's own revision says the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_ctxmgr.change import Result
+from vllm_ctxmgr.core.hardware import GpuState
+from vllm_ctxmgr.core.serve_args import parse_serve_argv
+from vllm_ctxmgr.core.topology import NodeRole, NodeUnit, Topology, read_topology, world_gpus
+from vllm_ctxmgr.errors import ExitCode, UsageError
+from vllm_ctxmgr.nvml import gpus_from_json
+from vllm_ctxmgr.remote import Link, NodeAddress, NodeError
+from vllm_ctxmgr.store import ServiceStore
+
+Printer = Callable[[str], None]
+
+SHOW_TIMEOUT = 120.0
+STEP_TIMEOUT = 300.0  # a node's write, stop or check (a headless rank's stop took ~12 s)
+
+
+@dataclass
+class NodeOutcome:
+    """One node in the deployment's result: its role, what was written there, how its steps ended."""
+
+    host: str
+    service: str
+    role: str  # head | headless
+    node_rank: int
+    stages: list[int] = field(default_factory=list)
+    revision: int | None = None
+    diff: str = ""
+    step: str = "read"  # the last step this node reached: read, written, stopped, started, final, ...
+    ok: bool = True
+    reason: str = ""
+    # the plan's figures for this node's GPUs (the smallest where they differ), and what this node's
+    # vLLM logged at its last start: the per-node plan held against each rank's own lines
+    planned: dict[str, Any] = field(default_factory=dict)
+    logged: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DeploymentResult:
+    """What a deployment command did, in the shape --json prints."""
+
+    deployment: str
+    action: str
+    result: Result
+    changed: bool
+    exit_code: int = ExitCode.OK
+    change_id: str | None = None
+    max_model_len: int | None = None
+    previous_max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    reason: str = ""
+    decisive_line: str = ""
+    suggestion: str = ""
+    backend: str = ""
+    nodes: list[NodeOutcome] = field(default_factory=list)
+    plan: dict[str, Any] = field(default_factory=dict)
+    plan_text: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["result"] = str(self.result)
+        return data
+
+
+@dataclass
+class DeploymentRequest:
+    """What the operator asked of a deployment; the CLI fills it."""
+
+    context: int
+    nodes: tuple[NodeAddress, ...]
+    link: Link = field(default_factory=Link)
+    name: str | None = None
+    gpu_memory_utilization: float | None = None
+    # each node's GPUs where its NVML cannot say (a `ctxmgr gpus --json` object), by host
+    node_gpus: Mapping[str, GpuState] = field(default_factory=dict)
+    default_gpus: GpuState | None = None  # every node's, from --gpu-memory / --gpu-count
+    planning: dict[str, Any] = field(default_factory=dict)  # weights_bytes, vllm_version, allow_long ...
+    dry_run: bool = False
+    force: bool = False
+    dropin: bool = False
+    start_timeout: float = 1800.0
+    confirm: Callable[[DeploymentResult], bool] | None = None
+    on_step: Printer = lambda _text: None
+
+
+def deployment_name(nodes: tuple[NodeAddress, ...], name: str | None) -> str:
+    """The name the coordinator's lock and record go by: the operator's, else one made of the nodes."""
+    if name:
+        return name
+    digest = hashlib.sha256("\n".join(sorted(map(str, nodes))).encode()).hexdigest()[:10]
+    return f"{nodes[0].service.removesuffix('.service')}-{digest}"
+
+
+@dataclass
+class _Node:
+    address: NodeAddress
+    shown: dict[str, Any]
+    role: NodeRole | None = None
+    outcome: NodeOutcome | None = None
+
+
+class Coordinator:
+    """One deployment change, walked over its nodes (see the module docstring for the steps)."""
+
+    def __init__(self, request: DeploymentRequest, state_dir: Path | str) -> None:
+        if len(request.nodes) < 2:
+            raise UsageError("a multi-node deployment needs at least two --node HOST:UNIT")
+        if len(set(request.nodes)) != len(request.nodes):
+            raise UsageError("a node is given twice")
+        self.request = request
+        self.name = deployment_name(request.nodes, request.name)
+        self.store = ServiceStore(state_dir, f"deployment@{self.name}")
+        self.say = request.on_step
+        self.nodes: list[_Node] = []
+        self.topology: Topology | None = None
+        self.result = DeploymentResult(self.name, "set-context", Result.PLANNED, False)
+        self.undo: str | None = None  # a rollback: the change whose previous units go back
+
+    # ---- talking to nodes --------------------------------------------------------------------
+
+    def _call(
+        self, node: _Node, *args: str, timeout: float = STEP_TIMEOUT, stdin: dict | None = None
+    ) -> dict:
+        address = node.address
+        return self.request.link.call(
+            address.host, ["node", *args, address.service], timeout, stdin, str(address)
+        )
+
+    def _each(self, nodes: list[_Node], step: Callable[[_Node], dict]) -> list[dict | NodeError]:
+        """`step` on every node at once (stops and reads take seconds each; nodes are independent)."""
+
+        def run(node: _Node) -> dict | NodeError:
+            try:
+                return step(node)
+            except NodeError as exc:
+                return exc
+
+        with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
+            return list(pool.map(run, nodes))
+
+    # ---- read and plan -----------------------------------------------------------------------
+
+    def read(self) -> Topology:
+        """Every node's unit, the topology vLLM will form from them, and refusals before any write."""
+        request = self.request
+        self.say(f"reading {len(request.nodes)} nodes: {', '.join(map(str, request.nodes))}")
+        probes = [_Node(address, {}) for address in request.nodes]
+        answers = self._each(probes, lambda n: self._call(n, "show", timeout=SHOW_TIMEOUT))
+        failed = [a for a in answers if isinstance(a, NodeError)]
+        if failed:
+            raise NodeError(f"cannot read every node, nothing was changed: {failed[0].message}")
+        for node, answer in zip(probes, answers, strict=True):
+            assert isinstance(answer, dict)
+            node.shown = answer
+            pending = answer.get("in_progress")
+            if pending:
+                raise UsageError(
+                    f"{node.address}: revision {pending.get('revision')} is still {pending.get('state')}: "
+                    "another change is under way there (or was interrupted: `ctxmgr recover` on that node)"
+                )
+        units = [
+            NodeUnit(
+                node.address.host,
+                node.address.service,
+                parse_serve_argv(
+                    list(node.shown.get("argv") or []), dict(node.shown.get("environment") or {})
+                ),
+            )
+            for node in probes
+        ]
+        topology = read_topology(units)
+        by_address = {(r.host, r.service): r for r in topology.nodes}
+        for node in probes:
+            node.role = by_address[(node.address.host, node.address.service)]
+        self.nodes = sorted(probes, key=lambda n: n.role.node_rank if n.role else 0)
+        self.topology = topology
+        self.result.backend = topology.backend
+        self.result.nodes = [
+            NodeOutcome(
+                n.address.host,
+                n.address.service,
+                "headless" if n.role and n.role.headless else "head",
+                n.role.node_rank if n.role else 0,
+                list(n.role.stages) if n.role else [],
+            )
+            for n in self.nodes
+        ]
+        for node, outcome in zip(self.nodes, self.result.nodes, strict=True):
+            node.outcome = outcome
+        return topology
+
+    def _world_gpus(self) -> GpuState | None:
+        """Every node's GPUs in rank order: given for the node, else its NVML, else --gpu-memory."""
+        assert self.topology is not None
+        per_node: dict[str, GpuState] = {}
+        for node in self.nodes:
+            host = node.address.host
+            given = self.request.node_gpus.get(host)
+            shown = node.shown.get("gpus")
+            if given is not None:
+                per_node[host] = given
+            elif shown:
+                per_node[host] = gpus_from_json(shown, f"NVML on {host}")
+            elif self.request.default_gpus is not None:
+                per_node[host] = self.request.default_gpus
+        if not per_node:
+            return None  # the CPU build, or no memory information anywhere: the head plans with its own
+        missing = [n.address.host for n in self.nodes if n.address.host not in per_node]
+        if missing:
+            raise UsageError(
+                f"{missing[0]}: no GPU information (no NVML there): give --gpus-from for it in the "
+                "deployment file, or --gpu-memory and --gpu-count for every node"
+            )
+        return world_gpus(self.topology, per_node)
+
+    def plan(self) -> dict[str, Any]:
+        """The head plans the deployment (the model files are on the nodes, not necessarily here)."""
+        head = self._head()
+        world = self._world_gpus()
+        stdin = {"planning": dict(self.request.planning), "world_gpus": world.to_json() if world else None}
+        args = ["plan", "--context", str(self.request.context)]
+        if self.request.gpu_memory_utilization is not None:
+            args += ["--gpu-memory-utilization", f"{self.request.gpu_memory_utilization:g}"]
+        answer = self._call(head, *args, timeout=SHOW_TIMEOUT, stdin=stdin)
+        plan = answer.get("plan") or {}
+        self.result.plan, self.result.plan_text = plan, str(answer.get("text") or "")
+        self.result.max_model_len = answer.get("max_model_len")
+        self.result.gpu_memory_utilization = answer.get("gpu_memory_utilization")
+        self.result.previous_max_model_len = parse_serve_argv(
+            list(head.shown.get("argv") or []), dict(head.shown.get("environment") or {})
+        ).max_model_len
+        if answer.get("learned"):
+            self.say(str(answer["learned"]))
+        self._per_node(plan)
+        return answer
+
+    def _per_node(self, plan: Mapping[str, Any]) -> None:
+        """Split the plan's GPU lines (rank order, the world's GPUs) per node."""
+        lines = list(plan.get("gpus") or [])
+        for node in self.nodes:
+            if node.role is None or node.outcome is None:
+                continue
+            mine = [lines[r] for r in node.role.ranks if r < len(lines)]
+            node.outcome.logged = dict(node.shown.get("logged") or {})
+            if not mine:
+                continue
+
+            def least(name: str, gpus: list[dict[str, Any]] = mine) -> int | None:
+                values = [
+                    g[name]["bytes"]
+                    for g in gpus
+                    if isinstance(g.get(name), dict) and g[name].get("bytes") is not None
+                ]
+                return min(values) if values else None
+
+            node.outcome.planned = {
+                "gpus": len(mine),
+                "total_bytes": least("total"),
+                "weights_bytes": least("weights"),
+                "kv_budget_bytes": least("kv_budget"),
+                "kv_needed_bytes": least("kv_needed"),
+                "headroom_bytes": least("headroom"),
+            }
+
+    def _head(self) -> _Node:
+        return next(n for n in self.nodes if n.role is not None and n.role == self._topology().head)
+
+    def _topology(self) -> Topology:
+        assert self.topology is not None
+        return self.topology
+
+    def _workers(self) -> list[_Node]:
+        head = self._head()
+        return [n for n in self.nodes if n is not head]
+
+    # ---- the change --------------------------------------------------------------------------
+
+    def set_context(self) -> DeploymentResult:
+        """Read, plan, confirm, write every node, restart them together, watch, probe; roll all back."""
+        request, result = self.request, self.result
+        lock = self.store.read_lock() if request.dry_run else self.store.lock()
+        with lock:
+            self.read()
+            answer = self.plan()
+            plan_result = str(answer.get("result") or "unknown")
+            context = int(answer.get("max_model_len") or request.context)
+            if plan_result != "feasible" and not request.force:
+                result.result = Result.INFEASIBLE
+                result.exit_code = ExitCode.INFEASIBLE if plan_result == "infeasible" else ExitCode.UNKNOWN
+                result.reason = str(
+                    (answer.get("plan") or {}).get("reason") or "the plan does not say it fits"
+                )
+                result.suggestion = (
+                    f"largest context that fits: {(answer.get('plan') or {}).get('max_context')}"
+                )
+                return result
+            flags = {str(k): str(v) for k, v in dict(answer.get("flag_changes") or {}).items()}
+            diffs = self._each(self.nodes, lambda n: self._prepare(n, flags, context, dry_run=True))
+            failed = [d for d in diffs if isinstance(d, NodeError)]
+            if failed:
+                raise NodeError(f"nothing was changed: {failed[0].message}")
+            for node, diff in zip(self.nodes, diffs, strict=True):
+                assert isinstance(diff, dict) and node.outcome is not None
+                node.outcome.diff = str(diff.get("diff") or "")
+            if not any(isinstance(d, dict) and d.get("changed") for d in diffs):
+                result.result = Result.UNCHANGED
+                result.reason = (
+                    f"every node already has max_model_len {context}: nothing changed, nothing restarted"
+                )
+                return result
+            if request.dry_run:
+                result.result, result.reason = Result.DRY_RUN, "dry run: nothing was written or restarted"
+                return result
+            if request.confirm is not None and not request.confirm(result):
+                raise UsageError("nothing was changed")
+            return self._apply(flags, context)
+
+    def rollback(self) -> DeploymentResult:
+        """Every node back to the unit it had before the deployment's last change (all nodes must have
+        the same last change, final), through the same walk as a change."""
+        request, result = self.request, self.result
+        result.action = "rollback"
+        with self.store.read_lock() if request.dry_run else self.store.lock():
+            self.read()
+            lasts = {n.address: n.shown.get("last_change") or {} for n in self.nodes}
+            changes = {str(last.get("change")) for last in lasts.values()}
+            if len(changes) != 1 or "None" in changes:
+                raise UsageError(
+                    "the nodes' last deployment changes differ, nothing to roll back as one: "
+                    + ", ".join(f"{a}: {last.get('change') or 'none'}" for a, last in lasts.items())
+                )
+            last = next(iter(lasts.values()))
+            if last.get("state") != "final":
+                raise UsageError(f"the last change {last.get('change')} is {last.get('state')}, not final")
+            self.undo = str(last["change"])
+            context = int(last.get("previous_max_model_len") or 0)
+            result.previous_max_model_len, result.max_model_len = last.get("max_model_len"), context
+            flags = {"--max-model-len": str(context)}
+            diffs = self._each(self.nodes, lambda n: self._prepare(n, flags, context, dry_run=True))
+            failed = [d for d in diffs if isinstance(d, NodeError)]
+            if failed:
+                raise NodeError(f"nothing was changed: {failed[0].message}")
+            for node, diff in zip(self.nodes, diffs, strict=True):
+                assert isinstance(diff, dict) and node.outcome is not None
+                node.outcome.diff = str(diff.get("diff") or "")
+            if request.dry_run:
+                result.result, result.reason = Result.DRY_RUN, "dry run: nothing was written or restarted"
+                return result
+            if request.confirm is not None and not request.confirm(result):
+                raise UsageError("nothing was changed")
+            return self._apply(flags, context, keep_previous=result.previous_max_model_len)
+
+    def _prepare(self, node: _Node, flags: dict[str, str], context: int, dry_run: bool) -> dict:
+        if self.undo is not None:
+            args = [
+                "prepare",
+                "--change",
+                self.result.change_id or "dry-run",
+                "--max-model-len",
+                str(context),
+                "--expect-digest",
+                str(node.shown.get("unit_digest") or ""),
+                "--undo",
+                self.undo,
+            ]
+            return self._call(node, *args, *(["--dry-run"] if dry_run else []), stdin={"flag_changes": flags})
+        args = [
+            "prepare",
+            "--change",
+            self.result.change_id or "dry-run",
+            "--max-model-len",
+            str(context),
+            "--expect-digest",
+            str(node.shown.get("unit_digest") or ""),
+        ]
+        if dry_run:
+            args.append("--dry-run")
+        if self.request.dropin:
+            args.append("--dropin")
+        return self._call(node, *args, stdin={"flag_changes": flags})
+
+    def _record(self, state: str) -> None:
+        """The coordinator's own record: which node reached which step (a person reads it first)."""
+        if self.request.dry_run:
+            return
+        data = self.result.to_json()
+        data.pop("plan", None)
+        self.store.write_json("last-change.json", {"state": state, "time": time.time(), **data})
+
+    def _apply(
+        self, flags: dict[str, str], context: int, keep_previous: int | None = None
+    ) -> DeploymentResult:
+        result = self.result
+        t0 = time.monotonic()
+        if keep_previous is not None:
+            result.previous_max_model_len = keep_previous
+        result.change_id = f"{self.name}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(2)}"
+        result.max_model_len = context
+        self._record("writing")
+        written: list[_Node] = []
+        for node in self.nodes:
+            assert node.outcome is not None
+            try:
+                answer = self._prepare(node, flags, context, dry_run=False)
+            except NodeError as exc:
+                node.outcome.ok, node.outcome.reason = False, exc.message
+                return self._put_back_unrestarted(written, exc.message)
+            node.outcome.revision, node.outcome.step = answer.get("revision"), "written"
+            written.append(node)
+        result.timings["write_s"] = round(time.monotonic() - t0, 3)
+        failure = self._restart_all(back=False)
+        result.timings["start_s"] = round(time.monotonic() - t0, 3)
+        if failure is None:
+            finished = self._each(
+                self.nodes, lambda n: self._call(n, "finish", "--change", str(result.change_id))
+            )
+            for node, done in zip(self.nodes, finished, strict=True):
+                assert node.outcome is not None
+                if isinstance(done, NodeError):
+                    node.outcome.ok, node.outcome.reason = False, done.message
+                else:
+                    node.outcome.step = "final"
+            result.result, result.changed = Result.APPLIED, True
+            self._read_logged()
+            result.reason = (
+                f"every node runs max_model_len {context}; the head served the context-sized probe"
+            )
+            self._record("final")
+            result.timings["total_s"] = round(time.monotonic() - t0, 3)
+            return result
+        result.reason, result.decisive_line = failure
+        self.say(f"the change failed: {result.reason}; rolling every node back")
+        self._roll_back_all(result.reason)
+        result.timings["total_s"] = round(time.monotonic() - t0, 3)
+        return result
+
+    def _read_logged(self) -> None:
+        """What every rank logged at the start just made (each node's own memory lines)."""
+        shown = self._each(self.nodes, lambda n: self._call(n, "show", timeout=SHOW_TIMEOUT))
+        for node, answer in zip(self.nodes, shown, strict=True):
+            if isinstance(answer, dict) and node.outcome is not None:
+                node.outcome.logged = dict(answer.get("logged") or {})
+
+    def _put_back_unrestarted(self, written: list[_Node], reason: str) -> DeploymentResult:
+        """A write failed before anything restarted: the nodes already written get their unit back."""
+        result = self.result
+        result.reason = f"nothing was restarted: {reason}"
+        change = str(result.change_id)
+        back = self._each(
+            written, lambda n: self._call(n, "restore", "--change", change, stdin={"reason": reason})
+        )
+        ok = not any(isinstance(b, NodeError) for b in back)
+        self._each(
+            written,
+            lambda n: self._call(
+                n, "settle", "--change", change, "--ok" if ok else "--failed", stdin={"reason": reason}
+            ),
+        )
+        result.result = Result.ROLLED_BACK if ok else Result.ROLLBACK_FAILED
+        result.exit_code = ExitCode.ERROR if ok else ExitCode.ROLLBACK_FAILED
+        self._record(str(result.result))
+        return result
+
+    def _restart_all(self, back: bool) -> tuple[str, str] | None:
+        """Stop every node (head first), start the headless ranks, then the head, watched and probed;
+        then check every headless rank's journal. None when the deployment serves, else (reason, line)."""
+        change = str(self.result.change_id)
+        head, workers = self._head(), self._workers()
+        self.say("stopping every node: " + ", ".join(str(n.address) for n in self.nodes))
+        stopped = self._each([head], lambda n: self._call(n, "stop"))
+        stopped += self._each(workers, lambda n: self._call(n, "stop"))
+        for node, answer in zip([head, *workers], stopped, strict=True):
+            if isinstance(answer, NodeError):
+                return f"{node.address} did not stop: {answer.message}", ""
+            assert node.outcome is not None
+            node.outcome.step = "stopped"
+        extra = ["--back"] if back else []
+        cursors: dict[NodeAddress, str] = {}
+        started = self._each(workers, lambda n: self._call(n, "start", "--change", change, *extra))
+        for node, answer in zip(workers, started, strict=True):
+            if isinstance(answer, NodeError):
+                return f"{node.address} did not start: {answer.message}", ""
+            cursors[node.address] = str(answer.get("cursor") or "")
+            assert node.outcome is not None
+            node.outcome.step = "started"
+        self.say(f"starting the head {head.address}; following its journal")
+        try:
+            answer = self._call(
+                head,
+                "start",
+                "--change",
+                change,
+                "--head",
+                *extra,
+                timeout=self.request.start_timeout + STEP_TIMEOUT,
+            )
+        except NodeError as exc:
+            answer = {"ok": False, "reason": exc.message}
+        assert head.outcome is not None
+        head.outcome.step = "started"
+        checks = self._each(
+            workers,
+            lambda n: self._call(
+                n, "check", "--cursor", cursors[n.address], "--max-model-len", str(self._expected(back))
+            ),
+        )
+        worker_failure = None
+        for node, checked in zip(workers, checks, strict=True):
+            assert node.outcome is not None
+            if isinstance(checked, NodeError):
+                node.outcome.ok, node.outcome.reason = False, checked.message
+            elif not checked.get("ok"):
+                node.outcome.ok, node.outcome.reason = False, str(checked.get("reason") or "")
+                worker_failure = worker_failure or (
+                    f"{node.address}: {checked.get('reason')}",
+                    str(checked.get("decisive_line") or ""),
+                )
+        if not answer.get("ok"):
+            head.outcome.ok, head.outcome.reason = False, str(answer.get("reason") or "")
+            # a rank's own error says more than the head's wait for it
+            return worker_failure or (
+                f"{head.address}: {answer.get('reason')}",
+                str(answer.get("decisive_line") or ""),
+            )
+        return worker_failure
+
+    def _expected(self, back: bool) -> int:
+        return int((self.result.previous_max_model_len if back else self.result.max_model_len) or 0)
+
+    def _roll_back_all(self, reason: str) -> None:
+        """Every node's previous unit back, every node restarted together, the old deployment probed."""
+        result, change = self.result, str(self.result.change_id)
+        self._record("rolling-back")
+        restored = self._each(
+            self.nodes, lambda n: self._call(n, "restore", "--change", change, stdin={"reason": reason})
+        )
+        failure: tuple[str, str] | None = next(
+            (
+                (f"{n.address}: {r.message}", "")
+                for n, r in zip(self.nodes, restored, strict=True)
+                if isinstance(r, NodeError)
+            ),
+            None,
+        )
+        if failure is None:
+            failure = self._restart_all(back=True)
+        ok = failure is None
+        settle_reason = "" if ok else failure[0] if failure else ""
+        self._each(
+            self.nodes,
+            lambda n: self._call(
+                n, "settle", "--change", change, "--ok" if ok else "--failed", stdin={"reason": settle_reason}
+            ),
+        )
+        if ok:
+            result.result, result.exit_code = Result.ROLLED_BACK, ExitCode.ERROR
+            self.say("every node runs its previous unit again; the head passed its probe")
+        else:
+            result.result, result.exit_code = Result.ROLLBACK_FAILED, ExitCode.ROLLBACK_FAILED
+            result.reason += f"; and the rollback failed too: {settle_reason}"
+        self._record(str(result.result))
+
+
+def rollback_deployment(request: DeploymentRequest, state_dir: Path | str) -> DeploymentResult:
+    """`ctxmgr deployment rollback`: every node's unit as it was before the deployment's last change,
+    restarted together through the same walk (written, stopped, started, checked, probed)."""
+    coordinator = Coordinator(request, state_dir)
+    return coordinator.rollback()
+
+
+def verify_deployment(request: DeploymentRequest, state_dir: Path | str) -> dict[str, Any]:
+    """`ctxmgr deployment verify`: the head's verify, and every headless rank active with no failure
+    since its start and the same max_model_len: ok | degraded | failed, as `verify`."""
+    coordinator = Coordinator(request, state_dir)
+    coordinator.read()
+    head, workers = coordinator._head(), coordinator._workers()
+    verified = coordinator._call(head, "verify", timeout=SHOW_TIMEOUT + 600)
+    served = verified.get("max_model_len")
+    checks = coordinator._each(
+        workers, lambda n: coordinator._call(n, "check", "--max-model-len", str(served or 0))
+    )
+    result = str(verified.get("result") or "failed")
+    reasons = [f"{head.address}: {r}" for r in verified.get("reasons") or []]
+    nodes = [
+        {
+            "host": head.address.host,
+            "service": head.address.service,
+            "role": "head",
+            "result": result,
+            "max_model_len": served,
+        }
+    ]
+    for node, checked in zip(workers, checks, strict=True):
+        ok = isinstance(checked, dict) and bool(checked.get("ok"))
+        why = checked.message if isinstance(checked, NodeError) else str(checked.get("reason") or "")
+        if not ok:
+            result = "failed"
+            reasons.append(why if isinstance(checked, NodeError) else f"{node.address}: {why}")
+        nodes.append(
+            {
+                "host": node.address.host,
+                "service": node.address.service,
+                "role": "headless",
+                "result": "ok" if ok else "failed",
+                "max_model_len": checked.get("max_model_len") if isinstance(checked, dict) else None,
+            }
+        )
+    return {
+        "deployment": coordinator.name,
+        "result": result,
+        "max_model_len": served,
+        "reasons": reasons,
+        "nodes": nodes,
+    }
+
+
+def plan_deployment(request: DeploymentRequest, state_dir: Path | str) -> DeploymentResult:
+    """`ctxmgr deployment plan`: read and plan, change nothing."""
+    coordinator = Coordinator(request, state_dir)
+    coordinator.read()
+    answer = coordinator.plan()
+    result = coordinator.result
+    result.action = "plan"
+    verdict = str(answer.get("result") or "unknown")
+    result.result = Result.PLANNED if verdict == "feasible" else Result.INFEASIBLE
+    result.exit_code = {"feasible": ExitCode.OK, "infeasible": ExitCode.INFEASIBLE}.get(
+        verdict, ExitCode.UNKNOWN
+    )
+    result.reason = str((answer.get("plan") or {}).get("reason") or "")
+    return result
+
+
+def set_deployment_context(request: DeploymentRequest, state_dir: Path | str) -> DeploymentResult:
+    """`ctxmgr deployment set-context`: the whole change (module docstring)."""
+    return Coordinator(request, state_dir).set_context()

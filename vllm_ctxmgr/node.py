@@ -1,0 +1,429 @@
+"""One node's part of a change to a vLLM deployment that spans machines (multinode.py coordinates).
+
+Each node keeps its own revision, lock and journal: the coordinator runs these steps there, over ssh,
+as `ctxmgr node STEP SERVICE --json`, and holds the whole deployment in step between them (every node
+written before any stops, every node stopped before any starts, vLLM's own requirement: a head
+restarted alone waits for ever for its old ranks). A node's revision walks the same states as a
+one-host change (store.py), entered by these steps:
+
+    prepare:  planned -> recorded -> installed        (the new unit is written; nothing restarted)
+    start:    installed -> restarting                 (the head: -> serving -> probed, as one host)
+    finish:   restarting|probed -> final              (a headless rank: active, no failure since start)
+    restore:  any of recorded .. probed -> rolling-back (the previous unit is written back)
+    settle:   rolling-back -> rolled-back | rollback-failed
+
+The revision carries the deployment change's id, so `history` on a node says which change it was part
+of, and a node with a revision in progress refuses a second change (the lock across machines).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from vllm_ctxmgr import store as st
+from vllm_ctxmgr.change import Change
+from vllm_ctxmgr.core.change_policy import flags_to_apply
+from vllm_ctxmgr.errors import CtxmgrError, UsageError
+from vllm_ctxmgr.masking import mask, mask_json
+from vllm_ctxmgr.nvml import read_nvml
+from vllm_ctxmgr.planning import PlanRequest, plan_service
+from vllm_ctxmgr.report import plan_text
+from vllm_ctxmgr.restart import InstallError, Restarter
+from vllm_ctxmgr.service import ServiceView, read_service, view_from_unit
+from vllm_ctxmgr.store import Revision, State, Step
+from vllm_ctxmgr.systemd.unit_edit import UnitEdit, edit_unit, unified_diff
+from vllm_ctxmgr.verify import VerifyOptions, verify_service
+from vllm_ctxmgr.vllm_log.watcher import StartWatcher, last_start, observe_start
+
+LOGGED_LINES = 20000  # of the journal, to find the last start in
+LOGGED_KEYS = (
+    "max_model_len",
+    "available_kv_gib",
+    "kv_cache_tokens",
+    "model_loading_gib",
+    "ready",
+    "failure",
+)
+# the steps that may still be undone, and the ones a node's `start` may begin from
+UNDOABLE = frozenset({State.RECORDED, State.INSTALLED, State.RESTARTING, State.SERVING, State.PROBED})
+
+
+class NodeStepError(CtxmgrError):
+    """A node step that cannot be taken (no revision of that change, a state that does not allow it)."""
+
+
+def unit_digest(view: ServiceView) -> str:
+    """The unit as systemd loads it (every file, path and bytes): what the coordinator planned from, so
+    a unit edited on the node between the plan and the write is noticed there, not overwritten."""
+    digest = hashlib.sha256()
+    for unit_file in view.unit.files:
+        digest.update(str(unit_file.path).encode() + b"\0" + unit_file.text.encode() + b"\0")
+    return digest.hexdigest()
+
+
+def show(restarter: Restarter) -> dict[str, Any]:
+    """What the coordinator plans from: the unit's vLLM arguments (keys masked), its digest, the GPUs
+    NVML sees here (None without NVML: the coordinator is given them) and any change in progress."""
+    view = read_service(restarter.systemd, restarter.service)
+    secrets = view.secrets
+    gpus = None
+    with contextlib.suppress(CtxmgrError):  # no NVML here: the coordinator is given this node's GPUs
+        gpus = read_nvml().to_json()
+    state = restarter.systemd.state(restarter.unit)
+    pending = restarter.store.in_progress()
+    last = next((r for r in reversed(restarter.store.revisions()) if r.deployment), None)
+    return {
+        "service": restarter.unit,
+        "unit_path": str(view.unit_path),
+        "unit_digest": unit_digest(view),
+        "argv": [mask(word, secrets) for word in view.vllm_argv],
+        "environment": {k: mask(v, secrets) for k, v in view.args.env.items()},
+        "vllm_version": view.args.vllm_version,
+        "active_state": state.active_state,
+        "gpus": gpus,
+        "in_progress": None if pending is None else {"revision": pending.number, "state": str(pending.state)},
+        "last_change": None
+        if last is None
+        else {
+            "change": last.deployment,
+            "revision": last.number,
+            "state": str(last.state),
+            "max_model_len": last.max_model_len,
+            "previous_max_model_len": last.previous_max_model_len,
+        },
+        "logged": logged_start(restarter),
+    }
+
+
+def logged_start(restarter: Restarter) -> dict[str, Any]:
+    """What this node's vLLM logged at its last start (every rank logs its own memory lines): the
+    figures a per-node plan is held against."""
+    entries = restarter.systemd.journal(restarter.unit, lines=LOGGED_LINES)
+    observation = observe_start(last_start([entry.message for entry in entries]))
+    return {key: getattr(observation, key) for key in LOGGED_KEYS}
+
+
+@dataclass(frozen=True)
+class PrepareRequest:
+    """What the coordinator asks one node to write: the same flags on every node (vLLM needs every rank's
+    engine arguments equal), under the deployment change's id."""
+
+    change_id: str
+    flag_changes: dict[str, str]
+    expected_digest: str
+    max_model_len: int
+    gpu_memory_utilization: float | None = None
+    dropin: bool = False
+    dry_run: bool = False
+    undo_change: str | None = None  # a rollback: put back what this node had before that change
+
+
+def prepare(restarter: Restarter, request: PrepareRequest) -> dict[str, Any]:
+    """Render the node's new unit, check it is the unit the plan was made from, record the revision and
+    write the unit (installed); nothing restarts. A dry run answers the diff only."""
+    store, systemd = restarter.store, restarter.systemd
+    with store.read_lock() if request.dry_run else store.lock():
+        pending = store.in_progress()
+        if pending is not None:
+            raise UsageError(
+                f"{restarter.service}: revision {pending.number} is still {pending.state} "
+                f"({pending.deployment or 'a change on this node'}); finish it first"
+            )
+        view = read_service(systemd, restarter.service)
+        if unit_digest(view) != request.expected_digest:
+            raise UsageError(
+                f"{restarter.service}: its unit changed since the plan (edited on the node?): nothing was "
+                "written; run again to plan from the unit as it is"
+            )
+        if request.undo_change:
+            edit, new = _undo_edit(restarter, request.undo_change)
+        else:
+            edit = edit_unit(
+                view.unit,
+                request.flag_changes,
+                None,
+                systemd.unit_dir / f"{view.name}.d",
+                dropin_mode=request.dropin,
+            )
+            new = edit.new_text.encode()
+        answer: dict[str, Any] = {
+            "service": restarter.unit,
+            "unit_path": str(edit.path),
+            "changed": edit.changed,
+            "diff": unified_diff(edit.old_text, edit.new_text, str(edit.path), view.secrets),
+            "revision": None,
+        }
+        if request.dry_run or not edit.changed:
+            return answer
+        old = edit.old_text.encode() if edit.existed else None
+        loaded = view_from_unit(restarter.loaded_unit_with(edit.path, new), systemd.root)
+        if loaded.args.max_model_len != request.max_model_len:
+            raise UsageError(
+                f"{restarter.service}: with {edit.path} changed, the unit would still serve max_model_len "
+                f"{loaded.args.max_model_len}: another of its files sets ExecStart=; nothing was written"
+            )
+        _ensure_baseline(restarter, view, edit.path, old)
+        rev = Revision(
+            number=0,
+            service=restarter.service,
+            state=State.PLANNED,
+            unit_path=str(edit.path),
+            created=time.time(),
+            max_model_len=request.max_model_len,
+            gpu_memory_utilization=request.gpu_memory_utilization or view.args.gpu_memory_utilization,
+            previous_max_model_len=view.args.max_model_len,
+            previous_gpu_memory_utilization=view.args.gpu_memory_utilization,
+            vllm_version=view.args.vllm_version,
+            deployment=request.change_id,
+            action="rollback" if request.undo_change else "set-context",
+            rollback_of=_revision_of(restarter, request.undo_change).number if request.undo_change else None,
+            **st.made_by(),
+        )
+        change = Change(store, rev, old, new, "node prepare")
+        change.enter(
+            State.RECORDED,
+            f"deployment change {request.change_id}: max_model_len "
+            f"{rev.previous_max_model_len} -> {rev.max_model_len}",
+        )
+        change.enter(State.INSTALLED, f"installing {edit.path}")
+        try:
+            restarter.install(edit.path, new)
+        except InstallError as exc:
+            change.enter(State.ROLLING_BACK, exc.message)
+            change.enter(State.ROLLED_BACK, "nothing was installed")
+            raise
+        systemd.daemon_reload()
+        answer["revision"] = rev.number
+        return answer
+
+
+def _revision_of(restarter: Restarter, change_id: str) -> Revision:
+    rev = next((r for r in reversed(restarter.store.revisions()) if r.deployment == change_id), None)
+    if rev is None:
+        raise NodeStepError(f"{restarter.service}: no revision of deployment change {change_id} here")
+    return rev
+
+
+def _undo_edit(restarter: Restarter, change_id: str) -> tuple[UnitEdit, bytes | None]:
+    """The edit that puts back what this node's unit file was before `change_id` (its `previous`;
+    None: a drop-in that change created, which goes)."""
+    rev = _revision_of(restarter, change_id)
+    if rev.state is not State.FINAL:
+        raise UsageError(
+            f"{restarter.service}: revision {rev.number} of {change_id} is {rev.state}, not final"
+        )
+    path = Path(rev.unit_path)
+    current = restarter.installed_bytes(path)
+    previous = restarter.store.file_bytes(rev.number, "previous")
+    edit = UnitEdit(path, (current or b"").decode(), (previous or b"").decode(), existed=current is not None)
+    return edit, previous
+
+
+def _ensure_baseline(restarter: Restarter, view: ServiceView, path: Path, current: bytes | None) -> None:
+    """As deploy._ensure_baseline: the unit as ctxmgr first found it is revision 0."""
+    store = restarter.store
+    if store.revisions():
+        return
+    now = time.time()
+    reason = "the unit as ctxmgr first found it"
+    store.new_revision(
+        Revision(
+            number=0,
+            service=store.service,
+            state=State.BASELINE,
+            unit_path=str(path),
+            created=now,
+            finished=now,
+            max_model_len=view.args.max_model_len,
+            gpu_memory_utilization=view.args.gpu_memory_utilization,
+            vllm_version=view.args.vllm_version,
+            action="baseline",
+            reason=reason,
+            steps=[Step(State.BASELINE, now, reason)],
+            **st.made_by(),
+        ),
+        unit=current,
+        previous=current,
+    )
+
+
+def _change_of(restarter: Restarter, change_id: str) -> Change:
+    """The revision this deployment change made on this node, with its bytes."""
+    store = restarter.store
+    rev = _revision_of(restarter, change_id)
+    return Change(
+        store,
+        rev,
+        store.file_bytes(rev.number, "previous"),
+        store.file_bytes(rev.number, "unit"),
+        "node",
+    )
+
+
+def stop(restarter: Restarter, timeout: float) -> dict[str, Any]:
+    """Stop the node's vLLM and wait until it has exited (a headless rank can take ~12 s)."""
+    restarter.systemd.stop(restarter.unit, no_block=False, timeout=timeout)
+    return {"service": restarter.unit, "active_state": restarter.systemd.state(restarter.unit).active_state}
+
+
+def start(restarter: Restarter, change_id: str, head: bool, back: bool = False) -> dict[str, Any]:
+    """Start the node's vLLM after every node was stopped. The head is watched until it serves and is
+    probed at the revision's context (a rank that fails elsewhere fails the head's start too); a
+    headless rank is only started here, and judged by `finish` once the head has served."""
+    with restarter.store.lock():
+        change = _change_of(restarter, change_id)
+        rev = change.rev
+        if back:
+            if rev.state is not State.ROLLING_BACK:
+                raise NodeStepError(
+                    f"{restarter.service}: revision {rev.number} is {rev.state}, not rolling back"
+                )
+        elif rev.state is not State.INSTALLED:
+            raise NodeStepError(f"{restarter.service}: revision {rev.number} is {rev.state}, not installed")
+        else:
+            change.enter(
+                State.RESTARTING, f"starting {restarter.unit} with every other node of the deployment"
+            )
+        systemd = restarter.systemd
+        cursor = systemd.journal_cursor()
+        view = read_service(systemd, restarter.service)
+        answer: dict[str, Any] = {"service": restarter.unit, "revision": rev.number, "cursor": cursor}
+        if not head:
+            systemd.daemon_reload()
+            systemd.reset_failed(restarter.unit)
+            systemd.start(restarter.unit, no_block=True)
+            answer["ok"] = True
+            return answer
+        verdict, probe_result = restarter.restart_and_probe(view)
+        answer["observation"] = asdict(verdict.observation)
+        answer["probe"] = asdict(probe_result) if probe_result is not None else None
+        ok = verdict.ok and probe_result is not None and probe_result.ok
+        answer["ok"] = ok
+        if not verdict.ok:
+            answer["reason"], answer["decisive_line"] = verdict.reason, verdict.decisive_line
+        elif probe_result is not None and not probe_result.ok:
+            answer["reason"] = f"the probe failed: {probe_result.error}"
+        if ok and not back:
+            change.enter(State.SERVING, "vLLM serves on the head")
+            change.enter(State.PROBED, "the head served the context-sized probe")
+        return answer
+
+
+def check(restarter: Restarter, cursor: str | None, expected_max_model_len: int | None) -> dict[str, Any]:
+    """A headless rank since `cursor` (None: since its last start): still active, no failure in its
+    journal, and (where it logged one) the max_model_len every rank must share."""
+    systemd = restarter.systemd
+    watcher = StartWatcher()
+    if cursor is None:
+        messages = last_start([e.message for e in systemd.journal(restarter.unit, lines=LOGGED_LINES)])
+    else:
+        messages = [entry.message for entry in systemd.journal(restarter.unit, after_cursor=cursor)]
+    for message in messages:
+        watcher.feed(message)
+    state = systemd.show(restarter.unit, "ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus")
+    watcher.feed_unit_state(state)
+    verdict = watcher.poll()
+    observation = watcher.observation
+    answer: dict[str, Any] = {
+        "service": restarter.unit,
+        "ok": True,
+        "reason": "",
+        "active_state": state.get("ActiveState"),
+        "max_model_len": observation.max_model_len,
+    }
+    if verdict is not None and not verdict.ok:
+        answer.update(ok=False, reason=verdict.reason, decisive_line=verdict.decisive_line)
+    elif state.get("ActiveState") != "active":
+        answer.update(ok=False, reason=f"{restarter.unit} is {state.get('ActiveState')}, not active")
+    elif expected_max_model_len and observation.max_model_len not in (None, expected_max_model_len):
+        answer.update(
+            ok=False,
+            reason=f"{restarter.unit} runs max_model_len {observation.max_model_len}, "
+            f"not {expected_max_model_len}",
+        )
+    return answer
+
+
+def finish(restarter: Restarter, change_id: str) -> dict[str, Any]:
+    """The deployment served, the head passed its probe and every headless rank was checked (`check`):
+    this node's revision is final."""
+    with restarter.store.lock():
+        change = _change_of(restarter, change_id)
+        rev = change.rev
+        if rev.state is State.RESTARTING:  # a headless rank: the coordinator checked its journal
+            change.enter(State.SERVING, "active, no failure in its journal since its start")
+            change.enter(State.PROBED, "the head served the context-sized probe")
+        if rev.state is not State.PROBED:
+            raise NodeStepError(f"{restarter.service}: revision {rev.number} is {rev.state}, not probed")
+        rev.verified = True
+        rev.reason = "the deployment served and passed the context-sized probe"
+        change.enter(State.FINAL, rev.reason)
+        return {"service": restarter.unit, "ok": True, "revision": rev.number, "reason": ""}
+
+
+def restore(restarter: Restarter, change_id: str, reason: str) -> dict[str, Any]:
+    """Write the node's previous unit back (rolling-back); the coordinator restarts every node after."""
+    with restarter.store.lock():
+        change = _change_of(restarter, change_id)
+        rev = change.rev
+        if rev.state in st.FINISHED:
+            return {"service": restarter.unit, "ok": True, "revision": rev.number, "state": str(rev.state)}
+        if rev.state is not State.ROLLING_BACK:
+            rev.reason = reason
+            change.enter(State.ROLLING_BACK, f"putting the previous unit back: {reason}")
+        restarter.install(Path(rev.unit_path), change.old)
+        restarter.systemd.daemon_reload()
+        return {"service": restarter.unit, "ok": True, "revision": rev.number, "state": str(rev.state)}
+
+
+def settle(restarter: Restarter, change_id: str, ok: bool, reason: str) -> dict[str, Any]:
+    """The end of a rollback: rolled-back when the old deployment serves again, else rollback-failed."""
+    with restarter.store.lock():
+        change = _change_of(restarter, change_id)
+        rev = change.rev
+        if rev.state is State.ROLLING_BACK:
+            if ok:
+                change.enter(State.ROLLED_BACK, "the previous deployment serves again")
+            else:
+                rev.reason += f"; and the rollback failed too: {reason}"
+                change.enter(State.ROLLBACK_FAILED, reason)
+        return {"service": restarter.unit, "ok": True, "revision": rev.number, "state": str(rev.state)}
+
+
+def plan(restarter: Restarter, request: PlanRequest, gpu_memory_utilization: float | None) -> dict[str, Any]:
+    """The head plans the whole deployment (its model files are here, not on the coordinator) with
+    every node's GPUs in rank order (`request.world_gpus`), and says which flags every node gets."""
+    service_plan = plan_service(
+        restarter.systemd,
+        restarter.store,
+        restarter.service,
+        replace(request, fixed_gpu_memory_utilization=gpu_memory_utilization),
+        restarter.keep_observation,
+        restarter.unsaved_observations,
+        argv_check=False,
+    )
+    view, made = service_plan.view, service_plan.plan
+    applied = flags_to_apply(view.args, made, made.max_model_len, gpu_memory_utilization)
+    return {
+        "service": restarter.unit,
+        "plan": mask_json(made.to_json(), view.secrets),
+        "text": mask(plan_text(made), view.secrets),
+        "result": made.result,
+        "max_model_len": made.max_model_len,
+        "flag_changes": applied.flag_changes,
+        "gpu_memory_utilization": applied.gpu_memory_utilization,
+        "applies": applied.text(made),
+        "learned": service_plan.learned,
+    }
+
+
+def verify(restarter: Restarter, options: VerifyOptions) -> dict[str, Any]:
+    """The head's verify (the same checks as `ctxmgr verify`), answered as a step: the coordinator
+    decides the deployment's verdict from every node's."""
+    verification, _facts = verify_service(restarter.systemd, restarter.store, restarter.service, options)
+    return {"service": restarter.unit, **verification.to_json()}
