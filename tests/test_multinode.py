@@ -221,3 +221,43 @@ def test_an_unreachable_node_or_a_topology_vllm_refuses_changes_nothing(sandbox:
     assert "headless" in refused.data["error"]
     assert paths[HEAD].read_text() == before[HEAD]
     assert revisions(state, HEAD) == [] and served(port) == 8192
+
+
+def test_a_ray_deployment_changes_the_heads_vllm_alone_and_plans_with_every_nodes_gpus(
+    sandbox: Sandbox, install_unit, workdir: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Ray: one `vllm serve --distributed-executor-backend ray` on the head places its workers on the
+    Ray cluster; the nodes' `ray start` units carry no vLLM flag, so only the head's unit is written and
+    restarted. Ray itself is not run here (a `ray` that only waits stands in for its process): what is
+    tested is which units ctxmgr reads, plans from, writes and restarts. The Ray node is this machine
+    under its other name (`localhost`), as two hosts to the topology."""
+    wrapper = make_vllm_wrapper(workdir)
+    ray = workdir / "bin" / "ray"
+    ray.parent.mkdir(exist_ok=True)
+    ray.write_text("#!/bin/sh\nexec sleep infinity\n")
+    ray.chmod(0o755)
+    port = free_port()
+    head_text = standin_unit(
+        wrapper, port=port, environment={"CTXMGR_STANDIN_WEIGHTS_GIB": str(SEED_WEIGHTS_GIB_PER_GPU / 2)}
+    ).replace("--tensor-parallel-size 8", "--tensor-parallel-size 16 --distributed-executor-backend ray")
+    head = install_unit(f"{HEAD}.service", head_text)
+    worker = install_unit(
+        "ray-worker.service",
+        f"[Unit]\nDescription=Ray worker node\n\n[Service]\nExecStart={ray} start --address 127.0.0.1:6379 --block\n",
+    )
+    sandbox.systemd.start(worker)
+    sandbox.systemd.start(head)
+    wait_serving(port)
+    state = workdir / "state"
+    worker_pid = sandbox.systemd.show(worker, "MainPID")["MainPID"]
+    worker_text = (sandbox.systemd.host_unit_dir / worker).read_text()
+    run = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", "--node", f"local:{HEAD}",
+                     "--node", "localhost:ray-worker", *GPU_ARGS, "--yes", "--json", timeout=300)  # fmt: skip
+    assert run.code == 0, run.stdout + run.stderr
+    assert run.data["backend"] == "ray" and run.data["result"] == "applied"
+    # the plan had both nodes' GPUs: 16 lines, ranks 0-7 on the head and 8-15 on the Ray worker
+    assert len(run.data["plan"]["gpus"]) == 16
+    assert [(n["role"], n["step"]) for n in run.data["nodes"]] == [("head", "final"), ("ray", "read")]
+    assert served(port) == 200000
+    assert (sandbox.systemd.host_unit_dir / worker).read_text() == worker_text
+    assert sandbox.systemd.show(worker, "MainPID")["MainPID"] == worker_pid

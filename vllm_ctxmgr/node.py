@@ -28,7 +28,7 @@ from typing import Any
 from vllm_ctxmgr import store as st
 from vllm_ctxmgr.change import Change
 from vllm_ctxmgr.core.change_policy import flags_to_apply
-from vllm_ctxmgr.errors import CtxmgrError, UsageError
+from vllm_ctxmgr.errors import CtxmgrError, UnitError, UsageError
 from vllm_ctxmgr.masking import mask, mask_json
 from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.planning import PlanRequest, plan_service
@@ -36,7 +36,11 @@ from vllm_ctxmgr.report import plan_text
 from vllm_ctxmgr.restart import InstallError, Restarter
 from vllm_ctxmgr.service import ServiceView, read_service, view_from_unit
 from vllm_ctxmgr.store import Revision, State, Step
+from vllm_ctxmgr.systemd.names import unit_name
+from vllm_ctxmgr.systemd.quoting import split_words
+from vllm_ctxmgr.systemd.systemctl import Systemd
 from vllm_ctxmgr.systemd.unit_edit import UnitEdit, edit_unit, unified_diff
+from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 from vllm_ctxmgr.verify import VerifyOptions, verify_service
 from vllm_ctxmgr.vllm_log.watcher import StartWatcher, last_start, observe_start
 
@@ -60,20 +64,56 @@ class NodeStepError(CtxmgrError):
 def unit_digest(view: ServiceView) -> str:
     """The unit as systemd loads it (every file, path and bytes): what the coordinator planned from, so
     a unit edited on the node between the plan and the write is noticed there, not overwritten."""
+    return _files_digest(view.unit)
+
+
+def _files_digest(unit: ServiceUnit) -> str:
     digest = hashlib.sha256()
-    for unit_file in view.unit.files:
+    for unit_file in unit.files:
         digest.update(str(unit_file.path).encode() + b"\0" + unit_file.text.encode() + b"\0")
     return digest.hexdigest()
+
+
+def ray_start_unit(systemd: Systemd, service: str) -> ServiceUnit | None:
+    """The unit, where its ExecStart= is Ray's `ray start ...` (a Ray node's, which runs no vLLM of its
+    own: the head's vLLM places its workers there)."""
+    props = systemd.show(unit_name(service), "FragmentPath", "DropInPaths")
+    if not props.get("FragmentPath"):
+        return None
+    dropins = [p for p in props.get("DropInPaths", "").split() if p.endswith(".conf")]
+    unit = ServiceUnit.load(unit_name(service), props["FragmentPath"], dropins, root=systemd.root)
+    try:
+        words = [w.value for w in split_words(unit.exec_start()[1].value)]
+    except UnitError:
+        return None
+    first = words[0].lstrip("-@:+!") if words else ""
+    return unit if len(words) > 1 and Path(first).name == "ray" and words[1] == "start" else None
 
 
 def show(restarter: Restarter) -> dict[str, Any]:
     """What the coordinator plans from: the unit's vLLM arguments (keys masked), its digest, the GPUs
     NVML sees here (None without NVML: the coordinator is given them) and any change in progress."""
-    view = read_service(restarter.systemd, restarter.service)
-    secrets = view.secrets
     gpus = None
     with contextlib.suppress(CtxmgrError):  # no NVML here: the coordinator is given this node's GPUs
         gpus = read_nvml().to_json()
+    try:
+        view = read_service(restarter.systemd, restarter.service)
+    except UnitError:
+        ray = ray_start_unit(restarter.systemd, restarter.service)
+        if ray is None:
+            raise
+        state = restarter.systemd.state(restarter.unit)
+        return {
+            "service": restarter.unit,
+            "ray_worker": True,
+            "gpus": gpus,
+            "active_state": state.active_state,
+            "unit_digest": _files_digest(ray),
+            "in_progress": None,
+            "last_change": None,
+            "logged": {},
+        }
+    secrets = view.secrets
     state = restarter.systemd.state(restarter.unit)
     pending = restarter.store.in_progress()
     last = next((r for r in reversed(restarter.store.revisions()) if r.deployment), None)
