@@ -53,7 +53,9 @@ def test_a_node_answer_is_its_json_object_and_its_failure_names_the_host(workdir
     failing = Link(
         local_ctxmgr=_script(
             workdir,
-            "import json\nprint(json.dumps({'error': 'u: no such unit', 'exit_code': 2}))\nraise SystemExit(2)",
+            "import json\n"
+            "print(json.dumps({'error': 'u: no such unit', 'exit_code': 2}))\n"
+            "raise SystemExit(2)",
         )
     )
     with pytest.raises(NodeError, match=r"^local: u: no such unit$") as caught:
