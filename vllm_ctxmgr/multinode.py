@@ -74,7 +74,7 @@ class DeploymentResult:
 
     deployment: str
     action: str
-    result: Result
+    result: Result | str  # a change's Result; a plan's feasible | infeasible | unknown
     changed: bool
     exit_code: int = ExitCode.OK
     change_id: str | None = None
@@ -681,7 +681,7 @@ def plan_deployment(request: DeploymentRequest, state_dir: Path | str) -> Deploy
     result = coordinator.result
     result.action = "plan"
     verdict = str(answer.get("result") or "unknown")
-    result.result = Result.PLANNED if verdict == "feasible" else Result.INFEASIBLE
+    result.result = verdict  # a plan's own vocabulary: feasible | infeasible | unknown
     result.exit_code = {"feasible": ExitCode.OK, "infeasible": ExitCode.INFEASIBLE}.get(
         verdict, ExitCode.UNKNOWN
     )
