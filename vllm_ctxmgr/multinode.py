@@ -93,6 +93,10 @@ class DeploymentResult:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["result"] = str(self.result)
+        # every node's diff in one text, as a one-host change has one `diff`
+        data["diff"] = "\n".join(
+            f"# node {n.node_rank}: {n.host}:{n.service}\n{n.diff}" for n in self.nodes if n.diff
+        )
         return data
 
 

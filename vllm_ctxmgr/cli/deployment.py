@@ -192,7 +192,10 @@ def _read_deployment_file(path: Path) -> dict[str, Any]:
 
 
 def _finish(result: DeploymentResult, as_json: bool, dry_run: bool = False) -> None:
+    """As common.finish: on a dry run `changed` means "would change" (Ansible's check mode)."""
     data = {"command": f"deployment {result.action}", **result.to_json(), "dry_run": dry_run}
+    if dry_run:
+        data["changed"] = str(result.result) == "dry-run"
     if as_json:
         emit_json(data)
     else:
