@@ -567,25 +567,28 @@ class Coordinator:
                 n, "check", "--cursor", cursors[n.address], "--max-model-len", str(self._expected(back))
             ),
         )
-        worker_failure = None
+        failures: list[tuple[str, str]] = []  # (node: reason, vLLM's decisive line), the head first
+        if not answer.get("ok"):
+            head.outcome.ok, head.outcome.reason = False, str(answer.get("reason") or "")
+            failures.append(
+                (f"{head.address}: {answer.get('reason')}", str(answer.get("decisive_line") or ""))
+            )
         for node, checked in zip(workers, checks, strict=True):
             assert node.outcome is not None
             if isinstance(checked, NodeError):
                 node.outcome.ok, node.outcome.reason = False, checked.message
+                failures.append((checked.message, ""))
             elif not checked.get("ok"):
                 node.outcome.ok, node.outcome.reason = False, str(checked.get("reason") or "")
-                worker_failure = worker_failure or (
-                    f"{node.address}: {checked.get('reason')}",
-                    str(checked.get("decisive_line") or ""),
+                failures.append(
+                    (f"{node.address}: {checked.get('reason')}", str(checked.get("decisive_line") or ""))
                 )
-        if not answer.get("ok"):
-            head.outcome.ok, head.outcome.reason = False, str(answer.get("reason") or "")
-            # a rank's own error says more than the head's wait for it
-            return worker_failure or (
-                f"{head.address}: {answer.get('reason')}",
-                str(answer.get("decisive_line") or ""),
-            )
-        return worker_failure
+        if not failures:
+            return None
+        # every node that failed says why (vLLM's KV check runs in the head's engine; a rank's own OOM is
+        # in its journal); the first decisive line vLLM printed is the one quoted
+        line = next((line for _, line in failures if line), "")
+        return "; ".join(reason for reason, _ in failures), line
 
     def _expected(self, back: bool) -> int:
         return int((self.result.previous_max_model_len if back else self.result.max_model_len) or 0)
