@@ -587,3 +587,67 @@ def test_a_rollback_that_another_unit_file_would_override_stops_before_the_resta
     assert sandbox.systemd.show(unit, "MainPID")["MainPID"] == pid and served_max_model_len(port) == 120000
     operators.unlink()
     sandbox.systemd.daemon_reload()
+
+
+def _wait_serving(port: int, context: int) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:  # the restarted process serves `context`
+        with contextlib.suppress(requests.RequestException, KeyError, IndexError, ValueError):
+            if served_max_model_len(port) == context:
+                return
+        time.sleep(0.5)
+    assert served_max_model_len(port) == context
+
+
+def test_a_revision_is_every_file_it_changed_and_a_rollback_says_what_the_service_serves(  # type: ignore[no-untyped-def]
+    sandbox, install_unit, workdir, monkeypatch
+) -> None:
+    """Issue 16 item 9: ctxmgr's drop-in, then an operator's later drop-in that resets ExecStart=, then
+    ctxmgr's next change edits the operator's file. A revision recorded one file, so a rollback only
+    knew ctxmgr's own drop-in: `rollback` said revision 1's unit was already running (exit 0) while
+    vLLM served the later context. Now a revision is every file it changed, a rollback puts back every
+    file changed since its target, and the unit as systemd would load it must serve the target's
+    context: where the operator's file still decides ExecStart=, it refuses, naming it, and restarts
+    nothing; once the operator's file is gone, `rollback --to 0` serves revision 0's context."""
+    name = "vllm-it-files"
+    unit, port, path = start_service(sandbox, install_unit, workdir, name)
+    monkeypatch.setenv("CTXMGR_UNIT_DIR", "/run/systemd/system")
+    state = workdir / "state"
+    before = path.read_bytes()
+    code, data, err = ctxmgr(sandbox, state, "set-context", "100000", "--service", name, *offline_gpu_args(),
+                             "--edit", "dropin", "--yes", "--json")  # fmt: skip
+    assert code == 0, err
+    ours = sandbox.systemd.host_path(data["unit_path"])
+    operators = ours.parent / "60-operator.conf"
+    operator_bytes = ours.read_text().replace("--max-model-len 100000", "--max-model-len 120000").encode()
+    operators.write_bytes(operator_bytes)
+    sandbox.systemd.daemon_reload()
+    sandbox.systemd.restart(unit)
+    _wait_serving(port, 120000)
+    # ctxmgr's next change edits the file that holds ExecStart= now: the operator's
+    code, data, err = ctxmgr(sandbox, state, "set-context", "110000", "--service", name, *offline_gpu_args(),
+                             "--edit", "dropin", "--yes", "--json")  # fmt: skip
+    assert code == 0 and data["result"] == "applied", err
+    assert data["unit_path"] == f"/run/systemd/system/{unit}.d/60-operator.conf"
+    assert served_max_model_len(port) == 110000
+    files = {o: o.read_bytes() for o in (ours, operators)}
+    pid = sandbox.systemd.show(unit, "MainPID")["MainPID"]
+
+    for args, target in ((), 100000), (("--to", "0"), 8192):
+        code, data, err = ctxmgr(sandbox, state, "rollback", "--service", name, *args, "--yes", "--json")
+        assert code == 1 and data["result"] == "rolled-back" and data["changed"] is False, (args, err, data)
+        assert f"would still serve max_model_len 120000, not {target}" in data["reason"], data["reason"]
+        assert str(operators.name) in data["reason"]
+        assert {o: o.read_bytes() for o in files} == files  # every file as it was
+        assert sandbox.systemd.show(unit, "MainPID")["MainPID"] == pid and served_max_model_len(port) == 110000
+
+    # the operator removes the drop-in, and asks for the unit as ctxmgr first found it
+    operators.unlink()
+    sandbox.systemd.daemon_reload()
+    code, data, err = ctxmgr(sandbox, state, "rollback", "--service", name, "--to", "0", "--yes", "--json")
+    if code == 0:
+        assert data["result"] == "applied" and served_max_model_len(port) == 8192, data
+    else:  # refused or failed: then it says so, and never that revision 0 serves
+        assert data["result"] in ("rolled-back", "rollback-failed") and served_max_model_len(port) != 8192
+    record = json.loads(max((state / name / "revisions").glob("[0-9]*")).joinpath("record.json").read_text())
+    assert {f["path"] for f in record["files"]} >= {str(data["unit_path"])}
