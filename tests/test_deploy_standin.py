@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.ctxmgr_cli import ctxmgr_argv, run_ctxmgr
+from tests.ctxmgr_cli import crashing_argv, ctxmgr_argv, run_ctxmgr
 from tests.support.demo import make_vllm_wrapper, offline_gpu_args, standin_unit
 from tests.support.sandbox import Sandbox
 from tests.support.standin import free_port
@@ -652,6 +652,20 @@ def test_a_revision_is_every_file_it_changed_and_a_rollback_says_what_the_servic
         assert (
             sandbox.systemd.show(unit, "MainPID")["MainPID"] == pid and served_max_model_len(port) == 110000
         )
+
+    # killed between the two files of `rollback --to 0` (the operator's put back, ctxmgr's not yet
+    # removed): recover puts back every file of the interrupted revision, and nothing restarts
+    crashed = subprocess.run(
+        crashing_argv(sandbox.pid, state, "unit-file-written", "rollback", "--service", name, "--to", "0",
+                      "--yes", "--json"),
+        capture_output=True, text=True, timeout=120, env=os.environ,
+    )  # fmt: skip
+    assert crashed.returncode == 137, crashed.stderr
+    assert operators.read_bytes() == operator_bytes and ours.read_bytes() == files[ours]
+    code, data, err = ctxmgr(sandbox, state, "recover", "--service", name, "--json")
+    assert code == 0 and data["result"] == "rolled-back", (err, data)
+    assert {o: o.read_bytes() for o in files} == files
+    assert sandbox.systemd.show(unit, "MainPID")["MainPID"] == pid and served_max_model_len(port) == 110000
 
     # the operator removes the drop-in, and asks for the unit as ctxmgr first found it
     operators.unlink()
