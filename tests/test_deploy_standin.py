@@ -680,6 +680,24 @@ def test_a_revision_is_every_file_it_changed_and_a_rollback_says_what_the_servic
     assert record["format"] == 3
     assert record["files"] == [{"path": str(ours_path), "unit": None, "previous": "previous"}]
 
+    # revision 0's files in place while a file ctxmgr never wrote decides ExecStart=: not "nothing to do"
+    later = ours.parent / "70-operator.conf"
+    later.parent.mkdir(exist_ok=True)  # the last drop-in's removal took the empty directory
+    later.write_bytes(operator_bytes)
+    sandbox.systemd.daemon_reload()
+    try:
+        code, data, err = ctxmgr(
+            sandbox, state, "rollback", "--service", name, "--to", "0", "--yes", "--json"
+        )
+        assert code == 1 and data["result"] == "unchanged" and data["changed"] is False, (err, data)
+        assert data["reason"].startswith(
+            "the unit files of revision 0 are in place, but the unit would still serve max_model_len 120000, "
+            f"not 8192: {ours_path.parent / later.name} sets its ExecStart="
+        ), data["reason"]
+    finally:
+        later.unlink()
+        sandbox.systemd.daemon_reload()
+
 
 def test_a_change_whose_unit_another_file_overrides_during_the_restart_is_not_applied(  # type: ignore[no-untyped-def]
     sandbox, install_unit, workdir
