@@ -233,10 +233,10 @@ _ALL_OPS = "*"
 _TOUCHES: dict[str, object] = {
     "state": _ALL_OPS,
     "service": _ALL_OPS,
-    "revisions": {"revisions", "file_bytes", "previous", "lock", "new_revision", "save", "prune",
-                  "remove_partial", "in_progress", "ensure"},
-    "revision": {"revisions", "file_bytes", "previous", "new_revision", "save", "prune", "remove_partial",
-                 "in_progress"},
+    "revisions": {"revisions", "file_bytes", "previous", "file_changes", "lock", "new_revision", "save",
+                  "prune", "remove_partial", "in_progress", "ensure"},
+    "revision": {"revisions", "file_bytes", "previous", "file_changes", "new_revision", "save", "prune",
+                 "remove_partial", "in_progress"},
 }  # fmt: skip
 
 
@@ -268,6 +268,7 @@ def _store_ops() -> dict[str, Callable[[Any], Any]]:
         "revisions": lambda s: [r.to_json() for r in s.revisions()],
         "file_bytes": lambda s: s.file_bytes(0, "unit"),
         "previous": lambda s: s.file_bytes(0, "previous"),
+        "file_changes": lambda s: s.file_changes(s.get(0)),
         "lock": lock,
         "read_lock": read_lock,
         "add_observation": lambda s: s.add_observation({"num_gpu_blocks": 2}),

@@ -41,6 +41,7 @@ CASES: list[tuple[str, str, str]] = [
     ("set-context", "revision-staged", "recover"),
     ("set-context", "set-context:recorded", "next"),
     ("set-context", "set-context:installed", "recover"),
+    ("set-context", "unit-file-written", "next"),  # the file written, systemd not yet reloaded
     ("set-context", "set-context:restarting", "next"),
     ("set-context", "set-context:serving", "recover"),
     ("set-context", "set-context:probed", "next"),
@@ -48,6 +49,7 @@ CASES: list[tuple[str, str, str]] = [
     ("failing", "set-context:rolling-back", "recover"),
     ("failing", "set-context:rolled-back", "next"),
     ("rollback", "rollback:installed", "recover"),
+    ("rollback", "unit-file-written", "recover"),
     ("rollback", "rollback:restarting", "next"),
     ("rollback", "rollback:serving", "recover"),
     ("rollback", "rollback:probed", "recover"),
@@ -92,9 +94,11 @@ class Service:
         good: dict[bytes, int] = {}
         for rev in self.store.revisions():
             if rev.state in GOOD:
-                good[(self.store.file_bytes(rev.number, "unit") or b"")] = rev.max_model_len or 0
+                for f in self.store.file_changes(rev):
+                    good[f.unit or b""] = rev.max_model_len or 0
             if rev.state == "rolled-back":
-                good[(self.store.file_bytes(rev.number, "previous") or b"")] = rev.previous_max_model_len or 0
+                for f in self.store.file_changes(rev):
+                    good[f.previous or b""] = rev.previous_max_model_len or 0
         return good
 
     def check_whole(self) -> list[str]:

@@ -22,10 +22,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.ctxmgr_cli import ctxmgr_argv, run_ctxmgr
+from tests.ctxmgr_cli import crashing_argv, ctxmgr_argv, run_ctxmgr
 from tests.support.demo import make_vllm_wrapper, offline_gpu_args, standin_unit
 from tests.support.sandbox import Sandbox
 from tests.support.standin import free_port
+from vllm_ctxmgr.store import ServiceStore
+from vllm_ctxmgr.systemd.unit_file import UnitFile
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -587,3 +589,167 @@ def test_a_rollback_that_another_unit_file_would_override_stops_before_the_resta
     assert sandbox.systemd.show(unit, "MainPID")["MainPID"] == pid and served_max_model_len(port) == 120000
     operators.unlink()
     sandbox.systemd.daemon_reload()
+
+
+def _wait_serving(port: int, context: int) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:  # the restarted process serves `context`
+        with contextlib.suppress(requests.RequestException, KeyError, IndexError, ValueError):
+            if served_max_model_len(port) == context:
+                return
+        time.sleep(0.5)
+    assert served_max_model_len(port) == context
+
+
+def test_a_revision_is_every_file_it_changed_and_a_rollback_says_what_the_service_serves(  # type: ignore[no-untyped-def]
+    sandbox, install_unit, workdir, monkeypatch
+) -> None:
+    """Issue 16 item 9: ctxmgr's drop-in, then an operator's later drop-in that resets ExecStart=, then
+    ctxmgr's next change edits the operator's file. A revision recorded one file, so a rollback only
+    knew ctxmgr's own drop-in: `rollback` said revision 1's unit was already running (exit 0) while
+    vLLM served the later context. Now a revision is every file it changed, a rollback puts back every
+    file changed since its target, and the unit as systemd would load it must serve the target's
+    context: where the operator's file still decides ExecStart=, it refuses, naming it, and restarts
+    nothing; once the operator's file is gone, `rollback --to 0` serves revision 0's context."""
+    name = "vllm-it-files"
+    unit, port, path = start_service(sandbox, install_unit, workdir, name)
+    monkeypatch.setenv("CTXMGR_UNIT_DIR", "/run/systemd/system")
+    state = workdir / "state"
+    before = path.read_bytes()
+    code, data, err = ctxmgr(sandbox, state, "set-context", "100000", "--service", name, *offline_gpu_args(),
+                             "--edit", "dropin", "--yes", "--json")  # fmt: skip
+    assert code == 0, err
+    ours_path = Path(data["unit_path"])
+    operators_path = ours_path.parent / "60-operator.conf"
+    ours = sandbox.systemd.host_path(ours_path)
+    operators = ours.parent / "60-operator.conf"
+    operator_bytes = ours.read_text().replace("--max-model-len 100000", "--max-model-len 120000").encode()
+    operators.write_bytes(operator_bytes)
+    sandbox.systemd.daemon_reload()
+    sandbox.systemd.restart(unit)
+    _wait_serving(port, 120000)
+    # ctxmgr's next change edits the file that holds ExecStart= now: the operator's
+    code, data, err = ctxmgr(sandbox, state, "set-context", "110000", "--service", name, *offline_gpu_args(),
+                             "--edit", "dropin", "--yes", "--json")  # fmt: skip
+    assert code == 0 and data["result"] == "applied", err
+    assert data["unit_path"] == f"/run/systemd/system/{unit}.d/60-operator.conf"
+    assert served_max_model_len(port) == 110000
+    files = {o: o.read_bytes() for o in (ours, operators)}
+    pid = sandbox.systemd.show(unit, "MainPID")["MainPID"]
+
+    for args, target in ((), 100000), (("--to", "0"), 8192):
+        code, data, err = ctxmgr(sandbox, state, "rollback", "--service", name, *args, "--yes", "--json")
+        assert code == 1 and data["result"] == "rolled-back" and data["changed"] is False, (args, err, data)
+        assert f"would still serve max_model_len 120000, not {target}" in data["reason"], data["reason"]
+        assert f"{operators_path} sets its ExecStart=" in data["reason"]
+        record = json.loads(
+            (state / name / "revisions" / f"{data['revision']:04d}" / "record.json").read_text()
+        )  # the refused rollback recorded the operator's file it would have put back
+        assert record["state"] == "rolled-back" and operators_path.as_posix() in {
+            f["path"] for f in record["files"]
+        }
+        assert {o: o.read_bytes() for o in files} == files  # every file as it was
+        assert (
+            sandbox.systemd.show(unit, "MainPID")["MainPID"] == pid and served_max_model_len(port) == 110000
+        )
+
+    # killed between the two files of `rollback --to 0` (the operator's put back, ctxmgr's not yet
+    # removed): recover puts back every file of the interrupted revision, and nothing restarts
+    crashed = subprocess.run(
+        crashing_argv(sandbox.pid, state, "unit-file-written", "rollback", "--service", name, "--to", "0",
+                      "--yes", "--json"),
+        capture_output=True, text=True, timeout=120, env=os.environ,
+    )  # fmt: skip
+    assert crashed.returncode == 137, crashed.stderr
+    assert operators.read_bytes() == operator_bytes and ours.read_bytes() == files[ours]
+    code, data, err = ctxmgr(sandbox, state, "recover", "--service", name, "--json")
+    assert code == 0 and data["result"] == "rolled-back", (err, data)
+    assert {o: o.read_bytes() for o in files} == files
+    assert sandbox.systemd.show(unit, "MainPID")["MainPID"] == pid and served_max_model_len(port) == 110000
+
+    # the operator removes the drop-in, and asks for the unit as ctxmgr first found it
+    operators.unlink()
+    sandbox.systemd.daemon_reload()
+    code, data, err = ctxmgr(sandbox, state, "rollback", "--service", name, "--to", "0", "--yes", "--json")
+    assert code == 0 and data["result"] == "applied", (err, data)
+    assert served_max_model_len(port) == 8192 and data["probe"]["max_model_len"] == 8192
+    # the operator's removal is theirs: not undone, and said
+    assert data["warnings"] == [f"{operators_path} changed after revision 2 left it: left as it is"]
+    assert not operators.exists() and not ours.exists() and path.read_bytes() == before
+    record = json.loads((state / name / "revisions" / f"{data['revision']:04d}" / "record.json").read_text())
+    assert record["format"] == 3
+    assert record["files"] == [{"path": str(ours_path), "unit": None, "previous": "previous"}]
+
+    # revision 0's files in place while a file ctxmgr never wrote decides ExecStart=: not "nothing to do"
+    later = ours.parent / "70-operator.conf"
+    later.parent.mkdir(exist_ok=True)  # the last drop-in's removal took the empty directory
+    later.write_bytes(operator_bytes)
+    sandbox.systemd.daemon_reload()
+    try:
+        code, data, err = ctxmgr(
+            sandbox, state, "rollback", "--service", name, "--to", "0", "--yes", "--json"
+        )
+        assert code == 1 and data["result"] == "unchanged" and data["changed"] is False, (err, data)
+        assert data["reason"].startswith(
+            "the unit files of revision 0 are in place, but the unit would still serve max_model_len 120000, "
+            f"not 8192: {ours_path.parent / later.name} sets its ExecStart="
+        ), data["reason"]
+    finally:
+        later.unlink()
+        sandbox.systemd.daemon_reload()
+
+
+def test_a_change_whose_unit_another_file_overrides_during_the_restart_is_not_applied(  # type: ignore[no-untyped-def]
+    sandbox, install_unit, workdir
+) -> None:
+    """Issue 16 item 9, after the restart: an operator's drop-in that resets ExecStart= lands (with a
+    daemon-reload) while vLLM starts with ctxmgr's new unit. vLLM serves the new context and the probe
+    passes, but the unit systemd now loads would serve another: not "applied". The rollback's own
+    restart then serves the operator's context, not the previous one: a failed rollback, said."""
+    name = "vllm-it-race"
+    unit, port, path = start_service(
+        sandbox, install_unit, workdir, name, environment={"CTXMGR_STANDIN_TIME_SCALE": "2"}
+    )
+    state = workdir / "state"
+    pid = sandbox.systemd.show(unit, "MainPID")["MainPID"]
+    argv = ctxmgr_argv(sandbox.pid, state, "set-context", "100000", "--service", name, *offline_gpu_args(),
+                       "--yes", "--json")  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store = ServiceStore(state, name)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # vLLM runs the new unit's command: the operator's edit lands
+        rev = store.in_progress() if (state / name / "revisions").exists() else None
+        restarted = sandbox.systemd.show(unit, "MainPID")["MainPID"] not in ("0", pid)
+        if rev is not None and rev.state == "restarting" and restarted:
+            break
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("set-context never restarted the service")
+    dropins = path.parent / f"{unit}.d"
+    dropins.mkdir(exist_ok=True)
+    unit_file = UnitFile.parse(path, path.read_text())
+    exec_start = unit_file.raw(unit_file.get_all("Service", "ExecStart")[0])
+    operators = dropins / "60-operator.conf"
+    operators.write_text(f"[Service]\nExecStart=\n{exec_start.replace('100000', '120000')}\n")
+    assert "--max-model-len 120000" in operators.read_text()
+    sandbox.systemd.daemon_reload()
+    try:
+        out, err = proc.communicate(timeout=300)
+        data = json.loads(out)
+        assert proc.returncode == 5 and data["result"] == "rollback-failed", (err, data)
+        loaded = "after the restart, the unit systemd loaded sets max_model_len 120000, not {}: " + str(
+            operators_path(unit)
+        )
+        assert loaded.format(100000) in data["reason"] and loaded.format(8192) in data["reason"], data[
+            "reason"
+        ]
+        assert served_max_model_len(port) == 120000  # the operator's unit decides, and ctxmgr says so
+        assert store.revisions()[-1].state == "rollback-failed"
+    finally:
+        operators.unlink()
+        sandbox.systemd.daemon_reload()
+
+
+def operators_path(unit: str) -> str:
+    return f"/run/systemd/system/{unit}.d/60-operator.conf"

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ctxmgr.errors import LockedError, UsageError
+from vllm_ctxmgr.errors import LockedError, UnsafePathError, UsageError
 from vllm_ctxmgr.store import (
     PENDING,
+    RECORD_FORMAT,
     TRANSITIONS,
+    FileChange,
     Revision,
     ServiceStore,
     State,
@@ -110,6 +112,100 @@ def test_a_record_of_the_old_format_still_loads_and_is_recoverable(store: Servic
     assert rev.state is State.IN_PROGRESS and rev.created == 1767000000.25
     assert rev.plan["gpu_memory_utilization"] == 0.78
     assert store.in_progress() is not None and store.in_progress().number == 1  # type: ignore[union-attr]
+
+
+def test_a_revision_keeps_every_file_it_changed_with_its_previous_bytes_or_absence(
+    store: ServiceStore,
+) -> None:
+    """Issue 16 item 9: a revision is the set of unit files it changed, each with what it held before and
+    after (None: absent); record.json names each path and its two copies for a person to read."""
+    fragment = Path("/etc/systemd/system/vllm-glm5.service")
+    ours = Path("/etc/systemd/system/vllm-glm5.service.d/50-ctxmgr.conf")
+    theirs = Path("/etc/systemd/system/vllm-glm5.service.d/60-operator.conf")
+    changes = [
+        FileChange(
+            theirs, b"[Service]\nExecStart=\nExecStart=/x --max-model-len 120000\n", b"operator's new"
+        ),
+        FileChange(ours, b"ctxmgr's drop-in", None),  # removed
+        FileChange(fragment, None, UNIT),  # created
+    ]
+    rev = revision(State.RECORDED, action="rollback", rollback_of=0, unit_path=str(theirs))
+    store.new_revision(rev, files=changes)
+    directory = store.revisions_dir / "0000"
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "previous", "previous.1", "record.json", "unit", "unit.2",
+    ]  # fmt: skip
+    record = json.loads((directory / "record.json").read_text())
+    assert record["format"] == RECORD_FORMAT == 3
+    assert record["files"] == [
+        {"path": str(theirs), "unit": "unit", "previous": "previous"},
+        {"path": str(ours), "unit": None, "previous": "previous.1"},
+        {"path": str(fragment), "unit": "unit.2", "previous": None},
+    ]
+    assert store.file_changes(store.get(0)) == changes
+    assert store.history()[0]["files"] == [str(theirs), str(ours), str(fragment)]
+
+
+@pytest.mark.parametrize("absent", [[], ["unit"], ["previous"], ["unit", "previous"]])
+def test_a_one_file_revision_of_format_2_reads_as_its_unit_path(
+    store: ServiceStore, absent: list[str]
+) -> None:
+    """Revisions ctxmgr wrote before issue 16 item 9 name one file, `unit_path`: its copies are `unit` and
+    `previous`, and an absent copy is an absent file (a drop-in ctxmgr created, or removed)."""
+    store.ensure()
+    directory = store.revisions_dir / "0001"
+    directory.mkdir()
+    record = {**OLD_RECORD, "format": 2, "state": "final", "created": "2026-01-01T00:00:00.000+00:00"}
+    record.pop("plan")
+    (directory / "record.json").write_text(json.dumps(record))
+    for which in {"unit", "previous"} - set(absent):
+        (directory / which).write_bytes(which.encode())
+    rev = store.get(1)
+    path = Path(OLD_RECORD["unit_path"])  # type: ignore[arg-type]
+    assert store.file_changes(rev) == [
+        FileChange(path, None if "previous" in absent else b"previous", None if "unit" in absent else b"unit")
+    ]
+    assert store.file_bytes(1, "unit") == (None if "unit" in absent else b"unit")
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        (
+            [{"path": "/etc/x.service", "unit": "../../../../etc/shadow", "previous": None}],
+            "not a stored copy",
+        ),
+        ([{"path": "/etc/x.service", "unit": "record.json", "previous": None}], "not a stored copy"),
+        ([{"path": "x.service", "unit": "unit", "previous": None}], "not an absolute unit file path"),
+        ([{"path": "/etc/../x.service", "unit": "unit", "previous": None}], "not an absolute unit file path"),
+        ([{"path": "/etc/x.service", "unit": "unit"}], "a file is not {path, unit, previous}"),
+        ([], "is not a list of unit files"),
+        ("unit", "is not a list of unit files"),
+    ],
+)
+def test_a_record_whose_files_leave_the_revision_is_refused(
+    store: ServiceStore, files: object, message: str
+) -> None:
+    store.new_revision(revision(State.BASELINE), unit=UNIT, previous=UNIT)
+    path = store.revisions_dir / "0000" / "record.json"
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "files": files}))
+    with pytest.raises(StoreError, match=r"record\.json") as caught:
+        store.revisions()
+    assert message in caught.value.message
+
+
+def test_a_further_copy_planted_as_a_link_is_refused(store: ServiceStore) -> None:
+    changes = [
+        FileChange(Path("/etc/a.service"), b"a0", b"a1"),
+        FileChange(Path("/etc/b.service"), b"b0", b"b1"),
+    ]
+    store.new_revision(revision(State.FINAL), files=changes)
+    copy = store.revisions_dir / "0000" / "unit.1"
+    copy.unlink()
+    copy.symlink_to("/etc/hostname")
+    with pytest.raises(UnsafePathError, match="a symbolic link"):
+        store.file_changes(store.get(0))
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ from typing import Any
 from vllm_ctxmgr import store as st
 from vllm_ctxmgr.errors import ExitCode
 from vllm_ctxmgr.restart import Restarter
-from vllm_ctxmgr.store import Revision, ServiceStore, State, Step, crash_point
+from vllm_ctxmgr.store import FileChange, Revision, ServiceStore, State, Step, crash_point
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -102,13 +102,17 @@ def result_for(rev: Revision, action: str) -> ChangeResult:
 
 @dataclass
 class Change:
-    """A revision on its way through the states, with the bytes it installs and the bytes it replaced."""
+    """A revision on its way through the states, with every unit file it changes: the bytes it installs
+    and the bytes they replace."""
 
     store: ServiceStore
     rev: Revision
-    old: bytes | None  # the unit as it was (the revision's `previous`); None: the file did not exist
-    new: bytes | None  # the unit this revision installs; None: the file is removed (a drop-in ctxmgr made)
+    files: list[FileChange]  # in the order written; None bytes: the file is (or was) absent
     command: str = ""  # the ctxmgr command walking it: set-context | rollback | recover
+
+    def installs(self) -> list[tuple[Path, bytes | None]]:
+        """What the forward walk writes, in order."""
+        return [(f.path, f.unit) for f in self.files]
 
     def enter(self, state: State, note: str = "") -> None:
         """The one way into a state: check the table, write the record, then (test hook) maybe die."""
@@ -120,7 +124,7 @@ class Change:
         if state in st.FINISHED:
             self.rev.finished = now
         if state is State.RECORDED:
-            self.store.new_revision(self.rev, unit=self.new, previous=self.old)
+            self.store.new_revision(self.rev, files=self.files)
         else:
             self.store.save(self.rev)
         crash_point(str(state), self.command)
@@ -175,7 +179,7 @@ def roll_back(
     restarter.on_step(f"rolling back to the previous unit of {restarter.service}")
     rev.reason, rev.decisive_line = result.reason or note, result.decisive_line or rev.decisive_line
     change.enter(State.ROLLING_BACK, f"putting the previous unit back: {note}")
-    back_ok, back_reason = restarter.restore(Path(rev.unit_path), change.old)
+    back_ok, back_reason = restarter.restore(change.files, rev.previous_max_model_len)
     if back_ok:
         change.enter(State.ROLLED_BACK, "the previous unit serves again and passed its probe")
         result.result, result.exit_code = Result.ROLLED_BACK, ExitCode.ERROR

@@ -42,8 +42,8 @@ from vllm_ctxmgr.observing import calibration, capacity
 from vllm_ctxmgr.planning import PlanRequest, plan_service
 from vllm_ctxmgr.recovery import recover_if_needed
 from vllm_ctxmgr.restart import InstallError, Restarter
-from vllm_ctxmgr.service import ServiceView, read_service, view_from_unit
-from vllm_ctxmgr.store import Revision, ServiceStore, State, Step
+from vllm_ctxmgr.service import ServiceView, read_service
+from vllm_ctxmgr.store import FileChange, Revision, ServiceStore, State, Step
 from vllm_ctxmgr.systemd.systemctl import Systemd, new_problems
 from vllm_ctxmgr.systemd.unit_edit import edit_unit, unified_diff
 
@@ -109,31 +109,31 @@ def _forward(
 ) -> tuple[str, str] | None:
     """The steps towards final; None when it got there, else (reason, decisive line)."""
     rev = change.rev
-    path = Path(rev.unit_path)
+    paths = ", ".join(str(f.path) for f in change.files)
     if rev.state is State.PLANNED:
         change.enter(State.RECORDED, describe(rev))
     result.revision = rev.number  # recording the revision is what numbers it
-    restarter.on_step(f"installing {path} (revision {rev.number})")
-    change.enter(State.INSTALLED, f"installing {path}")
+    restarter.on_step(f"installing {paths} (revision {rev.number})")
+    change.enter(State.INSTALLED, f"installing {paths}")
     try:
-        restarter.install(path, change.new)
+        restarter.install(change.installs())
     except InstallError as exc:
         _stop_before_restart(change, result, f"nothing was installed: {exc.message}")
-    view = view_from_unit(restarter.loaded_unit_with(path, change.new), restarter.systemd.root)
-    if rev.max_model_len is not None and view.args.max_model_len != rev.max_model_len:
+    try:
+        view = restarter.loaded_view()
+        wrong = _serves_other(view, rev)
+        if wrong:
+            wrong = f"with {paths} as revision {rev.number} has {_them(change.files)}, {wrong}"
+    except CtxmgrError as exc:
+        wrong = f"with {paths} installed, the unit cannot be read: {exc.message}"
+    if wrong:
         # another unit file (an operator's later drop-in) decides ExecStart=: restarting would serve
         # its context, not this revision's, and a probe at the unit's own context would call it applied
         try:
-            restarter.install(path, change.old)
+            restarter.install([(f.path, f.previous) for f in reversed(change.files)])
         except InstallError as exc:
-            return f"{path} could not be put back: {exc.message}", ""
-        _stop_before_restart(
-            change,
-            result,
-            f"with {path} as revision {rev.number} has it, the unit would still serve max_model_len "
-            f"{view.args.max_model_len}, not {rev.max_model_len}: another of its files sets ExecStart= "
-            f"({', '.join(str(f.path) for f in view.unit.files)}); nothing was restarted",
-        )
+            return f"{paths} could not be put back: {exc.message}", ""
+        _stop_before_restart(change, result, f"{wrong}; nothing was restarted")
     change.enter(State.RESTARTING, f"daemon-reload; restart {restarter.unit}; following its journal")
     started = time.monotonic()
     try:
@@ -157,6 +157,9 @@ def _forward(
     result.probe = asdict(probe_result)
     if not probe_result.ok:
         return f"the probe failed: {probe_result.error}", probe_result.error or ""
+    wrong = restarter.serves_other_than(rev.max_model_len, probe_result)
+    if wrong:
+        return wrong, ""
     rev.verified = True
     rev.vllm_version = verdict.observation.vllm_version or rev.vllm_version
     rev.capacity = capacity(verdict.observation)
@@ -169,6 +172,22 @@ def _forward(
     result.reason = "vLLM started, reports the new max_model_len and served the context-sized probe"
     change.enter(State.FINAL, rev.reason)
     return None
+
+
+def _serves_other(view: ServiceView, rev: Revision) -> str:
+    """Why the unit as systemd loads it now would not serve the revision's max_model_len (another file's
+    ExecStart= wins); "" where it would."""
+    if rev.max_model_len is None or view.args.max_model_len == rev.max_model_len:
+        return ""
+    holder = view.unit.exec_start()[0].path
+    return (
+        f"the unit would still serve max_model_len {view.args.max_model_len}, not {rev.max_model_len}: "
+        f"{holder} sets its ExecStart= (the unit's files: {', '.join(str(f.path) for f in view.unit.files)})"
+    )
+
+
+def _them(files: list[FileChange]) -> str:
+    return "them" if len(files) > 1 else "it"
 
 
 def _applied_utilization(rev: Revision) -> float | None:
@@ -317,8 +336,9 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
         result.reason = "dry run: nothing was written or restarted"
         return result
     old = edit.old_text.encode() if edit.existed else None
-    _confirm(restarter, request.confirm, result, Path(edit.path), old)
-    _ensure_baseline(store, view, edit.path, old)
+    files = [FileChange(Path(edit.path), old, edit.new_text.encode())]
+    _confirm(restarter, request.confirm, result, files)
+    _ensure_baseline(store, view, files)
     rev = _planned(
         restarter,
         unit_path=str(edit.path),
@@ -329,26 +349,29 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
         vllm_version=view.args.vllm_version,
         plan=result.plan,
     )
-    done = apply(restarter, Change(store, rev, old, edit.new_text.encode(), "set-context"),
-                 request.probe_tokens, request.long_probe)  # fmt: skip
+    done = apply(
+        restarter, Change(store, rev, files, "set-context"), request.probe_tokens, request.long_probe
+    )
     done.plan, done.diff, done.warnings = result.plan, result.diff, result.warnings
     store.prune()
     return done
 
 
 def _confirm(
-    restarter: Restarter, confirm: Confirm | None, result: ChangeResult, path: Path, old: bytes | None
+    restarter: Restarter, confirm: Confirm | None, result: ChangeResult, files: list[FileChange]
 ) -> None:
-    """Ask (where asked to) with the diff that will be applied, then make sure the file is still the one
+    """Ask (where asked to) with the diff that will be applied, then make sure every file is still the one
     the diff was made from: an edit in between would be overwritten by a diff nobody saw."""
     if confirm is None:
         return
     if not confirm(result):
         raise UsageError("nothing was changed")
-    if restarter.installed_bytes(path) != old:
-        raise UsageError(
-            f"{path} changed while the diff was shown: nothing was changed; run again to see the new diff"
-        )
+    for f in files:
+        if restarter.installed_bytes(f.path) != f.previous:
+            raise UsageError(
+                f"{f.path} changed while the diff was shown: nothing was changed; run again to see the new "
+                "diff"
+            )
 
 
 def _planned(restarter: Restarter, **fields: Any) -> Revision:
@@ -370,9 +393,9 @@ def _pending_recovery(restarter: Restarter, action: str) -> ChangeResult | None:
     rev = restarter.store.in_progress()
     if rev is None:
         return None
-    path = Path(rev.unit_path)
-    installed = restarter.installed_bytes(path)
-    previous = restarter.store.file_bytes(rev.number, "previous")
+    files = restarter.store.file_changes(rev)
+    installed = [restarter.installed_bytes(f.path) for f in files]
+    moved = any(now != f.previous for now, f in zip(installed, files, strict=True))
     result = ChangeResult(
         restarter.service,
         action,
@@ -381,11 +404,14 @@ def _pending_recovery(restarter: Restarter, action: str) -> ChangeResult | None:
         revision=rev.number,
         pending_recovery=rev.number,
         max_model_len=rev.previous_max_model_len,
-        previous_max_model_len=rev.max_model_len if installed != previous else rev.previous_max_model_len,
+        previous_max_model_len=rev.max_model_len if moved else rev.previous_max_model_len,
         gpu_memory_utilization=rev.previous_gpu_memory_utilization,
         previous_gpu_memory_utilization=rev.gpu_memory_utilization,
-        unit_path=str(path),
-        diff=unified_diff(_text(installed), _text(previous), str(path)),
+        unit_path=rev.unit_path,
+        diff="".join(
+            unified_diff(_text(now), _text(f.previous), str(f.path))
+            for now, f in zip(installed, files, strict=True)
+        ),
     )
     result.reason = (
         f"dry run: revision {rev.number} ({describe(rev)}) was left {rev.state} by an interrupted run; "
@@ -427,9 +453,9 @@ def verify_candidate(
     return added, [p for p in found if p not in added]
 
 
-def _ensure_baseline(store: ServiceStore, view: ServiceView, path: Path, current: bytes | None) -> None:
-    """The first change to a service records the unit file it changes as found (None: a drop-in that
-    does not exist yet), so `rollback --to 0` can return to it."""
+def _ensure_baseline(store: ServiceStore, view: ServiceView, files: list[FileChange]) -> None:
+    """The first change to a service records the unit files it changes as found (None: a drop-in that
+    does not exist yet), so `rollback --to 0` can return to them."""
     if store.revisions():
         return
     now = time.time()
@@ -439,7 +465,7 @@ def _ensure_baseline(store: ServiceStore, view: ServiceView, path: Path, current
             number=0,
             service=store.service,
             state=State.BASELINE,
-            unit_path=str(path),
+            unit_path=str(files[0].path),
             created=now,
             finished=now,
             max_model_len=view.args.max_model_len,
@@ -450,8 +476,7 @@ def _ensure_baseline(store: ServiceStore, view: ServiceView, path: Path, current
             steps=[Step(State.BASELINE, now, reason)],
             **st.made_by(),
         ),
-        unit=current,
-        previous=current,
+        files=[FileChange(f.path, f.previous, f.previous) for f in files],
     )
 
 
@@ -474,9 +499,7 @@ def rollback(
             return pending
         target = _rollback_target(store, restarter.service, to)
         view = read_service(systemd, restarter.service)
-        path = Path(target.unit_path)
-        old = restarter.installed_bytes(path)
-        new = store.file_bytes(target.number, "unit")
+        files, notes = _rollback_files(restarter, target)
         result = ChangeResult(
             restarter.service,
             "rollback",
@@ -486,10 +509,18 @@ def rollback(
             previous_gpu_memory_utilization=view.args.gpu_memory_utilization,
             max_model_len=target.max_model_len,
             gpu_memory_utilization=target.gpu_memory_utilization,
-            unit_path=str(path),
+            unit_path=str(files[0].path if files else target.unit_path),
+            warnings=notes,
         )
-        result.diff = unified_diff(_text(old), _text(new), str(path), view.secrets)
-        if old == new:
+        result.diff = "".join(
+            unified_diff(_text(f.previous), _text(f.unit), str(f.path), view.secrets) for f in files
+        )
+        if not files:
+            wrong = _serves_other(view, target)
+            if wrong:
+                result.exit_code = ExitCode.ERROR
+                result.reason = f"the unit files of revision {target.number} are in place, but {wrong}"
+                return result
             result.reason = (
                 f"{restarter.service} already runs the unit of revision {target.number}: nothing to do"
             )
@@ -497,10 +528,10 @@ def rollback(
         if dry_run:
             result.result, result.reason = Result.DRY_RUN, "dry run: nothing was written or restarted"
             return result
-        _confirm(restarter, confirm, result, path, old)
+        _confirm(restarter, confirm, result, files)
         rev = _planned(
             restarter,
-            unit_path=str(path),
+            unit_path=str(files[0].path),
             max_model_len=target.max_model_len,
             gpu_memory_utilization=target.gpu_memory_utilization,
             previous_max_model_len=view.args.max_model_len,
@@ -509,10 +540,41 @@ def rollback(
             action="rollback",
             rollback_of=target.number,
         )
-        done = apply(restarter, Change(store, rev, old, new, "rollback"), None, False)
-        done.diff = result.diff
+        done = apply(restarter, Change(store, rev, files, "rollback"), None, False)
+        done.diff, done.warnings = result.diff, notes
         store.prune()
         return done
+
+
+def _rollback_files(restarter: Restarter, target: Revision) -> tuple[list[FileChange], list[str]]:
+    """Every unit file a revision since `target` changed, with what it holds now and what it held at
+    `target`: the target's own copy where the target wrote it, else the bytes the first later revision
+    to change it found there. Only the files that differ, newest revision's first (undone newest first,
+    the target's own last); and a note for each file someone else changed after ctxmgr last wrote it
+    (an operator's edit or removal is theirs: it is left as it is, and the check before the restart
+    says whether the unit then serves the target's context)."""
+    store = restarter.store
+    wanted: dict[Path, tuple[int, bytes | None]] = {
+        f.path: (target.number, f.unit) for f in store.file_changes(target)
+    }
+    left_by: dict[Path, tuple[int, bytes | None]] = {}  # what ctxmgr's last revision left in each file
+    for rev in store.revisions():
+        if rev.number > target.number:
+            for f in store.file_changes(rev):
+                wanted.setdefault(f.path, (rev.number, f.previous))
+                if rev.state is State.FINAL or f.path not in left_by:
+                    left_by[f.path] = (rev.number, f.unit if rev.state is State.FINAL else f.previous)
+                else:  # a change that did not stay put the file back as it found it
+                    left_by[f.path] = (left_by[f.path][0], f.previous)
+    files: list[tuple[int, FileChange]] = []
+    notes: list[str] = []
+    for path, (number, data) in wanted.items():
+        now = restarter.installed_bytes(path)
+        if number != target.number and path in left_by and left_by[path][1] != now:
+            notes.append(f"{path} changed after revision {left_by[path][0]} left it: left as it is")
+        elif now != data:
+            files.append((number, FileChange(path, now, data)))
+    return [f for _, f in sorted(files, key=lambda t: -t[0])], notes
 
 
 def _rollback_target(store: ServiceStore, service: str, to: int | None) -> Revision:

@@ -49,7 +49,7 @@ def recover_if_needed(restarter: Restarter) -> ChangeResult | None:
 
 def _remove_leftovers(restarter: Restarter) -> None:
     systemd, store = restarter.systemd, restarter.store
-    unit_paths = {Path(rev.unit_path) for rev in store.revisions()}
+    unit_paths = {Path(str(f["path"])) for rev in store.revisions() for f in rev.files}
     with contextlib.suppress(CtxmgrError):
         view = read_service(systemd, restarter.service)
         unit_paths |= {f.path for f in view.unit.files}
@@ -63,15 +63,9 @@ def _remove_leftovers(restarter: Restarter) -> None:
 def _recover(restarter: Restarter, rev: Revision) -> ChangeResult:
     service, store = restarter.service, restarter.store
     restarter.on_step(f"revision {rev.number} of {service} was left {rev.state} by an interrupted run")
-    change = Change(
-        store,
-        rev,
-        old=store.file_bytes(rev.number, "previous"),
-        new=store.file_bytes(rev.number, "unit"),
-        command="recover",
-    )
+    change = Change(store, rev, store.file_changes(rev), command="recover")
     result = result_for(rev, "recover")
-    installed = restarter.installed_bytes(Path(rev.unit_path))
+    installed = [restarter.installed_bytes(f.path) for f in change.files]
     state = restarter.systemd.state(restarter.unit)
     active = state.active_state == "active" and state.sub_state == "running"
     with signals_fail(change):
@@ -89,12 +83,12 @@ def _finish(
     restarter: Restarter,
     change: Change,
     result: ChangeResult,
-    installed: bytes | None,
+    installed: list[bytes | None],
     active: bool,
     invocation: str,
 ) -> ChangeResult:
     rev = change.rev
-    if rev.state is State.PROBED and installed == change.new and active:
+    if rev.state is State.PROBED and installed == [f.unit for f in change.files] and active:
         rev.reason = "served and passed the context-sized probe (the record was finished by recover)"
         change.enter(State.FINAL, "the interrupted run had probed it; only the record was left")
         result.reason = rev.reason
@@ -104,9 +98,12 @@ def _finish(
     if untouched:
         note = "the service never restarted: the previous unit goes back without a restart"
         change.enter(State.ROLLING_BACK, note)
-        if installed != change.old:
-            restarter.install(Path(rev.unit_path), change.old)
-            restarter.systemd.daemon_reload()  # (again, where install reloaded already: harmless)
+        # every file the run may have written goes back, in the reverse order of its writing
+        written = [
+            (f.path, f.previous) for f, now in zip(change.files, installed, strict=True) if now != f.previous
+        ]
+        restarter.install(written[::-1])
+        restarter.systemd.daemon_reload()  # (again, where install reloaded already: harmless)
         rev.reason = f"{interrupted}; it was undone (nothing had restarted the service)"
         change.enter(State.ROLLED_BACK, "the previous unit is installed and its process still serves")
         result.result, result.reason = Result.ROLLED_BACK, rev.reason

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -19,11 +19,10 @@ from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.masking import mask
 from vllm_ctxmgr.observing import Printer, StartProgress, observation_record, quiet, watch_start
 from vllm_ctxmgr.probe import ProbeResult, cache_config_info, probe, wait_until_serving
-from vllm_ctxmgr.service import ServiceView, read_service, view_from_unit
-from vllm_ctxmgr.store import ServiceStore, atomic_write
+from vllm_ctxmgr.service import ServiceView, read_service
+from vllm_ctxmgr.store import FileChange, ServiceStore, atomic_write, crash_point
 from vllm_ctxmgr.systemd.names import unit_name
 from vllm_ctxmgr.systemd.systemctl import Systemd
-from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
 from vllm_ctxmgr.vllm_log.watcher import StartVerdict
 
 
@@ -61,15 +60,33 @@ class Restarter:
         else:
             self.store.add_observation(record.to_json())
 
-    def install(self, path: Path, data: bytes | None) -> None:
-        """Write the unit file, or remove it (None: a drop-in ctxmgr created goes). Creating or removing
-        a file changes the unit's DropInPaths: systemd is reloaded so that what it reports is current.
+    def install(self, writes: Sequence[tuple[Path, bytes | None]]) -> None:
+        """Write each unit file, or remove it (None: a drop-in ctxmgr created goes), in order, each one
+        atomically; then daemon-reload, so that what systemd reports (DropInPaths, ExecStart=) is the
+        unit with these files.
 
         A unit directory that cannot be written (read-only /etc, a full disk) is InstallError naming the
-        path, and leaves the file as it was (atomic_write renames a whole temporary or nothing) and no
-        empty drop-in directory behind."""
+        path; the files written before it are put back (in the reverse order), so the unit is as it was,
+        with no empty drop-in directory behind."""
+        done: list[tuple[Path, bytes | None]] = []
+        try:
+            for path, data in writes:
+                before = self.installed_bytes(path)
+                self._install_file(path, data)
+                done.append((path, before))
+                crash_point("unit-file-written")
+        except InstallError:
+            for path, before in reversed(done):
+                with contextlib.suppress(InstallError):
+                    self._install_file(path, before)
+            raise
+        finally:
+            if done:
+                self.systemd.daemon_reload()
+
+    def _install_file(self, path: Path, data: bytes | None) -> None:
+        """One file, atomically (atomic_write renames a whole temporary or nothing)."""
         host = self.systemd.host_path(path)
-        existed = host.exists()
         made_dir = False
         try:
             if data is None:
@@ -87,8 +104,6 @@ class Restarter:
                 with contextlib.suppress(OSError):
                     host.parent.rmdir()
             raise InstallError(f"cannot write {path}: {exc.strerror or exc}") from None
-        if existed != (data is not None):
-            self.systemd.daemon_reload()
 
     def restart_and_watch(self, view: ServiceView) -> StartVerdict:
         """daemon-reload, restart, watch the journal until vLLM serves (and /health answers) or fails."""
@@ -152,12 +167,13 @@ class Restarter:
         self.on_step(f"vLLM is serving after {time.monotonic() - started:.0f} s; probing {view.base_url}")
         return verdict, self.probe(view, probe_tokens, long_probe)
 
-    def restore(self, path: Path, old: bytes | None) -> tuple[bool, str]:
-        """Put `old` back byte for byte (or remove a drop-in that did not exist), restart, and prove it
-        serves again at its own context: (it does, or why not)."""
+    def restore(self, files: Sequence[FileChange], max_model_len: int | None) -> tuple[bool, str]:
+        """Put every file's previous bytes back (or remove a drop-in that did not exist), in the reverse
+        order of their writing, restart, and prove the service serves again at its own context: the
+        previous `max_model_len` where it set one. (it does, or why not)"""
         try:
-            self.install(path, old)
-            view = view_from_unit(self.loaded_unit_with(path, old), self.systemd.root)
+            self.install([(f.path, f.previous) for f in reversed(files)])
+            view = self.loaded_view()
             verdict, probe_result = self.restart_and_probe(view)
         except CtxmgrError as exc:
             return False, exc.message
@@ -165,8 +181,32 @@ class Restarter:
             return False, verdict.reason
         if probe_result is None or not probe_result.ok:
             return False, f"the probe failed: {probe_result.error if probe_result else 'no probe'}"
+        wrong = self.serves_other_than(max_model_len, probe_result)
+        if wrong:
+            return False, wrong
         self.on_step(f"{self.service} is serving again with its previous unit")
         return True, ""
+
+    def loaded_view(self) -> ServiceView:
+        """The service as systemd loads it now (its FragmentPath and DropInPaths, after install's
+        daemon-reload): which file's ExecStart= wins is systemd's answer, not ctxmgr's guess."""
+        return read_service(self.systemd, self.service)
+
+    def serves_other_than(self, max_model_len: int | None, probe_result: ProbeResult) -> str:
+        """After a restart: what is wrong where the unit systemd loaded or the context vLLM reports is
+        not `max_model_len` (None: the revision left it to vLLM, nothing to compare); "" where both are."""
+        if max_model_len is None or max_model_len <= 0:
+            return ""
+        loaded = self.loaded_view()
+        if loaded.args.max_model_len != max_model_len:
+            holder = loaded.unit.exec_start()[0].path
+            return (
+                f"after the restart, the unit systemd loaded sets max_model_len {loaded.args.max_model_len}, "
+                f"not {max_model_len}: {holder} sets its ExecStart="
+            )
+        if probe_result.max_model_len is not None and probe_result.max_model_len != max_model_len:
+            return f"vLLM serves max_model_len {probe_result.max_model_len}, not {max_model_len}"
+        return ""
 
     def let_failed_start_exit(self) -> None:
         """A vLLM that has logged its fatal error exits by itself within seconds, while a stop sent
@@ -182,17 +222,6 @@ class Restarter:
             ):
                 return
             time.sleep(0.3)
-
-    def loaded_unit_with(self, path: Path, data: bytes | None) -> ServiceUnit:
-        """The unit as systemd will load it with `path` holding `data` (None: without that file)."""
-        current = read_service(self.systemd, self.service).unit
-        files = [f for f in current.files if f.path != path or data is not None]
-        files = [
-            UnitFile.parse(f.path, data.decode()) if data is not None and f.path == path else f for f in files
-        ]
-        if data is not None and all(f.path != path for f in files):
-            files.append(UnitFile.parse(path, data.decode()))
-        return ServiceUnit(current.name, tuple(files))
 
     def installed_bytes(self, path: Path) -> bytes | None:
         """The unit file's bytes now; None where it does not exist."""

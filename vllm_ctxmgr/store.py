@@ -10,6 +10,11 @@ since unit copies may hold API keys):
     SERVICE/revisions/NNNN/previous       the content it replaced (byte for byte)
                                           (either is absent where the file is: a drop-in ctxmgr
                                           created did not exist before, and rolling back removes it)
+    SERVICE/revisions/NNNN/unit.1, previous.1, ...
+                                          the same for every further unit file the revision changed
+                                          (a rollback puts back each file changed since its target);
+                                          record.json's `files` lists each path with the names of its
+                                          two copies, null where the file is (or was) absent
     SERVICE/revisions/.new-XXXX/          a revision being written; renamed to NNNN once whole
     SERVICE/observations.jsonl            what each watched start of the service logged (the last KEEP)
     SERVICE/last-verify.json              the last verification (unit invocation, restarts, result)
@@ -68,7 +73,7 @@ from vllm_ctxmgr.errors import CtxmgrError, LockedError, UnsafePathError, UsageE
 from vllm_ctxmgr.masking import scrub
 
 KEEP = 50  # revisions and observations kept per service (plus every revision a rollback may need)
-RECORD_FORMAT = 2  # 1: epoch floats, the plan inline, no steps (read still)
+RECORD_FORMAT = 3  # 1: epoch floats, the plan inline, no steps; 2: one file (`unit_path`); both read still
 STALE_S = 600.0  # a leftover /run/ctxmgr-verify-* older than this belongs to no live run
 MAX_STORED = 64 << 20  # no record, plan or unit ctxmgr wrote is near this: a larger one is not ours
 
@@ -377,6 +382,52 @@ def atomic_leftovers(directory: Path, name: str) -> list[Path]:
     return []
 
 
+# The names a revision keeps a unit file's two copies under: `unit`/`previous` for its first file (as
+# every format-2 revision did), `unit.N`/`previous.N` for the N-th further one. Nothing else is read
+# from record.json's `files`: a name like `../x` would leave the checked revision directory.
+STORED_NAME = re.compile(r"(unit|previous)(\.[1-9][0-9]{0,3})?")
+
+
+@dataclass(frozen=True)
+class FileChange:
+    """One unit file a revision writes or removes, with its bytes before and after (None: absent). A
+    revision is the list of them, written in order and put back in the reverse order."""
+
+    path: Path
+    previous: bytes | None
+    unit: bytes | None
+
+
+def stored_names(index: int) -> tuple[str, str]:
+    """(unit, previous) names of a revision's `index`-th file."""
+    suffix = f".{index}" if index else ""
+    return f"unit{suffix}", f"previous{suffix}"
+
+
+def _files_of_record(value: Any, path: Path) -> list[dict[str, str | None]]:
+    """record.json's `files`, checked: absolute unit paths, each copy named as stored_names names it."""
+    if not isinstance(value, list) or not value:
+        raise StoreError(f"{path}: `files` is not a list of unit files")
+    out = []
+    for item in value:
+        if not isinstance(item, dict) or set(item) != {"path", "unit", "previous"}:
+            raise StoreError(f"{path}: a file is not {{path, unit, previous}}: {item!r}")
+        where = item["path"]
+        if (
+            not isinstance(where, str)
+            or not where.startswith("/")
+            or "\0" in where
+            or ".." in where.split("/")
+        ):
+            raise StoreError(f"{path}: not an absolute unit file path: {where!r}")
+        for which in ("unit", "previous"):
+            name = item[which]
+            if name is not None and not (isinstance(name, str) and STORED_NAME.fullmatch(name)):
+                raise StoreError(f"{path}: {which} of {where} is not a stored copy's name: {name!r}")
+        out.append({"path": where, "unit": item["unit"], "previous": item["previous"]})
+    return out
+
+
 @dataclass
 class Step:
     """One line of a revision's story: the state it entered, when, and a note for a person."""
@@ -420,6 +471,9 @@ class Revision:
     # the multi-node change (multinode.py) this revision is one node's part of; None: a one-host change
     deployment: str | None = None
     steps: list[Step] = field(default_factory=list)
+    # every unit file it changed, in the order written: {path, unit, previous}, each copy's name in the
+    # revision directory or None where the file is (or was) absent (a format-2 record: `unit_path` only)
+    files: list[dict[str, str | None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.state = State(self.state)
@@ -463,7 +517,7 @@ class Revision:
             raise StoreError(f"{path}: not a revision record (a JSON object was expected)")
         data = dict(data)
         version = data.pop("format", 1)
-        if version not in (1, RECORD_FORMAT):
+        if version not in (1, 2, RECORD_FORMAT):
             raise StoreError(f"{path}: record format {version!r} is newer than this ctxmgr reads")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
@@ -487,6 +541,13 @@ class Revision:
             except (KeyError, TypeError, ValueError):
                 raise StoreError(f"{path}: a step is not {{state, time, note}}: {raw!r}") from None
         data["steps"] = steps
+        if "files" in data:
+            data["files"] = _files_of_record(data["files"], path)
+        else:  # format 1 and 2: one file, its copies `unit` and `previous` where they exist
+            data["files"] = [
+                {"path": str(data["unit_path"])}
+                | {which: which if _exists_at(dir_fd, which) else None for which in ("unit", "previous")}
+            ]
         plan_path = directory / "plan.json"
         if "plan" not in data:
             plan = read_at(dir_fd, "plan.json", plan_path)
@@ -499,6 +560,14 @@ class Revision:
             return cls(**data)
         except (TypeError, ValueError) as exc:
             raise StoreError(f"{path}: {exc}") from None
+
+
+def _exists_at(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _name_of_host() -> str:
@@ -629,9 +698,49 @@ class ServiceStore:
                     raise missing
                 return data
 
-    def new_revision(self, rev: Revision, unit: bytes | None, previous: bytes | None) -> Revision:
-        """Write the whole revision under .new-*, then rename it to the next free number. None for
-        `unit` or `previous` leaves that file out: the unit file is (or was) absent, not empty."""
+    def file_changes(self, rev: Revision) -> list[FileChange]:
+        """Every unit file `rev` changed with its two copies, in the order it wrote them."""
+        name = f"{rev.number:04d}"
+        directory = self.revisions_dir / name
+        with self._revisions_fd() as revisions_fd:
+            fd_cm = _closing(None) if revisions_fd is None else self._revision_fd(revisions_fd, name)
+            with fd_cm as fd:
+                if fd is None:
+                    raise StoreError(
+                        f"{directory}: missing, the files of revision {rev.number} cannot be read"
+                    )
+
+                def copy(stored: str | None) -> bytes | None:
+                    if stored is None:
+                        return None
+                    data = read_at(fd, stored, directory / stored)
+                    if data is None:
+                        raise StoreError(f"{directory / stored}: missing, though record.json names it")
+                    return data
+
+                return [
+                    FileChange(Path(str(f["path"])), copy(f["previous"]), copy(f["unit"])) for f in rev.files
+                ]
+
+    def new_revision(
+        self,
+        rev: Revision,
+        unit: bytes | None = None,
+        previous: bytes | None = None,
+        files: list[FileChange] | None = None,
+    ) -> Revision:
+        """Write the whole revision under .new-*, then rename it to the next free number. `files`: every
+        unit file it changes (without: `unit` and `previous` of `rev.unit_path`). A None copy is left
+        out: the unit file is (or was) absent, not empty."""
+        changes = files if files is not None else [FileChange(Path(rev.unit_path), previous, unit)]
+        rev.files = []
+        for index, change in enumerate(changes):
+            unit_name, previous_name = stored_names(index)
+            rev.files.append({
+                "path": str(change.path),
+                "unit": None if change.unit is None else unit_name,
+                "previous": None if change.previous is None else previous_name,
+            })  # fmt: skip
         self.remove_partial()
         with self._revisions_fd(create=True) as revisions_fd:
             assert revisions_fd is not None
@@ -643,10 +752,10 @@ class ServiceStore:
                 fd = open_dir_at(revisions_fd, staging, self.revisions_dir / staging, create=False)
                 assert fd is not None
                 try:
-                    if previous is not None:
-                        write_new_at(fd, "previous", previous)
-                    if unit is not None:
-                        write_new_at(fd, "unit", unit)
+                    for change, stored in zip(changes, rev.files, strict=True):
+                        for which, data in (("previous", change.previous), ("unit", change.unit)):
+                            if data is not None:
+                                write_new_at(fd, str(stored[which]), data)
                     if rev.plan:
                         write_new_at(fd, "plan.json", _text(json.dumps(rev.plan, indent=2)))
                     write_new_at(fd, "record.json", _text(json.dumps(rev.record(), indent=2)))
@@ -702,6 +811,7 @@ class ServiceStore:
                 "decisive_line": rev.decisive_line,
                 "capacity": rev.capacity,
                 "steps": [step.record() for step in rev.steps],
+                "files": [str(f["path"]) for f in rev.files],
             }
             for rev in self.revisions()
         ]

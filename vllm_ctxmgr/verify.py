@@ -16,7 +16,6 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from vllm_ctxmgr.change import ChangeResult
@@ -150,14 +149,16 @@ def _served_max_model_len(base_url: str, api_key: str | None, timeout: float) ->
 
 
 def is_installed(systemd: Systemd, store: ServiceStore, rev: Revision) -> bool:
-    """The revision's file is on disk as it recorded it: byte for byte, or absent where it recorded
-    none (a package unit's baseline has no drop-in; a drop-in change's baseline is its absence)."""
-    path = systemd.host_path(Path(rev.unit_path))
+    """Every file of the revision is on disk as it recorded it: byte for byte, or absent where it
+    recorded none (a package unit's baseline has no drop-in; a drop-in change's baseline is its absence)."""
     try:
-        installed = path.read_bytes() if path.exists() else None
-        return store.file_bytes(rev.number, "unit") == installed
-    except OSError:
+        for change in store.file_changes(rev):
+            path = systemd.host_path(change.path)
+            if (path.read_bytes() if path.exists() else None) != change.unit:
+                return False
+    except (OSError, CtxmgrError):
         return False
+    return True
 
 
 def installed_revision(systemd: Systemd, store: ServiceStore, revisions: Sequence[Revision]) -> int | None:

@@ -2,7 +2,8 @@
 
     python tests/support/crash_run.py STEP ctxmgr-arguments...
 
-STEP is a state (`restarting`) or `COMMAND:STATE` (`rollback:installed`), or `revision-staged`. Run by
+STEP is a state (`restarting`) or `COMMAND:STATE` (`rollback:installed`), `revision-staged`, or
+`unit-file-written` (after each unit file a change writes, before systemd is reloaded). Run by
 path, not as a module, so that `vllm_ctxmgr` is the one the interpreter's environment installed (the
 wheel under test), never this checkout. The hook is set from Python: nothing a user can set does this.
 """
