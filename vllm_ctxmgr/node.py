@@ -34,8 +34,8 @@ from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.planning import PlanRequest, plan_service
 from vllm_ctxmgr.report import plan_text
 from vllm_ctxmgr.restart import InstallError, Restarter
-from vllm_ctxmgr.service import ServiceView, read_service, view_from_unit
-from vllm_ctxmgr.store import Revision, State, Step
+from vllm_ctxmgr.service import ServiceView, read_service
+from vllm_ctxmgr.store import FileChange, Revision, State, Step
 from vllm_ctxmgr.systemd.names import unit_name
 from vllm_ctxmgr.systemd.quoting import split_words
 from vllm_ctxmgr.systemd.systemctl import Systemd
@@ -201,12 +201,6 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> dict[str, Any]:
         if request.dry_run or not edit.changed:
             return answer
         old = edit.old_text.encode() if edit.existed else None
-        loaded = view_from_unit(restarter.loaded_unit_with(edit.path, new), systemd.root)
-        if loaded.args.max_model_len != request.max_model_len:
-            raise UsageError(
-                f"{restarter.service}: with {edit.path} changed, the unit would still serve max_model_len "
-                f"{loaded.args.max_model_len}: another of its files sets ExecStart=; nothing was written"
-            )
         _ensure_baseline(restarter, view, edit.path, old)
         rev = Revision(
             number=0,
@@ -224,7 +218,7 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> dict[str, Any]:
             rollback_of=_revision_of(restarter, request.undo_change).number if request.undo_change else None,
             **st.made_by(),
         )
-        change = Change(store, rev, old, new, "node prepare")
+        change = Change(store, rev, [FileChange(Path(edit.path), old, new)], "node prepare")
         change.enter(
             State.RECORDED,
             f"deployment change {request.change_id}: max_model_len "
@@ -232,12 +226,22 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> dict[str, Any]:
         )
         change.enter(State.INSTALLED, f"installing {edit.path}")
         try:
-            restarter.install(edit.path, new)
+            restarter.install(change.installs())
         except InstallError as exc:
             change.enter(State.ROLLING_BACK, exc.message)
             change.enter(State.ROLLED_BACK, "nothing was installed")
             raise
-        systemd.daemon_reload()
+        loaded = restarter.loaded_view()  # systemd's answer of which ExecStart= wins, after the reload
+        if loaded.args.max_model_len != request.max_model_len:
+            why = (
+                f"{restarter.service}: with {edit.path} changed, the unit would still serve max_model_len "
+                f"{loaded.args.max_model_len}: {loaded.unit.exec_start()[0].path} sets its ExecStart=; "
+                "nothing was restarted"
+            )
+            restarter.install([(f.path, f.previous) for f in reversed(change.files)])
+            change.enter(State.ROLLING_BACK, why)
+            change.enter(State.ROLLED_BACK, "the previous unit is in place; nothing was restarted")
+            raise UsageError(why)
         answer["revision"] = rev.number
         return answer
 
@@ -257,9 +261,11 @@ def _undo_edit(restarter: Restarter, change_id: str) -> tuple[UnitEdit, bytes | 
         raise UsageError(
             f"{restarter.service}: revision {rev.number} of {change_id} is {rev.state}, not final"
         )
-    path = Path(rev.unit_path)
+    files = restarter.store.file_changes(rev)
+    if len(files) != 1:
+        raise UsageError(f"{restarter.service}: revision {rev.number} changed {len(files)} files, not one")
+    path, previous = files[0].path, files[0].previous
     current = restarter.installed_bytes(path)
-    previous = restarter.store.file_bytes(rev.number, "previous")
     edit = UnitEdit(path, (current or b"").decode(), (previous or b"").decode(), existed=current is not None)
     return edit, previous
 
@@ -296,13 +302,7 @@ def _change_of(restarter: Restarter, change_id: str) -> Change:
     """The revision this deployment change made on this node, with its bytes."""
     store = restarter.store
     rev = _revision_of(restarter, change_id)
-    return Change(
-        store,
-        rev,
-        store.file_bytes(rev.number, "previous"),
-        store.file_bytes(rev.number, "unit"),
-        "node",
-    )
+    return Change(store, rev, store.file_changes(rev), "node")
 
 
 def stop(restarter: Restarter, timeout: float) -> dict[str, Any]:
@@ -416,8 +416,7 @@ def restore(restarter: Restarter, change_id: str, reason: str) -> dict[str, Any]
         if rev.state is not State.ROLLING_BACK:
             rev.reason = reason
             change.enter(State.ROLLING_BACK, f"putting the previous unit back: {reason}")
-        restarter.install(Path(rev.unit_path), change.old)
-        restarter.systemd.daemon_reload()
+        restarter.install([(f.path, f.previous) for f in reversed(change.files)])
         return {"service": restarter.unit, "ok": True, "revision": rev.number, "state": str(rev.state)}
 
 
