@@ -459,3 +459,13 @@ def test_kv_too_small_on_the_headless_node_fails_node_0_with_its_budget() -> Non
         assert verdict.estimated_max_model_len == 4096
         assert headless_verdict(node1.lines) is None and node1.process.poll() is None
         assert node1.stop() == 0
+
+
+def test_headless_node_logs_torchs_retry_before_it_fails() -> None:
+    """As the real one (vllm-logs-multinode/no-node0-node1.log): torch's own timeout line and a retry
+    first, which do not decide, then the exception."""
+    status, lines = run_to_exit(multinode_args(1, free_port(), timeout_s=1))
+    retry = next(i for i, line in enumerate(lines) if "- retrying (try=0, timeout=1000ms" in line)
+    assert headless_verdict(lines[: retry + 1]) is None
+    verdict = headless_verdict(lines, final=True)
+    assert status == 1 and verdict is not None and verdict.failure == "head_unreachable"

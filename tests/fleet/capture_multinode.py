@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.fleet.bed import BedError
-from tests.fleet.multinode import MultinodeBed, NodeSettings
+from tests.fleet.multinode import READY_TIMEOUT_S, MultinodeBed, NodeSettings
 from tests.support.vllm_cpu import CPU_BLOCK_SIZE, TINY_KV_BYTES_PER_TOKEN
 
 SCENARIOS = ("good", "change", "no-node1", "no-node0", "kv-node1")
@@ -36,6 +36,16 @@ def _save(bed: MultinodeBed, outdir: Path, name: str, ranks: range | list[int]) 
         node = bed.nodes[rank]
         (outdir / f"{name}-node{rank}.journal").write_text(bed.journal(node))
         (outdir / f"{name}-node{rank}.service").write_text(bed.unit_path(node).read_text())
+
+
+def trim(journal: str) -> str:
+    """What tests/data keeps of a journal: all of it but torch's C++ stack dumps (`frame #N: ...`)."""
+    keep = [
+        line
+        for line in journal.split("\n")
+        if not line.startswith("frame #") and line != "<omitting python frames>"
+    ]
+    return "\n".join(keep)
 
 
 def _states(bed: MultinodeBed) -> dict[str, Any]:
@@ -76,7 +86,8 @@ def run(directory: Path, outdir: Path, scenarios: list[str]) -> dict[str, Any]:
                 start = time.monotonic()
                 bed.start_all([rank])
                 try:
-                    record["state"] = bed.wait_ended(bed.nodes[rank], 4 * MISSING_PEER_TIMEOUT_S)
+                    limit = READY_TIMEOUT_S + 2 * MISSING_PEER_TIMEOUT_S  # torch's client retries once
+                    record["state"] = bed.wait_ended(bed.nodes[rank], limit)
                     record["ended_after_s"] = round(time.monotonic() - start, 1)
                 except BedError as error:
                     record["still_running"] = str(error)
@@ -94,7 +105,7 @@ def run(directory: Path, outdir: Path, scenarios: list[str]) -> dict[str, Any]:
                 start = time.monotonic()
                 bed.start_all()
                 try:
-                    record["node0_state"] = bed.wait_ended(bed.nodes[0], 240)
+                    record["node0_state"] = bed.wait_ended(bed.nodes[0], READY_TIMEOUT_S)
                     record["node0_ended_after_s"] = round(time.monotonic() - start, 1)
                     time.sleep(5)
                     record["node1_state_5s_later"] = bed.unit_state(bed.nodes[1])

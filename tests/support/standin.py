@@ -430,8 +430,9 @@ def _engine_failed(log: VllmLog, error: str) -> None:
     raise StartFailed(1)
 
 
-def _worker_failed(log: VllmLog, frames: list[str], error: str) -> None:
-    log.error_block("Worker_TP0", "multiproc_executor.py:1057", "WorkerProc failed to start.", frames, error)
+def _worker_failed(log: VllmLog, frames: list[str], error: str, process: str = "Worker_TP0") -> None:
+    """`process`: `Worker` while the worker's groups are not formed (its prefix until then)."""
+    log.error_block(process, "multiproc_executor.py:1057", "WorkerProc failed to start.", frames, error)
     worker_error = (
         "Exception: WorkerProc initialization failed due to an exception in a background process. See stack "
         "trace for root cause."
@@ -750,6 +751,7 @@ class HeadGroup:
                     _STORE_FRAMES,
                     f"torch.distributed.DistStoreError: Timed out after {int(self.timeout_s)} seconds "
                     f"waiting for clients. {joined}/{world_size} clients joined.",
+                    process="Worker",
                 )
             self.listener.settimeout(min(remaining, 0.5))
             try:
@@ -837,6 +839,12 @@ def _connect_to_head(settings: Settings, timeout_s: float) -> socket.socket | No
             time.sleep(0.2)
 
 
+def _glog_stamp() -> str:
+    """The time in torch's C++ log prefix: `MMDD HH:MM:SS.nnnnnnnnn`."""
+    now = time.time()
+    return time.strftime("%m%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e9):09d}"
+
+
 def run_headless(settings: Settings, log: VllmLog) -> int:
     """A node with --node-rank > 0 and --headless: its ranks join node 0's group, load, report their KV
     budget and warm up when node 0 says so; no HTTP server (vllm/entrypoints/cli/serve.py run_headless).
@@ -874,6 +882,22 @@ def run_headless(settings: Settings, log: VllmLog) -> int:
         )
     timeout_s = float(settings.distributed_timeout_s or _DEFAULT_DISTRIBUTED_TIMEOUT_S)
     connection = _connect_to_head(settings, timeout_s)
+    if connection is None:
+        # torch's store client logs the timeout, waits a random delay and tries once more
+        # (tests/data/vllm-logs-multinode/no-node0-node1.log: 30 s, then 11.9 s, then 30 s)
+        delay_ms = int(timeout_s * 400)
+        timed_out = (
+            f"The client socket has timed out after {int(timeout_s * 1000)}ms while trying to connect to "
+            f"({settings.master_addr}, {settings.master_port})."
+        )
+        log.raw(f"[E{_glog_stamp()} socket.cpp:1028] [c10d] {timed_out}", sys.stderr)
+        log.raw(
+            f"[W{_glog_stamp()} TCPStore.cpp:340] [c10d] TCP client failed to connect/validate to host "
+            f"{settings.master_addr}:{settings.master_port} - retrying (try=0, timeout="
+            f"{int(timeout_s * 1000)}ms, delay={delay_ms}ms): {timed_out}",
+            sys.stderr,
+        )
+        connection = _connect_to_head(settings, delay_ms / 1000)
     if connection is None:
         _headless_failed(
             log,
@@ -915,7 +939,7 @@ def run_headless(settings: Settings, log: VllmLog) -> int:
 def _headless_failed(log: VllmLog, error: str) -> None:
     """A headless node's start ends in its worker: WorkerProc failed to start, then the executor's error."""
     log.error_block(
-        f"Worker_TP{log.settings.local_ranks[0]}",
+        "Worker",  # its groups are not formed: the prefix has no rank yet
         "multiproc_executor.py:1057",
         "WorkerProc failed to start.",
         _STORE_FRAMES,
