@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import requests
 
-from tests.support.standin import StandinProcess, launch
+from tests.support.standin import StandinProcess, free_port, launch
 from vllm_ctxmgr.vllm_log.patterns import classify_all
-from vllm_ctxmgr.vllm_log.watcher import StartWatcher, observe_start
+from vllm_ctxmgr.vllm_log.watcher import StartWatcher, headless_verdict, observe_start
 
 HTTP = Path(__file__).parent / "data" / "vllm-logs" / "http"
 LOGS = HTTP.parent
@@ -385,3 +385,87 @@ def test_access_log_lines_are_uvicorns(glm: StandinProcess) -> None:
     assert glm.wait_for(lambda lines: any('"GET /health HTTP/1.1" 200 OK' in line for line in lines), 5)
     line = next(line for line in glm.lines if '"GET /health HTTP/1.1" 200 OK' in line)
     assert re.fullmatch(r'INFO:     127\.0\.0\.1:\d+ - "GET /health HTTP/1\.1" 200 OK', line)
+
+
+# ---------------------------------------------------------------- several nodes (--nnodes, --headless)
+
+
+def multinode_args(rank: int, master_port: int, timeout_s: int = 20) -> list[str]:
+    """Node `rank` of a TP 2 deployment over 2 nodes, as the real recipe runs it (rank 1 headless)."""
+    args = [
+        *GLM[:1], "--tensor-parallel-size", "2", "--max-model-len", "100000", "--nnodes", "2",
+        "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(master_port),
+        "--distributed-timeout-seconds", str(timeout_s),
+    ]  # fmt: skip
+    return [*args, "--headless"] if rank else args
+
+
+def headless_decided(lines: list[str]) -> bool:
+    return headless_verdict(lines) is not None
+
+
+def test_multinode_head_waits_for_its_headless_node_and_both_start() -> None:
+    master = free_port()
+    with launch(multinode_args(1, master), env=FAST) as node1:
+        # node 0 is not there yet: node 1 waits (silently, as torch's store client retries)
+        assert not node1.wait_for(lambda lines: "is assigned as" in "\n".join(lines), 1.0)
+        with launch(multinode_args(0, master), env=FAST) as node0:
+            assert node0.wait_ready(30), node0.lines[-5:]
+            assert (
+                requests.get(f"{node0.url}/v1/models", timeout=5).json()["data"][0]["max_model_len"] == 100000
+            )
+            assert node1.wait_for(headless_decided, 10), node1.lines[-5:]
+        verdict = headless_verdict(node1.lines)
+        assert verdict is not None and verdict.ok, verdict
+        assert "Graph capturing finished" in verdict.decisive_line
+        launched = [e.data for e in classify_all(node1.lines) if e.name == "headless_launch"]
+        assert launched == [{"version": "0.33.0", "head_address": f"127.0.0.1:{master}"}]
+        assert not any("Starting vLLM server" in line for line in node1.lines)
+        # node 0 stopped: the headless node keeps running and prints nothing (the recipe's behaviour 3)
+        printed = len(node1.lines)
+        assert not node1.wait_for(lambda lines: node1.process.poll() is not None, 1.0)
+        assert len(node1.lines) == printed
+        # ... and a new node 0 waits for a node 1 that never comes
+        status, lines = run_to_exit(multinode_args(0, master, timeout_s=1))
+        assert status == 1 and verdict_of(lines).failure == "peer_missing"
+        assert node1.stop() == 0
+
+
+def test_multinode_head_alone_fails_with_torchs_store_timeout() -> None:
+    status, lines = run_to_exit(multinode_args(0, free_port(), timeout_s=1))
+    verdict = verdict_of(lines)
+    assert status == 1 and not verdict.ok and verdict.failure == "peer_missing"
+    assert "waited 1 s for the other nodes: 1 of 2 ranks joined" in verdict.reason
+    assert not any("Starting vLLM server" in line for line in lines)
+
+
+def test_headless_node_alone_fails_when_node_0_is_not_there() -> None:
+    master = free_port()
+    status, lines = run_to_exit(multinode_args(1, master, timeout_s=1))
+    verdict = headless_verdict(lines, final=True)
+    assert status == 1 and verdict is not None and not verdict.ok
+    assert verdict.failure == "head_unreachable" and f"127.0.0.1:{master}" in verdict.reason
+
+
+def test_kv_too_small_on_the_headless_node_fails_node_0_with_its_budget() -> None:
+    """vLLM sizes the KV cache by the smallest rank's budget: node 0 fails with node 1's estimate, and
+    node 1, like the real one (vllm-logs-multinode/kv-node1-node1.log), stays up and prints nothing."""
+    master = free_port()
+    small = {**FAST, "CTXMGR_STANDIN_KV_CAPACITY_TOKENS": "4096"}
+    with launch(multinode_args(1, master), env=small) as node1:
+        status, lines = run_to_exit(multinode_args(0, master))
+        verdict = verdict_of(lines)
+        assert status == 1 and verdict.failure == "kv_cache_too_small"
+        assert verdict.estimated_max_model_len == 4096
+        assert headless_verdict(node1.lines) is None and node1.process.poll() is None
+        assert node1.stop() == 0
+
+
+def test_headless_node_logs_torchs_retry_before_it_fails() -> None:
+    """As the real one (vllm-logs-multinode/no-node0-node1.log): torch's own timeout line and a retry
+    first, which do not decide, then the exception."""
+    status, lines = run_to_exit(multinode_args(1, free_port(), timeout_s=1))
+    retry = next(i for i, line in enumerate(lines) if "- retrying (try=0, timeout=1000ms" in line)
+    assert headless_verdict(lines[: retry + 1]) is None
+    verdict = headless_verdict(lines, final=True)
+    assert status == 1 and verdict is not None and verdict.failure == "head_unreachable"

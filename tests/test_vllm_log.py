@@ -19,8 +19,10 @@ LOGS = Path(__file__).parent / "data" / "vllm-logs"
 
 
 def lines_of(name: str) -> list[str]:
+    """A log in tests/data/vllm-logs/, or DIR/NAME in another folder of tests/data/."""
+    path = LOGS.parent / name if "/" in name else LOGS / name
     # split on "\n" only: the logs hold control bytes that str.splitlines() would also split on
-    return (LOGS / name).read_text(encoding="utf-8", errors="replace").rstrip("\n").split("\n")
+    return path.read_text(encoding="utf-8", errors="replace").rstrip("\n").split("\n")
 
 
 def line_with(name: str, needle: str, occurrence: int = 0) -> str:

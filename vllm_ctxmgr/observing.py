@@ -81,14 +81,21 @@ def watch_start(
     progress_interval: float = 3.0,
     on_tick: Callable[[StartProgress], None] | None = None,
     tick_interval: float = 1.0,
+    head_serving: Callable[[], bool] | None = None,
 ) -> StartVerdict:
     """Follow the unit's journal from `cursor` and decide as soon as vLLM's decisive line appears.
+
+    `head_serving` makes the unit a headless node (--headless): it has no ready line of its own (the CPU
+    build none at all), so it is also ok once `head_serving()`, asked every `state_interval`, says that
+    node 0 serves and the node's ranks have joined (StartWatcher.head_serving).
 
     `on_tick` is called about every `tick_interval` seconds with where the start is, so a terminal can
     show that a start that prints nothing for minutes (loading, compiling, capturing) is still alive."""
 
     baseline = systemd.state(unit).n_restarts
-    watcher = StartWatcher(timeout_s=timeout, baseline_nrestarts=baseline, await_start=True)
+    watcher = StartWatcher(
+        timeout_s=timeout, baseline_nrestarts=baseline, await_start=True, headless=head_serving is not None
+    )
     next_state = 0.0
     last_progress = 0.0
     started = time.monotonic()
@@ -119,6 +126,8 @@ def watch_start(
                     unit, "ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "ExecMainCode"
                 )
                 watcher.feed_unit_state(state)
+                if head_serving is not None and head_serving():
+                    watcher.head_serving()
                 next_state = now + state_interval
             verdict = watcher.poll()
             if verdict is not None:

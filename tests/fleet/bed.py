@@ -61,18 +61,27 @@ def ansible_venv(version: str = ANSIBLE_VERSIONS[-1]) -> Path:
     return REPO_ROOT / f".venv-ansible-{version}"
 
 
-def fleet_available(venv: Path | None = None) -> str | None:
-    """Why a fleet bed cannot run here (with the ansible-core of `venv`, default the newest), or None."""
-    venv = venv or ansible_venv()
+def hosts_available() -> str | None:
+    """Why hosts in namespaces, each a private systemd with a real sshd, cannot run here, or None."""
     reason = sandbox_available()
     if reason:
         return reason
     for tool in ("ip", "nsenter", "ssh", "ssh-keygen"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (make fleet-deps)"
-    for binary in ("/usr/sbin/sshd", "/usr/sbin/haproxy"):
-        if not Path(binary).exists():
-            return f"{binary} is not installed (make fleet-deps)"
+    if not Path("/usr/sbin/sshd").exists():
+        return "/usr/sbin/sshd is not installed (make fleet-deps)"
+    return None
+
+
+def fleet_available(venv: Path | None = None) -> str | None:
+    """Why a fleet bed cannot run here (with the ansible-core of `venv`, default the newest), or None."""
+    venv = venv or ansible_venv()
+    reason = hosts_available()
+    if reason:
+        return reason
+    if not Path("/usr/sbin/haproxy").exists():
+        return "/usr/sbin/haproxy is not installed (make fleet-deps)"
     if not (venv / "bin" / "ansible-playbook").exists():
         return f"no ansible-core venv at {venv} (make fleet-deps)"
     return None
@@ -273,6 +282,13 @@ class FleetBed:
         self.ctxmgr_bin.chmod(0o755)
 
     def _boot(self, host: FleetHost, time_scale: float, environment: dict[str, str]) -> None:
+        self.boot_ssh_host(host)
+        self.install_vllm(host, BASELINE_CONTEXT, time_scale, environment)
+        host.systemctl("daemon-reload")
+        host.systemctl("start", f"{SERVICE}.service")
+
+    def boot_ssh_host(self, host: FleetHost) -> None:
+        """The host's private systemd, in its namespace, running its real sshd (no vLLM unit yet)."""
         host.sandbox = Sandbox.start(netns=host.netns)
         config = host.directory / "sshd_config"
         config.write_text(
@@ -304,9 +320,8 @@ Restart=on-failure
 """
         )
         host.state_dir.mkdir(exist_ok=True)
-        self.install_vllm(host, BASELINE_CONTEXT, time_scale, environment)
         host.systemctl("daemon-reload")
-        host.systemctl("start", "sshd-fleet.service", f"{SERVICE}.service")
+        host.systemctl("start", "sshd-fleet.service")
 
     def vllm_unit_text(
         self, host: FleetHost, context: int, time_scale: float, environment: dict[str, str]

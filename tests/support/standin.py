@@ -45,6 +45,7 @@ Environment (all optional):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -127,6 +128,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--block-size", type=int)
     parser.add_argument("--kv-cache-dtype", default="auto")
+    # vLLM's own multi-node mode (config/parallel.py: nnodes, node_rank, master_addr, master_port)
+    parser.add_argument("--nnodes", "-n", type=int, default=1)
+    parser.add_argument("--node-rank", "-r", type=int, default=0)
+    parser.add_argument("--master-addr", default="127.0.0.1")
+    parser.add_argument("--master-port", type=int, default=29501)
+    parser.add_argument("--headless", action="store_true")
+    parser.add_argument("--distributed-timeout-seconds", type=int)
     return parser
 
 
@@ -160,6 +168,23 @@ class Settings:
     eos_after: int = 16
     token_delay_s: float = 0.002
     allow_long_max_model_len: bool = False
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
+    headless: bool = False
+    # None: torch's default process-group timeout (30 min), as in vLLM
+    distributed_timeout_s: int | None = None
+
+    @property
+    def local_world_size(self) -> int:
+        """Ranks on this node: the TP ranks spread evenly over --nnodes (multiproc_executor.py:L303)."""
+        return max(1, self.tensor_parallel_size // max(1, self.nnodes))
+
+    @property
+    def local_ranks(self) -> range:
+        first = self.node_rank * self.local_world_size
+        return range(first, first + self.local_world_size)
 
 
 def settings_from(argv: list[str], environ: dict[str, str]) -> Settings:
@@ -179,6 +204,13 @@ def settings_from(argv: list[str], environ: dict[str, str]) -> Settings:
     for name, default in (
         ("max_model_len", None),
         ("served_model_name", None),
+        # the multi-node flags, in the order the real 0.32 line shows them (node 0 of two)
+        ("master_addr", "127.0.0.1"),
+        ("master_port", 29501),
+        ("nnodes", 1),
+        ("node_rank", 0),
+        ("headless", False),
+        ("distributed_timeout_seconds", None),
         ("tensor_parallel_size", 1),
         ("gpu_memory_utilization", 0.92),
         ("kv_cache_memory_bytes", None),
@@ -216,6 +248,12 @@ def settings_from(argv: list[str], environ: dict[str, str]) -> Settings:
         eos_after=int(env("CTXMGR_STANDIN_EOS_AFTER", "16")),
         token_delay_s=float(env("CTXMGR_STANDIN_TOKEN_DELAY_S", "0.002")),
         allow_long_max_model_len=env("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true"),
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        headless=args.headless,
+        distributed_timeout_s=args.distributed_timeout_seconds,
     )
 
 
@@ -250,9 +288,13 @@ class KvPlan:
         return int(self.max_concurrency * self.max_model_len)
 
 
-def plan_kv(settings: Settings, max_model_len: int) -> KvPlan:
+def plan_kv(settings: Settings, max_model_len: int, available_bytes: int | None = None) -> KvPlan:
+    """`available_bytes`: the budget when another node's rank has less than this one (vLLM plans the
+    KV cache with the smallest rank's budget, v1/core/kv_cache_planning.py get_kv_cache_configs)."""
     page = settings.block_size * settings.kv_bytes_per_token
-    if settings.kv_capacity_tokens is not None:
+    if available_bytes is not None:
+        available = available_bytes
+    elif settings.kv_capacity_tokens is not None:
         available = (settings.kv_capacity_tokens // settings.block_size + 1) * page  # + the null block
     elif settings.kv_cache_memory_bytes is not None:
         available = settings.kv_cache_memory_bytes
@@ -301,7 +343,11 @@ class VllmLog:
             return self.pid
         if process == "EngineCore":
             return self.pid + 211
-        return self.pid + 400 + int(process.removeprefix("Worker_TP") or 0)
+        if process == "MainProcess":
+            return self.pid
+        # a worker logs as `Worker` until its groups are formed, then as Worker_TP<rank>: one process
+        rank = process.removeprefix("Worker_TP").removeprefix("Worker")
+        return self.pid + 400 + (int(rank) if rank else self.settings.local_ranks[0])
 
     def info(self, process: str, fileinfo: str, message: str, level: str = "INFO") -> None:
         stamp = time.strftime("%m-%d %H:%M:%S")
@@ -312,7 +358,8 @@ class VllmLog:
                 )
 
     def workers(self, fileinfo: str, message: str) -> None:
-        for rank in range(self.settings.tensor_parallel_size):
+        """One line from each of this node's workers (every TP rank on one node)."""
+        for rank in self.settings.local_ranks:
             self.info(f"Worker_TP{rank}", fileinfo, message)
 
     def raw(self, text: str, stream: Any = None) -> None:
@@ -383,8 +430,9 @@ def _engine_failed(log: VllmLog, error: str) -> None:
     raise StartFailed(1)
 
 
-def _worker_failed(log: VllmLog, frames: list[str], error: str) -> None:
-    log.error_block("Worker_TP0", "multiproc_executor.py:1057", "WorkerProc failed to start.", frames, error)
+def _worker_failed(log: VllmLog, frames: list[str], error: str, process: str = "Worker_TP0") -> None:
+    """`process`: `Worker` while the worker's groups are not formed (its prefix until then)."""
+    log.error_block(process, "multiproc_executor.py:1057", "WorkerProc failed to start.", frames, error)
     worker_error = (
         "Exception: WorkerProc initialization failed due to an exception in a background process. See stack "
         "trace for root cause."
@@ -403,8 +451,10 @@ def _validation_error(log: VllmLog, config: str, lines: list[str], error_type: s
     raise StartFailed(1)
 
 
-def run_start(settings: Settings, log: VllmLog) -> KvPlan:
-    """Print one start up to the engine being ready; raises StartFailed where vLLM would exit."""
+def run_start(settings: Settings, log: VllmLog, group: HeadGroup | None = None) -> KvPlan:
+    """Print one start up to the engine being ready; raises StartFailed where vLLM would exit.
+    With `group` (node 0 of --nnodes > 1), the other nodes' ranks join it, report their KV budget and
+    warm up when it says so."""
     model, tp = settings.model, settings.tensor_parallel_size
     banner = (
         f"\n       █     █     █▄   ▄█\n ▄▄ ▄█ █     █     █ ▀▄▀ █  version {VLLM_VERSION}\n  █▄█▀ █     █  "
@@ -492,6 +542,43 @@ def run_start(settings: Settings, log: VllmLog) -> KvPlan:
             f"{format_gib(requested_bytes(settings))} GiB). Decrease GPU memory utilization or reduce GPU "
             "memory used by other processes.",
         )
+    if group is not None:
+        group.form(log)
+    _load_and_profile(settings, log)
+    kv = plan_kv(settings, -1 if max_model_len == -1 else (max_model_len or derived))
+    _memory_lines(settings, log, kv)
+    if group is not None:
+        smallest = min([kv.available_bytes, *group.gather("kv_bytes", log)])
+        if smallest < kv.available_bytes:
+            kv = plan_kv(settings, -1 if max_model_len == -1 else (max_model_len or derived), smallest)
+    try:
+        _check_kv(settings, log, kv, max_model_len)
+    except StartFailed:
+        if group is not None:
+            group.close()  # the other nodes' ranks lose node 0
+        raise
+    log.info(
+        "EngineCore",
+        "kv_cache_utils.py:1147",
+        f"GPU KV cache size: {kv.kv_cache_tokens:,} tokens, Maximum concurrency for {kv.max_model_len:,} "
+        f"tokens per request: {kv.max_concurrency:.2f}x",
+    )
+    if group is not None:
+        group.broadcast({"warm_up": True})
+    _warm_up(settings, log, kv)
+    if group is not None:
+        group.gather("warmed_up", log)
+    log.info(
+        "EngineCore",
+        "core.py:405",
+        "init engine (profile, create kv cache, warmup model) took 61.84 s (compilation: 48.08 s)",
+    )
+    return kv
+
+
+def _load_and_profile(settings: Settings, log: VllmLog) -> None:
+    """This node's workers load their shard of the weights and profile (every node's ranks do)."""
+    model = settings.model
     log.sleep(0.3)
     log.workers("gpu_model_runner.py:4978", f"Starting to load model {model}...")
     shards = max(1, settings.shards)
@@ -516,14 +603,21 @@ def run_start(settings: Settings, log: VllmLog) -> KvPlan:
         f"{load_seconds + 7.18:.6f} seconds",
     )
     log.sleep(0.8)
-    log.info("Worker_TP0", "backends.py:1187", "Dynamo bytecode transform time: 9.87 s")
+    log.info(
+        f"Worker_TP{settings.local_ranks[0]}", "backends.py:1187", "Dynamo bytecode transform time: 9.87 s"
+    )
     log.workers("monitor.py:62", "torch.compile took 38.21 s in total")
     log.workers(
         "gpu_model_runner.py:6304",
         "Profiling CUDA graph memory: PIECEWISE=51 (largest=512), FULL=35 (largest=256)",
     )
     log.sleep(0.4)
-    kv = plan_kv(settings, -1 if max_model_len == -1 else (max_model_len or derived))
+
+
+def _memory_lines(settings: Settings, log: VllmLog, kv: KvPlan) -> None:
+    """This node's workers report their KV budget (gpu_worker.py determine_available_memory)."""
+    total = settings.gpu_total_gib * GIB
+    utilization = settings.gpu_memory_utilization
     if settings.kv_cache_memory_bytes is not None:
         log.workers(
             "gpu_worker.py:676",
@@ -551,13 +645,11 @@ def run_start(settings: Settings, log: VllmLog) -> KvPlan:
             f"{min(round(utilization + delta, 4), 1.0):.4f}. To disable, set "
             "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.",
         )
-    _check_kv(settings, log, kv, max_model_len)
-    log.info(
-        "EngineCore",
-        "kv_cache_utils.py:1147",
-        f"GPU KV cache size: {kv.kv_cache_tokens:,} tokens, Maximum concurrency for {kv.max_model_len:,} "
-        f"tokens per request: {kv.max_concurrency:.2f}x",
-    )
+
+
+def _warm_up(settings: Settings, log: VllmLog, kv: KvPlan) -> None:
+    """This node's workers capture CUDA graphs once node 0 set the KV cache up (compile_or_warm_up_model,
+    gpu_worker.py:L933-L1066): on a headless node, the last lines of its start."""
     log.sleep(0.3)
     log.raw(
         "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|██████████| 51/51 [00:04<00:00, "
@@ -578,12 +670,289 @@ def run_start(settings: Settings, log: VllmLog) -> KvPlan:
             f"{100 * diff / graph_taken:.1f}%).",
         )
         _suggestion(settings, log, kv, graph_taken)
+
+
+# ---------------------------------------------------------------- several nodes (--nnodes, --headless)
+#
+# vLLM forms one torch.distributed group over every node's ranks: node 0's first worker holds a TCPStore
+# at --master-addr:--master-port, every other node's ranks connect to it, and node 0's engine then asks
+# each rank for its KV budget (the smallest decides), and each rank to warm up. Here that is a line
+# protocol over one TCP connection per node, so that a missing node, or a node 0 that is not there,
+# is a real absence on the network.
+
+_DEFAULT_DISTRIBUTED_TIMEOUT_S = 1800  # torch's default process-group timeout (30 min)
+_STORE_FRAMES = [
+    *_WORKER_FRAMES,
+    f'  File "{_VLLM}/distributed/parallel_state.py", line 1966, in init_distributed_environment',
+    "    torch.distributed.init_process_group(",
+]
+
+
+def _send(connection: socket.socket, message: dict[str, Any]) -> None:
+    connection.sendall(json.dumps(message).encode() + b"\n")
+
+
+def _receive(reader: Any) -> dict[str, Any] | None:
+    """One message, or None when the other side closed (or the timeout passed)."""
+    try:
+        line = reader.readline()
+    except (OSError, ValueError):
+        return None
+    if not line:
+        return None
+    try:
+        message = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return message if isinstance(message, dict) else None
+
+
+@dataclass
+class HeadGroup:
+    """Node 0's side: where the other nodes' ranks join (torch's TCPStore master, in a worker)."""
+
+    settings: Settings
+    listener: socket.socket
+    peers: list[tuple[socket.socket, Any]] = field(default_factory=list)
+
+    @classmethod
+    def listen(cls, settings: Settings) -> HeadGroup:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((settings.master_addr, settings.master_port))
+        listener.listen(16)
+        return cls(settings, listener)
+
+    @property
+    def timeout_s(self) -> float:
+        return float(self.settings.distributed_timeout_s or _DEFAULT_DISTRIBUTED_TIMEOUT_S)
+
+    def form(self, log: VllmLog) -> None:
+        """Wait up to the timeout for every node's ranks, as TCPStore's master does; torch's
+        DistStoreError (`N/M clients joined`) when some do not come."""
+        settings = self.settings
+        world_size = settings.tensor_parallel_size
+        address = f"tcp://{settings.master_addr}:{settings.master_port}"
+        for rank in settings.local_ranks:
+            log.info(
+                "Worker",
+                "parallel_state.py:1930",
+                f"world_size={world_size} rank={rank} local_rank={rank - settings.local_ranks[0]} "
+                f"distributed_init_method={address} backend=nccl",
+            )
+        joined = settings.local_world_size
+        deadline = time.monotonic() + self.timeout_s
+        while len(self.peers) < settings.nnodes - 1:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.close()
+                _worker_failed(
+                    log,
+                    _STORE_FRAMES,
+                    f"torch.distributed.DistStoreError: Timed out after {int(self.timeout_s)} seconds "
+                    f"waiting for clients. {joined}/{world_size} clients joined.",
+                    process="Worker",
+                )
+            self.listener.settimeout(min(remaining, 0.5))
+            try:
+                connection, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            connection.settimeout(max(1.0, remaining))
+            reader = connection.makefile("r", encoding="utf-8")
+            hello = _receive(reader)
+            if hello is None or "hello" not in hello:
+                connection.close()
+                continue
+            self.peers.append((connection, reader))
+            joined += int(hello.get("ranks", 1))
+        self.broadcast({"formed": True})
+        _rank_assigned(settings, log)
+
+    def broadcast(self, message: dict[str, Any]) -> None:
+        for connection, _ in self.peers:
+            with contextlib.suppress(OSError):
+                _send(connection, message)
+
+    def gather(self, key: str, log: VllmLog) -> list[Any]:
+        """One `key` from each node; a node that went away fails the start as vLLM's engine does when a
+        worker dies (gloo: the peer closed the connection)."""
+        values = []
+        for connection, reader in self.peers:
+            connection.settimeout(None)
+            message = _receive(reader)
+            if message is None or key not in message:
+                peer = connection.getpeername()[0] if _connected(connection) else "unknown"
+                self.close()
+                log.traceback(
+                    _ENGINE_FRAMES,
+                    f"RuntimeError: {_gloo_closed(peer, self.settings.master_port)}",
+                    preamble="Process EngineCore:",
+                )
+                raise StartFailed(1)
+            values.append(message[key])
+        return values
+
+    def close(self) -> None:
+        for connection, _ in self.peers:
+            connection.close()
+        self.peers.clear()
+        self.listener.close()
+
+
+def _rank_assigned(settings: Settings, log: VllmLog) -> None:
+    """The group is formed: the node's first rank says where it stands (parallel_state.py:L2385, once
+    per node)."""
+    first = settings.local_ranks[0]
     log.info(
-        "EngineCore",
-        "core.py:405",
-        "init engine (profile, create kv cache, warmup model) took 61.84 s (compilation: 48.08 s)",
+        "Worker",
+        "parallel_state.py:2385",
+        f"rank {first} in world size {settings.tensor_parallel_size} is assigned as DP rank 0, PP rank 0, "
+        f"PCP rank 0, TP rank {first}, ETP rank {first}, EP rank N/A, EPLB rank N/A",
     )
-    return kv
+
+
+def _gloo_closed(peer: str, port: int) -> str:
+    """gloo's error when the other side of a pair went away (torch's third_party/gloo tcp/pair.cc)."""
+    return f"[../third_party/gloo/gloo/transport/tcp/pair.cc:538] Connection closed by peer [{peer}]:{port}"
+
+
+def _connected(connection: socket.socket) -> bool:
+    try:
+        connection.getpeername()
+    except OSError:
+        return False
+    return True
+
+
+def _connect_to_head(settings: Settings, timeout_s: float) -> socket.socket | None:
+    """Connect to node 0's --master-addr:--master-port, retrying until the timeout (TCPStore client)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return socket.create_connection(
+                (settings.master_addr, settings.master_port), timeout=max(0.1, deadline - time.monotonic())
+            )
+        except OSError:
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.2)
+
+
+def _glog_stamp() -> str:
+    """The time in torch's C++ log prefix: `MMDD HH:MM:SS.nnnnnnnnn`."""
+    now = time.time()
+    return time.strftime("%m%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e9):09d}"
+
+
+def run_headless(settings: Settings, log: VllmLog) -> int:
+    """A node with --node-rank > 0 and --headless: its ranks join node 0's group, load, report their KV
+    budget and warm up when node 0 says so; no HTTP server (vllm/entrypoints/cli/serve.py run_headless).
+    After that it prints nothing and keeps running, even when node 0 goes away, until it is stopped."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    max_model_len = settings.max_model_len_arg
+    derived = settings.derived_max_model_len
+    head = f"{settings.master_addr}:{settings.master_port}"
+    log.info("MainProcess", "model.py:744", f"Resolved architecture: {settings.architecture}")
+    log.info(
+        "MainProcess",
+        "model.py:2170",
+        f"Using max model len {derived if max_model_len in (None, -1) else max_model_len}",
+    )
+    log.info(
+        "MainProcess",
+        "arg_utils.py:2514",
+        f"Inferred data_parallel_rank 0 from node_rank {settings.node_rank}",
+    )
+    log.info(
+        "MainProcess",
+        "serve.py:224",
+        f"Launching vLLM (v{VLLM_VERSION}) headless multiproc executor, with head node address {head} for "
+        "torch.distributed process group.",
+    )
+    world_size = settings.tensor_parallel_size
+    for rank in settings.local_ranks:
+        log.info(
+            "Worker",
+            "parallel_state.py:1930",
+            f"world_size={world_size} rank={rank} local_rank={rank - settings.local_ranks[0]} "
+            f"distributed_init_method=tcp://{head} backend=nccl",
+        )
+    timeout_s = float(settings.distributed_timeout_s or _DEFAULT_DISTRIBUTED_TIMEOUT_S)
+    connection = _connect_to_head(settings, timeout_s)
+    if connection is None:
+        # torch's store client logs the timeout, waits a random delay and tries once more
+        # (tests/data/vllm-logs-multinode/no-node0-node1.log: 30 s, then 11.9 s, then 30 s)
+        delay_ms = int(timeout_s * 400)
+        timed_out = (
+            f"The client socket has timed out after {int(timeout_s * 1000)}ms while trying to connect to "
+            f"({settings.master_addr}, {settings.master_port})."
+        )
+        log.raw(f"[E{_glog_stamp()} socket.cpp:1028] [c10d] {timed_out}", sys.stderr)
+        log.raw(
+            f"[W{_glog_stamp()} TCPStore.cpp:340] [c10d] TCP client failed to connect/validate to host "
+            f"{settings.master_addr}:{settings.master_port} - retrying (try=0, timeout="
+            f"{int(timeout_s * 1000)}ms, delay={delay_ms}ms): {timed_out}",
+            sys.stderr,
+        )
+        connection = _connect_to_head(settings, delay_ms / 1000)
+    if connection is None:
+        _headless_failed(
+            log,
+            "torch.distributed.DistNetworkError: The client socket has timed out after "
+            f"{int(timeout_s * 1000)}ms while trying to connect to ({settings.master_addr}, "
+            f"{settings.master_port}).",
+        )
+        return 1
+    reader = connection.makefile("r", encoding="utf-8")
+    _send(connection, {"hello": settings.node_rank, "ranks": settings.local_world_size})
+    connection.settimeout(timeout_s)
+    if _receive(reader) is None:  # node 0 gave up waiting for another node, or went away
+        _headless_failed(
+            log,
+            f"torch.distributed.DistNetworkError: Connection reset by peer [{settings.master_addr}]:"
+            f"{settings.master_port}",
+        )
+        return 1
+    _rank_assigned(settings, log)
+    _load_and_profile(settings, log)
+    kv = plan_kv(settings, -1 if max_model_len == -1 else (max_model_len or derived))
+    _memory_lines(settings, log, kv)
+    connection.settimeout(None)
+    _send(connection, {"kv_bytes": kv.available_bytes})
+    decision = _receive(reader)
+    # node 0 failing its start (its KV check with this node's budget, ...) is not seen here: like the
+    # real headless node (tests/data/vllm-logs-multinode/kv-node1-node1.log), it prints nothing more
+    # and keeps running until it is stopped
+    if decision is not None and decision.get("warm_up"):
+        _warm_up(settings, log, kv)
+        with contextlib.suppress(OSError):
+            _send(connection, {"warmed_up": True})
+    stop.wait()
+    connection.close()
+    log.info("MainProcess", "multiproc_executor.py:587", "[shutdown] Executor: all workers exited gracefully")
+    return 0
+
+
+def _headless_failed(log: VllmLog, error: str) -> None:
+    """A headless node's start ends in its worker: WorkerProc failed to start, then the executor's error."""
+    log.error_block(
+        "Worker",  # its groups are not formed: the prefix has no rank yet
+        "multiproc_executor.py:1057",
+        "WorkerProc failed to start.",
+        _STORE_FRAMES,
+        error,
+    )
+    log.traceback(
+        [
+            f'  File "{_VLLM}/v1/executor/multiproc_executor.py", line 215, in _init_executor',
+            "    self.workers = WorkerProc.wait_for_ready(unready_workers)",
+        ],
+        "Exception: WorkerProc initialization failed due to an exception in a background process. See stack "
+        "trace for root cause.",
+    )
 
 
 def _suggestion(settings: Settings, log: VllmLog, kv: KvPlan, graph_taken: float) -> None:
@@ -1252,16 +1621,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings = settings_from(argv[1:], dict(os.environ))
     log = VllmLog(settings)
+    if settings.headless:
+        if settings.node_rank < 1 or settings.nnodes < 2:
+            print("vllm serve: error: --headless needs --nnodes > 1 and --node-rank > 0", file=sys.stderr)
+            return 2
+        return run_headless(settings, log)
+    group = HeadGroup.listen(settings) if settings.nnodes > 1 else None
     try:
         listener = _bind(settings, log)
         try:
-            kv = run_start(settings, log)
+            kv = run_start(settings, log, group)
         except StartFailed:
             listener.server_close()
             raise
     except StartFailed as failed:
+        if group is not None:
+            group.close()
         return failed.exit_status
-    return serve(settings, log, listener, kv)
+    try:
+        return serve(settings, log, listener, kv)
+    finally:
+        if group is not None:
+            group.close()
 
 
 # ---------------------------------------------------------------- launching it (tests, demos)

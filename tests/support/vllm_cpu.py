@@ -163,15 +163,17 @@ def serve_argv(
     kv_cache_memory_bytes: int | None = None,
     extra_args: Sequence[str] = (),
     venv: Path | None = None,
+    host: str = "127.0.0.1",
 ) -> list[str]:
-    """The ExecStart command line: `vllm serve` on loopback, fp32, eager (no torch.compile on 2 cores)."""
+    """The ExecStart command line: `vllm serve` on `host` (loopback), fp32, eager (no torch.compile on
+    2 cores)."""
     venv = venv or vllm_venv() or Path(os.environ.get("CTXMGR_VLLM_VENV", DEFAULT_VENV))
     argv = [
         str(venv / "bin" / "vllm"),
         "serve",
         str(model_dir),
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--max-model-len",
@@ -198,6 +200,8 @@ def unit_text(
     restart: str = "on-failure",
     start_limit_burst: int | None = None,
     extra_environment: dict[str, str] | None = None,
+    host: str = "127.0.0.1",
+    extra_service_lines: Sequence[str] = (),
 ) -> str:
     """A systemd unit that serves model_dir with the real vLLM CPU build (measured to work, see above).
 
@@ -209,7 +213,8 @@ def unit_text(
     Restart=on-failure with RestartSec=1 loops for ever on a config error under systemd's default start
     limit (5 starts in 10 s; each attempt takes ~20 s); start_limit_burst=N ends the loop after N starts
     ("Start request repeated too quickly", ActiveState=failed) within StartLimitIntervalSec=600.
-    extra_environment values are written as they are (systemd specifiers such as %t are expanded).
+    extra_environment values are written as they are (systemd specifiers such as %t are expanded);
+    extra_service_lines go at the end of [Service] as they are.
     """
     from vllm_ctxmgr.systemd.quoting import quote_exec_word
 
@@ -217,7 +222,7 @@ def unit_text(
     if kv_cache_memory_bytes is None and kv_space_gib is not None:
         environment["VLLM_CPU_KVCACHE_SPACE"] = str(kv_space_gib)
     environment.update(extra_environment or {})
-    argv = serve_argv(model_dir, port, max_model_len, kv_cache_memory_bytes, extra_args, venv)
+    argv = serve_argv(model_dir, port, max_model_len, kv_cache_memory_bytes, extra_args, venv, host)
     unit_lines = ["[Unit]", f"Description={description}"]
     if start_limit_burst is not None:
         unit_lines += [f"StartLimitBurst={start_limit_burst}", "StartLimitIntervalSec=600"]
@@ -233,5 +238,6 @@ def unit_text(
         # vLLM warns about the default 1024 open files and tries to raise the limit itself.
         "LimitNOFILE=65536",
         f"TimeoutStopSec={int(STOP_TIMEOUT_S)}",
+        *extra_service_lines,
     ]
     return "\n".join(unit_lines + service_lines) + "\n"

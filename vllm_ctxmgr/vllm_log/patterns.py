@@ -223,6 +223,39 @@ PATTERNS: tuple[LinePattern, ...] = (
         seen="not in a log here: wording from the format string only",
         meaning="the HTTP port is taken by another process",
     ),
+    # ---- failures: decisive, of a deployment over several nodes (--nnodes) ----
+    _p(
+        "peer_missing",
+        "failure",
+        r"DistStoreError: Timed out after (?P<timeout_s>\d+) seconds waiting for clients\. "
+        r"(?P<joined>\d+)/(?P<world_size>\d+) clients joined\.",
+        rank=100,
+        source="torch c10d TCPStore (DistStoreError), raised on node 0 by init_distributed_environment at "
+        "--master-addr:--master-port (vllm/distributed/parallel_state.py:L1875-L1879)",
+        seen="vllm-logs-multinode/no-node1-node0.log",
+        meaning="node 0 waited --distributed-timeout-seconds for the other nodes' ranks and not all came",
+    ),
+    _p(
+        "head_unreachable",
+        "failure",
+        # torch's own log line with the same words comes first, then a retry: only the exception decides
+        r"DistNetworkError: The client socket has timed out after (?P<timeout>\S+) while trying to "
+        r"connect to \((?P<head_host>[^,]+), (?P<head_port>\d+)\)",
+        rank=100,
+        source="torch c10d TCPStore client (DistNetworkError), from a node whose rank > 0 "
+        "(vllm/distributed/parallel_state.py:L1875-L1879)",
+        seen="vllm-logs-multinode/no-node0-node1.log",
+        meaning="a headless node could not reach node 0's --master-addr:--master-port in time",
+    ),
+    _p(
+        "gloo_connect_failed",
+        "failure",
+        r"Gloo connectFullMesh failed with (?P<error>.*)$",
+        rank=95,
+        source="torch ProcessGroupGloo (gloo::rendezvous::Context::connectFullMesh)",
+        seen="not in a log here: the recipe's run without GLOO_SOCKET_IFNAME (gloo took 127.0.0.1)",
+        meaning="the nodes' ranks met but could not connect to each other over gloo (wrong interface)",
+    ),
     # ---- failures: specific ----
     _p(
         "cuda_oom",
@@ -282,6 +315,25 @@ PATTERNS: tuple[LinePattern, ...] = (
         source="vllm multiproc_executor",
         seen="not in a log here: wording from the format string only",
         meaning="a worker process failed; the worker's error is quoted",
+    ),
+    _p(
+        "worker_died",
+        "failure",
+        r"Worker proc (?P<process>\S+) died unexpectedly \(exit code: (?P<exit_code>-?\d+|None)\)",
+        rank=60,
+        source="vllm/v1/executor/multiproc_executor.py:L380-L385",
+        seen="vllm-logs-multinode/kv-node1-node0.log (after the KV-cache error: no more precise)",
+        meaning="a worker process of this node died; the executor shuts down",
+    ),
+    _p(
+        "peer_connection_lost",
+        "failure",
+        r"(?:Connection closed by peer|[Cc]onnection reset by peer)"
+        r"(?: \[(?P<peer>[^\]]+)\]:(?P<peer_port>\d+))?",
+        rank=55,
+        source="gloo transport/tcp/pair.cc (torch's gloo), in a worker whose peer node went away",
+        seen="not in a log here: the recipe's EngineDeadError after node 1 died",
+        meaning="another node's rank closed its gloo connection: that node stopped or died",
     ),
     # ---- failures: generic ----
     _p(
@@ -442,6 +494,25 @@ PATTERNS: tuple[LinePattern, ...] = (
         source="vllm/v1/engine/core.py:L140",
         seen="startup_ok.log",
         meaning="the engine's config dump: vLLM version and the max_model_len it uses",
+    ),
+    _p(
+        "headless_launch",
+        "fact",
+        r"^Launching vLLM \(v(?P<version>[^)]+)\) headless multiproc executor, with head node address "
+        r"(?P<head_address>\S+) for torch\.distributed process group\.",
+        source="vllm/entrypoints/cli/serve.py:L224-L229 (run_headless, node_rank_within_dp > 0)",
+        seen="vllm-logs-multinode/good-node1.log",
+        meaning="a headless node (--headless, --node-rank > 0) begins: its ranks join node 0's",
+    ),
+    _p(
+        "dp_group_leader",
+        "fact",
+        r"^DP group leader: node_rank=(?P<node_rank>\d+), node_rank_within_dp=(?P<node_rank_within_dp>\d+), "
+        r"master_addr=(?P<master_addr>\S+), mq_connect_ip=(?P<mq_connect_ip>\S+) \(local\), "
+        r"world_size=(?P<world_size>\d+), local_world_size=(?P<local_world_size>\d+)",
+        source="vllm/v1/executor/multiproc_executor.py:L167-L177",
+        seen="vllm-logs-multinode/good-node0.log",
+        meaning="node 0's executor: how many ranks in all (world_size) and on this node",
     ),
     _p(
         "non_default_args",
@@ -624,6 +695,41 @@ PATTERNS: tuple[LinePattern, ...] = (
         meaning="systemd started a new process of the unit",
     ),
     _p(
+        "distributed_init",
+        "progress",
+        r"^world_size=(?P<world_size>\d+) rank=(?P<rank>\d+) local_rank=(?P<local_rank>\d+) "
+        r"distributed_init_method=(?P<init_method>\S+) backend=(?P<backend>\w+)",
+        source="vllm/distributed/parallel_state.py:L1929-L1936",
+        seen="vllm-logs-multinode/good-node0.log, vllm-logs-multinode/good-node1.log",
+        meaning="a rank starts joining the group (across nodes: waits for every node's ranks)",
+    ),
+    _p(
+        "store_connect_retry",
+        "progress",
+        r"TCP client failed to connect/validate to host (?P<head_host>[^\s:]+):(?P<head_port>\d+) - retrying "
+        r"\(try=(?P<attempt>\d+), timeout=(?P<timeout>\w+), delay=(?P<delay>\w+)\)",
+        source="torch c10d TCPStore.cpp (a client's connect timed out; it tries again after the delay)",
+        seen="vllm-logs-multinode/no-node0-node1.log",
+        meaning="a node's rank has not reached node 0's --master-addr:--master-port yet and tries again",
+    ),
+    _p(
+        "rank_assigned",
+        "progress",
+        r"^rank (?P<rank>\d+) in world size (?P<world_size>\d+) is assigned as (?P<assignment>.*?TP rank "
+        r"(?P<tp_rank>\d+).*)$",
+        source="vllm/distributed/parallel_state.py:L2385-L2396",
+        seen="vllm-logs-multinode/good-node0.log, vllm-logs-multinode/good-node1.log",
+        meaning="the group is formed: every node's ranks met, this rank has its place",
+    ),
+    _p(
+        "warming_up_done",
+        "progress",
+        r"^Warming up done\.",
+        source="vllm/v1/worker/cpu_model_runner.py:L91",
+        seen="not in a log here: wording from the format string only (--enforce-eager skips it)",
+        meaning="the CPU build's warm-up (compiled mode) finished",
+    ),
+    _p(
         "resolved_architecture",
         "progress",
         r"^Resolved architecture: (?P<architecture>\S+)",
@@ -735,6 +841,18 @@ _INT_FIELDS = frozenset(
         "kv_cache_memory_fit",
         "kv_cache_memory_full",
         "pid",
+        "timeout_s",
+        "joined",
+        "world_size",
+        "rank",
+        "local_rank",
+        "tp_rank",
+        "node_rank",
+        "node_rank_within_dp",
+        "local_world_size",
+        "head_port",
+        "exit_code",
+        "attempt",
     }
 )
 _FLOAT_FIELDS = frozenset(
@@ -868,6 +986,25 @@ _REASONS: dict[str, Callable[[dict[str, Any]], str]] = {
             if d.get("estimated_max_model_len")
             else "; not even one block fits"
         )
+    ),
+    "peer_missing": lambda d: (
+        f"node 0 waited {d['timeout_s']} s for the other nodes: {d['joined']} of {d['world_size']} ranks "
+        "joined (a node is not started, cannot reach node 0's --master-addr:--master-port, or still "
+        "belongs to an earlier group)"
+    ),
+    "head_unreachable": lambda d: (
+        f"this node could not reach node 0 at {d['head_host']}:{d['head_port']} within {d['timeout']} "
+        "(node 0 is not started, or unreachable)"
+    ),
+    "gloo_connect_failed": lambda d: (
+        f"the nodes could not connect over gloo ({d['error']}); set GLOO_SOCKET_IFNAME to the interface "
+        "the nodes reach each other on"
+    ),
+    "worker_died": lambda d: f"worker {d['process']} died (exit code {d['exit_code']})",
+    "peer_connection_lost": lambda d: (
+        "another node's rank closed its connection"
+        + (f" ({d['peer']})" if d.get("peer") else "")
+        + ": that node stopped or died"
     ),
     "no_kv_cache_memory": lambda d: "no memory is left for the KV cache after the weights and activations",
     "auto_fit_impossible": lambda d: (

@@ -205,6 +205,13 @@ class StartWatcher:
     Time comes from `clock` (monotonic seconds); call `poll()` while waiting for more lines.
     With `await_start`, lines before the new process announces itself (systemd's `Started`, vLLM's
     banner) are ignored: an older attempt's error that reaches the journal late cannot decide.
+
+    A `headless` node (--headless, --node-rank > 0) has no HTTP server and no ready line of its own: it
+    is ok once its ranks log a line that only comes after node 0 accepted the KV-cache configuration
+    (HEADLESS_READY: CUDA-graph capture, the memory summary after it), or when the caller reports with
+    `head_serving()` that node 0 serves (node 0 cannot serve before every node's ranks finished their
+    start) and this node's ranks have joined the group. Its failures are the same lines as any node's,
+    plus the multi-node ones (node 0 unreachable, the group not formed).
     """
 
     grace_s: float = 3.0
@@ -215,6 +222,7 @@ class StartWatcher:
     timeout_s: float | None = None
     baseline_nrestarts: int | None = None
     await_start: bool = False
+    headless: bool = False
     clock: Callable[[], float] = time.monotonic
     events: list[LogEvent] = field(default_factory=list)
     verdict: StartVerdict | None = None
@@ -239,7 +247,7 @@ class StartWatcher:
         event = classify(message, self._previous)
         self._previous = message
         if self.await_start:
-            if event is None or event.name not in ("unit_started", "version_banner"):
+            if event is None or event.name not in _PROCESS_STARTS:
                 self._decide()
                 return []
             self.await_start = False
@@ -250,10 +258,12 @@ class StartWatcher:
             self._forget_previous_process()
         self.events.append(event)
         now = self.clock()
-        if event.kind == "ready":
+        if event.kind == "ready" or (self.headless and event.name in HEADLESS_READY):
             self._finish_ok(event)
             return [event]
-        if event.kind == "progress":
+        if self.headless and event.name in _HEADLESS_WAITING:
+            self.phase = "waiting for node 0 to finish the start"
+        elif event.kind == "progress":
             self.last_progress = event
             self.phase = _PHASES.get(event.name, self.phase)
         elif event.kind == "fact":
@@ -294,6 +304,25 @@ class StartWatcher:
             )
         self._decide()
 
+    def head_serving(self) -> StartVerdict | None:
+        """Node 0 serves: a headless node whose ranks joined the group, with no error, is ok (vLLM's
+        node 0 answers only after every rank finished loading, the KV cache and warming up)."""
+        if self.verdict is not None:
+            return self.verdict
+        joined = next((e for e in reversed(self.events) if e.name == "rank_assigned"), None)
+        best = self._best
+        if joined is not None and (best is None or best.rank < RANK_SPECIFIC):
+            self.verdict = StartVerdict(
+                ok=True,
+                reason="node 0 is serving, and this node's ranks joined its group "
+                f"({parse_line(joined.line).message})",
+                decisive_line=joined.line,
+                failure=None,
+                estimated_max_model_len=None,
+                observation=_observation(self.events),
+            )
+        return self.poll()
+
     def poll(self) -> StartVerdict | None:
         """Apply the time-based rules (grace after an error or an exit, the start timeout)."""
         if self.verdict is None:
@@ -315,7 +344,8 @@ class StartWatcher:
         """systemd's `Started`, or vLLM's banner: what came before was another process (its shutdown)."""
         if event.name == "unit_started":
             return True
-        return event.name == "version_banner" and any(e.name == "version_banner" for e in self.events)
+        banners = ("version_banner", "headless_launch")
+        return event.name in banners and any(e.name in banners for e in self.events)
 
     def _forget_previous_process(self) -> None:
         self.events.clear()
@@ -362,9 +392,10 @@ class StartWatcher:
             )
 
     def _finish_ok(self, event: LogEvent) -> None:
+        what = "this headless node's ranks are ready" if event.kind != "ready" else "vLLM is serving"
         self.verdict = StartVerdict(
             ok=True,
-            reason=f"vLLM is serving ({parse_line(event.line).message})",
+            reason=f"{what} ({parse_line(event.line).message})",
             decisive_line=event.line,
             failure=None,
             estimated_max_model_len=None,
@@ -407,8 +438,24 @@ class StartWatcher:
         )
 
 
+# A new vLLM process announces itself: systemd's `Started`, the banner, a headless node's first line.
+_PROCESS_STARTS = frozenset({"unit_started", "version_banner", "headless_launch"})
+# On a headless node, lines its ranks log only after node 0 accepted the KV-cache configuration and
+# asked every rank to warm up (vllm/v1/worker/gpu_worker.py compile_or_warm_up_model, L933-L1066):
+# the node's part of the start is done. The CPU build logs none of them after its KV-cache line.
+HEADLESS_READY = frozenset(
+    {"graph_capturing_finished", "cuda_graph_pool_memory", "kv_cache_memory_suggestion"}
+)
+# A headless node's last lines before node 0 decides (its KV budget): it waits for node 0 after them.
+_HEADLESS_WAITING = frozenset(
+    {"cpu_kv_cache_set", "available_kv_cache_memory", "kv_cache_memory_bytes_reserved"}
+)
+
 _PHASES = {
     "unit_started": "starting",
+    "headless_launch": "starting",
+    "distributed_init": "waiting for the other nodes",
+    "rank_assigned": "loading weights",
     "resolved_architecture": "configuring",
     "using_max_model_len": "configuring",
     "starting_to_load_model": "loading weights",
@@ -442,3 +489,19 @@ def watch(messages: Iterable[str], watcher: StartWatcher | None = None) -> Itera
             yield watcher.verdict
             return
     yield watcher.finish()
+
+
+def headless_verdict(
+    messages: Iterable[str], head_serving: bool = False, final: bool = False
+) -> StartVerdict | None:
+    """A headless node's start, decided from its journal so far (use `last_start` on a longer one):
+    ok, failed, or None while it is still starting. `head_serving`: node 0 answers HTTP (then a node
+    that joined without an error is ok); `final`: no more lines will come (its process ended)."""
+    watcher = StartWatcher(headless=True)
+    for message in messages:
+        watcher.feed(message)
+        if watcher.verdict is not None:
+            return watcher.verdict
+    if head_serving:
+        watcher.head_serving()
+    return watcher.finish() if final else watcher.verdict
