@@ -187,18 +187,16 @@ def test_a_headless_rank_that_fails_rolls_every_node_back(sandbox: Sandbox, depl
     # node 1's KV holds 100,000 tokens: 200,000 fails there with vLLM's KV-too-small error; 8,192 fits
     port, paths, state = deployment({"CTXMGR_STANDIN_KV_CAPACITY_TOKENS": "100000"})
     before = {name: path.read_text() for name, path in paths.items()}
-    run = run_ctxmgr(
-        sandbox.pid,
-        state,
-        "deployment",
-        "set-context",
-        "200000",
-        *nodes_args(),
-        *GPU_ARGS,
-        "--yes",
-        "--json",
-        timeout=400,
-    )
+    # the head's last start logged the deployment's pool (vLLM sizes it by the smallest rank's budget):
+    # the plan learns it and refuses before anything is touched
+    refused = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
+                         "--yes", "--json", timeout=400)  # fmt: skip
+    assert refused.code == 3 and refused.data["result"] == "infeasible", refused.stdout + refused.stderr
+    assert "100032" in refused.data["plan_text"]  # the tokens vLLM logged, learned from the running head
+    assert {name: path.read_text() for name, path in paths.items()} == before
+    # forced past the plan, vLLM refuses at start, and every node goes back
+    run = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
+                     "--force", "--yes", "--json", timeout=400)  # fmt: skip
     assert run.code == 1, run.stdout + run.stderr
     assert run.data["result"] == "rolled-back"
     assert "KV cache" in run.data["reason"] and run.data["decisive_line"]
