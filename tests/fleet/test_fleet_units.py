@@ -21,7 +21,7 @@ PARAMS = {
     "command": "set-context",
     "service": "vllm-glm5",
     "context": 200000,
-    "rolling_context_bin": "ctxmgr",
+    "ctxmgr_bin": "ctxmgr",
     "state_dir": None,
     "systemd_pid": None,
     "extra_args": ["--gpu-memory", "95.6GiB"],
