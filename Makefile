@@ -67,7 +67,8 @@ fleet-deps: $(foreach v,$(ANSIBLE_VENVS),$(v)/.installed)
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
 
 # ansible-core X.Y's newest patch release (2.15 runs on Python <= 3.11, 2.19 on >= 3.11); the newest
-# also gets ansible-lint, which the collection's checks run (tests/test_collection_docs.py)
+# also gets ansible-lint; it and that ansible-core's ansible-test sanity check the collection
+# (tests/test_collection_docs.py; ansible-test makes its checkers' venvs from the package index)
 .venv-ansible-%/.installed:
 	$(PYTHON) -m venv .venv-ansible-$*
 	.venv-ansible-$*/bin/pip install -q 'ansible-core==$*.*' $(if $(filter $*,$(lastword $(ANSIBLE_VERSIONS))),ansible-lint)

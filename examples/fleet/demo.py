@@ -7,7 +7,7 @@ client streaming 1.5 s completions at 20 req/s through HAProxy:
 
   1. check mode: what would change on each host (nothing is touched),
   2. the roll-out of max_model_len 200,000 (drain -> wait idle -> ctxmgr set-context -> undrain -> UP),
-  3. the same roll-out with no load-balancer step (ctxmgr_lb=none), to show what the drain saves,
+  3. the same roll-out with no load-balancer step (rolling_context_lb=none), to show what the drain saves,
   4. the roll-out with a failure injected on host 2 (its vLLM refuses 200,000 tokens).
 
 and prints the figures: requests sent / failed, each host's time out of rotation, roll-out time.
@@ -111,9 +111,9 @@ def main() -> int:
         results["rollout"] = figures(f"2. roll-out of max_model_len {TARGET} under {RATE:g} req/s", run, bed)
 
         bed.reset()
-        run = roll_out(bed, TARGET, "no-drain", rate=RATE, extra_vars={"ctxmgr_lb": "none"})
+        run = roll_out(bed, TARGET, "no-drain", rate=RATE, extra_vars={"rolling_context_lb": "none"})
         results["no_drain"] = figures(
-            "3. the same roll-out without the load-balancer step (ctxmgr_lb=none)", run, bed
+            "3. the same roll-out without the load-balancer step (rolling_context_lb=none)", run, bed
         )
 
         bed.reset(host_environment=FAILURE_ON_H2)

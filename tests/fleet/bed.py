@@ -354,7 +354,7 @@ Restart=on-failure
         host.state_dir.mkdir()
 
     def command_lb(self, faults: Path | None = None) -> dict[str, Any]:
-        """Extra vars for the role's `ctxmgr_lb: command`, driving this bed's HAProxy through
+        """Extra vars for the role's `rolling_context_lb: command`, driving this bed's HAProxy through
         tests/fleet/lbctl.py (with FILE's injected failures)."""
         script = REPO_ROOT / "tests" / "fleet" / "lbctl.py"
         lbctl = [sys.executable, str(script), str(self.haproxy_socket), BACKEND]
@@ -364,11 +364,11 @@ Restart=on-failure
             return " ".join([*lbctl, "{{ lb_server }}", name]) + tail
 
         return {
-            "ctxmgr_lb": "command",
-            "ctxmgr_lb_drain_cmd": step("drain"),
-            "ctxmgr_lb_wait_idle_cmd": step("idle"),
-            "ctxmgr_lb_undrain_cmd": step("undrain"),
-            "ctxmgr_lb_wait_up_cmd": step("up"),
+            "rolling_context_lb": "command",
+            "rolling_context_lb_drain_cmd": step("drain"),
+            "rolling_context_lb_wait_idle_cmd": step("idle"),
+            "rolling_context_lb_undrain_cmd": step("undrain"),
+            "rolling_context_lb_wait_up_cmd": step("up"),
         }
 
     def reset(
@@ -454,8 +454,9 @@ backend {BACKEND}
         lines = ["[vllm]"]
         for host in self.hosts:
             lines.append(
-                f"{host.name} ansible_host={host.address} ctxmgr_state_dir={host.state_dir} "
-                f"ctxmgr_calibration_dir={host.directory / 'imports'} ctxmgr_lb_server={host.name}"
+                f"{host.name} ansible_host={host.address} rolling_context_state_dir={host.state_dir} "
+                f"rolling_context_calibration_dir={host.directory / 'imports'} "
+                f"rolling_context_lb_server={host.name}"
             )
         lines += [
             "",
@@ -463,12 +464,12 @@ backend {BACKEND}
             "ansible_user=root",
             f"ansible_python_interpreter={sys.executable}",
             f"ansible_ssh_private_key_file={ssh / 'id_ed25519'}",
-            f"ctxmgr_bin={self.ctxmgr_bin}",
-            f"ctxmgr_service={SERVICE}",
-            f"ctxmgr_lb_haproxy_socket={self.haproxy_socket}",
-            f"ctxmgr_lb_backend={BACKEND}",
+            f"rolling_context_bin={self.ctxmgr_bin}",
+            f"rolling_context_service={SERVICE}",
+            f"rolling_context_lb_haproxy_socket={self.haproxy_socket}",
+            f"rolling_context_lb_backend={BACKEND}",
             # no NVML in the bed: the seeds' 8-GPU machine, as the integration tests describe it
-            f"ctxmgr_extra_args={json.dumps(offline_gpu_args())}",
+            f"rolling_context_extra_args={json.dumps(offline_gpu_args())}",
             "",
         ]
         self.inventory.write_text("\n".join(lines))
@@ -631,7 +632,7 @@ class RollOut:
     returncode: int
     seconds: float
     output: str  # ansible-playbook's stdout + stderr
-    report: dict[str, Any]  # the role's ctxmgr_report_file
+    report: dict[str, Any]  # the role's rolling_context_report_file
     load: dict[str, Any]  # the load client's summary ({} without load)
 
 
@@ -650,7 +651,11 @@ def roll_out(
     report_file = bed.directory / f"report-{name}.json"
     load_file = bed.directory / f"load-{name}.json"
     report_file.unlink(missing_ok=True)
-    variables = {"ctxmgr_context": context, "ctxmgr_report_file": str(report_file), **(extra_vars or {})}
+    variables = {
+        "rolling_context_max_model_len": context,
+        "rolling_context_report_file": str(report_file),
+        **(extra_vars or {}),
+    }
     argv = ["ansible-playbook", "vllm.ctxmgr.rolling_context", "-e", json.dumps(variables)]
     if check:
         argv += ["--check", "--diff"]

@@ -1,4 +1,4 @@
-"""The bed's load balancer as "your own commands" (the role's `ctxmgr_lb: command`): one HAProxy
+"""The bed's load balancer as "your own commands" (the role's `rolling_context_lb: command`): one HAProxy
 runtime-API step per run, with a way to make a step fail as a real LB's API sometimes does.
 
     python tests/fleet/lbctl.py SOCKET BACKEND SERVER drain|idle|undrain|up [--faults FILE]

@@ -205,7 +205,7 @@ def test_a_failure_on_the_middle_host_is_rolled_back_everywhere_and_the_last_is_
 def test_a_failed_load_balancer_step_on_the_middle_host_ends_with_the_fleet_back(
     bed: FleetBed, step: str
 ) -> None:
-    """The LB's own API fails (through `ctxmgr_lb: command`, the bed's HAProxy behind it): before the
+    """The LB's own API fails (through `rolling_context_lb: command`, the bed's HAProxy behind it): before the
     change (drain, wait idle) or after it applied (undrain, wait UP). h2 whose change applied is
     rolled back too, and every host is back in rotation."""
     bed.reset()
@@ -213,7 +213,7 @@ def test_a_failed_load_balancer_step_on_the_middle_host_ends_with_the_fleet_back
     faults = bed.directory / f"faults-{step}"
     # a wait is retried once a second for its timeout (3 s): 4 refusals make it fail once
     faults.write_text(f"h2:{step}:{4 if step in ('idle', 'up') else 1}\n")
-    lb = {**bed.command_lb(faults), "ctxmgr_lb_idle_timeout": 3, "ctxmgr_lb_up_timeout": 3}
+    lb = {**bed.command_lb(faults), "rolling_context_lb_idle_timeout": 3, "rolling_context_lb_up_timeout": 3}
     run = roll_out(bed, TARGET, f"lb-{step}", rate=20, extra_vars=lb)
     assert run.returncode != 0
     assert faults.read_text().split() == [f"h2:{step}:0"]  # the injected refusals were all used
@@ -224,7 +224,7 @@ def test_a_failed_load_balancer_step_on_the_middle_host_ends_with_the_fleet_back
     assert report["failed"] == ["h2"] and report["untouched"] == ["h3"]
     assert report["rolled_back"] == (["h1", "h2"] if after_change else ["h1"])
     assert h2["detail"]["failed_after_its_change"] is after_change
-    assert step in h2["detail"]["failed_task"].lower()  # "ctxmgr | drain", "ctxmgr | wait until UP", ...
+    assert step in h2["detail"]["failed_task"].lower()  # "Run the command to drain", "Wait until UP", ...
     assert "injected" in h2["detail"]["reason"]  # the LB command's own words
     assert_back_where_it_was(bed, run, untouched)
 
@@ -239,9 +239,10 @@ def test_a_failed_rollback_on_an_earlier_host_is_named_in_the_report(bed: FleetB
     breaks_h1 = when_serving(
         bed, h1, TARGET, lambda: h1.env_file.write_text("CTXMGR_STANDIN_FAIL=cuda_oom\n")
     )
-    # (a SIGKILL crash loop instead keeps ctxmgr watching until its timeout: ctxmgr_timeout bounds it)
+    # (a SIGKILL crash loop instead keeps ctxmgr watching until its timeout: rolling_context_timeout
+    # bounds it)
     run = roll_out(
-        bed, TARGET, "rollback-fails", rate=20, during=breaks_h1, extra_vars={"ctxmgr_timeout": 120}
+        bed, TARGET, "rollback-fails", rate=20, during=breaks_h1, extra_vars={"rolling_context_timeout": 120}
     )
     assert run.returncode != 0
     assert_nothing_lost(run)
@@ -323,7 +324,7 @@ def test_without_the_drain_the_same_roll_out_loses_requests(bed: FleetBed) -> No
     """The bed is sharp enough to see what the drain saves: vLLM stops hard, so a restart behind
     HAProxy's health checks alone cuts the requests in flight (and sends some to a closed port)."""
     bed.reset()
-    run = roll_out(bed, TARGET, "no-drain", rate=20, extra_vars={"ctxmgr_lb": "none"})
+    run = roll_out(bed, TARGET, "no-drain", rate=20, extra_vars={"rolling_context_lb": "none"})
     assert run.returncode == 0, run.output[-3000:]
     assert [bed.served_context(h) for h in bed.hosts] == [TARGET] * 3
     assert run.load["failed"] + run.load["truncated"] > 0, run.load

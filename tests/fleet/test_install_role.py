@@ -108,7 +108,7 @@ def test_the_install_role_makes_a_fresh_host_run_ctxmgr_and_a_second_run_changes
   tasks:
     - name: the installed ctxmgr lists the host's vLLM services
       ansible.builtin.command:
-        argv: ["{{{{ ctxmgr_bin }}}}", "--state-dir", "{workdir / "state"}", status, --json]
+        argv: ["{{{{ install_ctxmgr_bin }}}}", "--state-dir", "{workdir / "state"}", status, --json]
       register: status
       changed_when: false
     - name: keep it for the test
@@ -120,11 +120,11 @@ def test_the_install_role_makes_a_fresh_host_run_ctxmgr_and_a_second_run_changes
 """
     )
     variables = {
-        "ctxmgr_install_wheel": str(wheel),
-        "ctxmgr_install_python": HOST_PYTHON,
-        "ctxmgr_install_venv": str(venv),
-        "ctxmgr_install_link": "",  # never onto this machine's own PATH
-        "ctxmgr_install_pip_args": ["--no-index", "--find-links", str(house)],
+        "install_wheel": str(wheel),
+        "install_python": HOST_PYTHON,
+        "install_venv": str(venv),
+        "install_link": "",  # never onto this machine's own PATH
+        "install_pip_args": ["--no-index", "--find-links", str(house)],
     }
 
     def playbook(*extra: str) -> subprocess.CompletedProcess[str]:
@@ -147,11 +147,11 @@ def test_the_install_role_makes_a_fresh_host_run_ctxmgr_and_a_second_run_changes
     assert second.returncode == 0, second.stdout[-4000:]
     assert recap_changed(second.stdout) == 0, second.stdout[-4000:]
 
-    too_old = playbook("-e", "ctxmgr_install_min_systemd=9999")
+    too_old = playbook("-e", "install_min_systemd=9999")
     assert too_old.returncode != 0
     assert "ctxmgr needs systemd 9999 or newer" in too_old.stdout, too_old.stdout[-3000:]
-    nothing = playbook("-e", '{"ctxmgr_install_wheel": ""}')
-    assert nothing.returncode != 0 and "set ctxmgr_install_wheel" in nothing.stdout
+    nothing = playbook("-e", '{"install_wheel": ""}')
+    assert nothing.returncode != 0 and "set install_wheel" in nothing.stdout
 
 
 def test_fresh_fleet_hosts_get_ctxmgr_from_the_role_and_the_rolling_playbook_runs_it(workdir: Path) -> None:
@@ -163,13 +163,14 @@ def test_fresh_fleet_hosts_get_ctxmgr_from_the_role_and_the_rolling_playbook_run
     bed = FleetBed.up(REPO_ROOT / ".cache" / "fleet" / f"i{uuid.uuid4().hex[:6]}", count=2)
     try:
         bed.install_collection(tarball)
-        venv = "{{ ctxmgr_state_dir | dirname }}/ctxmgr-venv"  # per host: the hosts share a disk here
+        # per host: the hosts share a disk here
+        venv = "{{ rolling_context_state_dir | dirname }}/ctxmgr-venv"
         variables = {
-            "ctxmgr_install_wheel": str(wheel),
-            "ctxmgr_install_python": HOST_PYTHON,
-            "ctxmgr_install_venv": venv,
-            "ctxmgr_install_link": "",
-            "ctxmgr_install_pip_args": ["--no-index", "--find-links", str(house)],
+            "install_wheel": str(wheel),
+            "install_python": HOST_PYTHON,
+            "install_venv": venv,
+            "install_link": "",
+            "install_pip_args": ["--no-index", "--find-links", str(house)],
         }
         done = bed.ansible(
             "ansible-playbook", "vllm.ctxmgr.install", "-e", json.dumps(variables), timeout=900
@@ -179,7 +180,9 @@ def test_fresh_fleet_hosts_get_ctxmgr_from_the_role_and_the_rolling_playbook_run
             assert (host.directory / "ctxmgr-venv" / "bin" / "ctxmgr").exists()
         rolled = bed.ansible(
             "ansible-playbook", "vllm.ctxmgr.rolling_context",
-            "-e", json.dumps({"ctxmgr_context": 16384, "ctxmgr_bin": f"{venv}/bin/ctxmgr"}), timeout=900,
+            "-e", json.dumps({"rolling_context_max_model_len": 16384,
+                              "rolling_context_bin": f"{venv}/bin/ctxmgr"}),
+            timeout=900,
         )  # fmt: skip
         assert rolled.returncode == 0, rolled.stdout[-4000:] + rolled.stderr[-2000:]
         assert [bed.served_context(host) for host in bed.hosts] == [16384, 16384]
