@@ -675,6 +675,7 @@ def verify_deployment(request: DeploymentRequest, state_dir: Path | str) -> dict
         "deployment": coordinator.name,
         "result": result,
         "max_model_len": served,
+        "probe_ok": verified.get("probe_ok"),
         "reasons": reasons,
         "nodes": nodes,
     }
