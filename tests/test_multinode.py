@@ -17,8 +17,8 @@ import requests
 
 from tests.ctxmgr_cli import ctxmgr_argv, run_ctxmgr
 from tests.support.demo import (
-    SEED_GPU_GIB,
     SEED_GPU_COUNT,
+    SEED_GPU_GIB,
     SEED_WEIGHTS_GIB_PER_GPU,
     make_vllm_wrapper,
     standin_unit,
@@ -31,8 +31,14 @@ from vllm_ctxmgr.store import ServiceStore, State
 
 HEAD, RANK1 = "vllm-mn-head", "vllm-mn-rank1"
 # TP 8 x PP 2 over two 8-GPU nodes: each node one pipeline stage, the weights split over 16 GPUs
-GPU_ARGS = ["--gpu-memory", f"{SEED_GPU_GIB}GiB", "--gpu-count", str(SEED_GPU_COUNT),
-            "--weights-bytes", f"{SEED_WEIGHTS_GIB_PER_GPU * SEED_GPU_COUNT:.2f}GiB"]  # fmt: skip
+GPU_ARGS = [
+    "--gpu-memory",
+    f"{SEED_GPU_GIB}GiB",
+    "--gpu-count",
+    str(SEED_GPU_COUNT),
+    "--weights-bytes",
+    f"{SEED_WEIGHTS_GIB_PER_GPU * SEED_GPU_COUNT:.2f}GiB",
+]
 
 
 def node_unit(
@@ -44,7 +50,8 @@ def node_unit(
         environment={"CTXMGR_STANDIN_WEIGHTS_GIB": str(SEED_WEIGHTS_GIB_PER_GPU / 2), **(environment or {})},
         description=f"vLLM GLM-5 node {rank} of 2 (stand-in, TP 8 x PP 2)",
     )
-    flags = f"--pipeline-parallel-size 2 --nnodes 2 --node-rank {rank} --master-addr 127.0.0.1 --master-port {master_port}"
+    flags = "--pipeline-parallel-size 2 --nnodes 2 "
+    flags += f"--node-rank {rank} --master-addr 127.0.0.1 --master-port {master_port}"
     if rank > 0:
         flags += " --headless"
     return text.replace("--trust-remote-code", f"--trust-remote-code \\\n    {flags}")
@@ -94,8 +101,18 @@ def revisions(state: Path, service: str) -> list[Any]:
 
 def test_every_node_gets_the_context_and_restarts_together(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]
     port, paths, state = deployment()
-    run = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
-                     "--yes", "--json", timeout=300)  # fmt: skip
+    run = run_ctxmgr(
+        sandbox.pid,
+        state,
+        "deployment",
+        "set-context",
+        "200000",
+        *nodes_args(),
+        *GPU_ARGS,
+        "--yes",
+        "--json",
+        timeout=300,
+    )
     assert run.code == 0, run.stdout + run.stderr
     assert run.data["result"] == "applied" and run.data["changed"] is True
     assert [n["role"] for n in run.data["nodes"]] == ["head", "headless"]
@@ -109,8 +126,18 @@ def test_every_node_gets_the_context_and_restarts_together(sandbox: Sandbox, dep
         assert last.state is State.FINAL and last.deployment == change and last.max_model_len == 200000
     # the same again: nothing to change, nothing restarted
     pid = sandbox.systemd.show(f"{HEAD}.service", "MainPID")["MainPID"]
-    again = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
-                       "--yes", "--json", timeout=300)  # fmt: skip
+    again = run_ctxmgr(
+        sandbox.pid,
+        state,
+        "deployment",
+        "set-context",
+        "200000",
+        *nodes_args(),
+        *GPU_ARGS,
+        "--yes",
+        "--json",
+        timeout=300,
+    )
     assert again.code == 0 and again.data["result"] == "unchanged", again.stdout + again.stderr
     assert sandbox.systemd.show(f"{HEAD}.service", "MainPID")["MainPID"] == pid
     # each node's plan is split out, and held against what that node's own vLLM logged
@@ -122,8 +149,18 @@ def test_every_node_gets_the_context_and_restarts_together(sandbox: Sandbox, dep
 def test_verify_and_rollback_cover_every_node(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]
     port, paths, state = deployment()
     before = {name: path.read_text() for name, path in paths.items()}
-    run = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
-                     "--yes", "--json", timeout=300)  # fmt: skip
+    run = run_ctxmgr(
+        sandbox.pid,
+        state,
+        "deployment",
+        "set-context",
+        "200000",
+        *nodes_args(),
+        *GPU_ARGS,
+        "--yes",
+        "--json",
+        timeout=300,
+    )
     assert run.code == 0, run.stdout + run.stderr
     verified = run_ctxmgr(sandbox.pid, state, "deployment", "verify", *nodes_args(), "--json", timeout=300)
     assert verified.data["result"] in ("ok", "degraded") and verified.code in (0, 1), verified.stdout
@@ -150,11 +187,20 @@ def test_a_headless_rank_that_fails_rolls_every_node_back(sandbox: Sandbox, depl
     # node 1's KV holds 100,000 tokens: 200,000 fails there with vLLM's KV-too-small error; 8,192 fits
     port, paths, state = deployment({"CTXMGR_STANDIN_KV_CAPACITY_TOKENS": "100000"})
     before = {name: path.read_text() for name, path in paths.items()}
+    # the head's last start logged the deployment's pool (vLLM sizes it by the smallest rank's budget):
+    # the plan learns it and refuses before anything is touched
+    refused = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
+                         "--yes", "--json", timeout=400)  # fmt: skip
+    assert refused.code == 3 and refused.data["result"] == "infeasible", refused.stdout + refused.stderr
+    assert "100032" in refused.data["plan_text"]  # the tokens vLLM logged, learned from the running head
+    assert {name: path.read_text() for name, path in paths.items()} == before
+    # forced past the plan, vLLM refuses at start, and every node goes back
     run = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
-                     "--yes", "--json", timeout=400)  # fmt: skip
+                     "--force", "--yes", "--json", timeout=400)  # fmt: skip
     assert run.code == 1, run.stdout + run.stderr
     assert run.data["result"] == "rolled-back"
-    assert run.data["reason"].startswith(f"local:{RANK1}: ") and "KV cache" in run.data["reason"]
+    assert "KV cache" in run.data["reason"] and run.data["decisive_line"]
+    assert not all(node["ok"] for node in run.data["nodes"])
     assert {name: path.read_text() for name, path in paths.items()} == before
     assert served(port) == 8192
     for service in (HEAD, RANK1):
@@ -208,16 +254,93 @@ def test_a_node_edited_between_the_plan_and_the_write_stops_the_change_before_an
 def test_an_unreachable_node_or_a_topology_vllm_refuses_changes_nothing(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]
     port, paths, state = deployment()
     before = {name: path.read_text() for name, path in paths.items()}
-    gone = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", "--node", f"local:{HEAD}",
-                      "--node", f"no-such-node.invalid:{RANK1}", *GPU_ARGS, "--yes", "--json", timeout=120)  # fmt: skip
+    gone = run_ctxmgr(
+        sandbox.pid,
+        state,
+        "deployment",
+        "set-context",
+        "200000",
+        "--node",
+        f"local:{HEAD}",
+        "--node",
+        f"no-such-node.invalid:{RANK1}",
+        *GPU_ARGS,
+        "--yes",
+        "--json",
+        timeout=120,
+    )
     assert gone.code != 0 and "no-such-node.invalid" in gone.data["error"], gone.stdout
     assert "nothing was changed" in gone.data["error"]
     # rank 1 without --headless: vLLM would start a second API server there; refused before any write
     paths[RANK1].write_text(paths[RANK1].read_text().replace(" --headless", ""))
     sandbox.systemd.daemon_reload()
-    refused = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
-                         "--yes", "--json", timeout=120)  # fmt: skip
+    refused = run_ctxmgr(
+        sandbox.pid,
+        state,
+        "deployment",
+        "set-context",
+        "200000",
+        *nodes_args(),
+        *GPU_ARGS,
+        "--yes",
+        "--json",
+        timeout=120,
+    )
     assert refused.code == 2, refused.stdout + refused.stderr
     assert "headless" in refused.data["error"]
     assert paths[HEAD].read_text() == before[HEAD]
     assert revisions(state, HEAD) == [] and served(port) == 8192
+
+
+def test_a_ray_deployment_changes_the_heads_vllm_alone_and_plans_with_every_nodes_gpus(
+    sandbox: Sandbox, install_unit, workdir: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Ray: one `vllm serve --distributed-executor-backend ray` on the head places its workers on the
+    Ray cluster; the nodes' `ray start` units carry no vLLM flag, so only the head's unit is written and
+    restarted. Ray itself is not run here (a `ray` that only waits stands in for its process): what is
+    tested is which units ctxmgr reads, plans from, writes and restarts. The Ray node is this machine
+    under its other name (`localhost`), as two hosts to the topology."""
+    wrapper = make_vllm_wrapper(workdir)
+    ray = workdir / "bin" / "ray"
+    ray.parent.mkdir(exist_ok=True)
+    ray.write_text("#!/bin/sh\nexec sleep infinity\n")
+    ray.chmod(0o755)
+    port = free_port()
+    head_text = standin_unit(
+        wrapper, port=port, environment={"CTXMGR_STANDIN_WEIGHTS_GIB": str(SEED_WEIGHTS_GIB_PER_GPU / 2)}
+    ).replace("--tensor-parallel-size 8", "--tensor-parallel-size 16 --distributed-executor-backend ray")
+    head = install_unit(f"{HEAD}.service", head_text)
+    worker = install_unit(
+        "ray-worker.service",
+        "[Unit]\nDescription=Ray worker node\n\n[Service]\n"
+        f"ExecStart={ray} start --address 127.0.0.1:6379 --block\n",
+    )
+    sandbox.systemd.start(worker)
+    sandbox.systemd.start(head)
+    wait_serving(port)
+    state = workdir / "state"
+    worker_pid = sandbox.systemd.show(worker, "MainPID")["MainPID"]
+    worker_text = (sandbox.systemd.host_unit_dir / worker).read_text()
+    run = run_ctxmgr(
+        sandbox.pid,
+        state,
+        "deployment",
+        "set-context",
+        "200000",
+        "--node",
+        f"local:{HEAD}",
+        "--node",
+        "localhost:ray-worker",
+        *GPU_ARGS,
+        "--yes",
+        "--json",
+        timeout=300,
+    )
+    assert run.code == 0, run.stdout + run.stderr
+    assert run.data["backend"] == "ray" and run.data["result"] == "applied"
+    # the plan had both nodes' GPUs: 16 lines, ranks 0-7 on the head and 8-15 on the Ray worker
+    assert len(run.data["plan"]["gpus"]) == 16
+    assert [(n["role"], n["step"]) for n in run.data["nodes"]] == [("head", "final"), ("ray", "read")]
+    assert served(port) == 200000
+    assert (sandbox.systemd.host_unit_dir / worker).read_text() == worker_text
+    assert sandbox.systemd.show(worker, "MainPID")["MainPID"] == worker_pid

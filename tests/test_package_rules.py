@@ -207,6 +207,22 @@ ALLOWED = {
     "status": {"report", "schedule", "service", "store", "systemd", "verify"},
     "metrics": {"core"},
     "report": {"core"},
+    "remote": set(),
+    "node": {
+        "change",
+        "core",
+        "masking",
+        "nvml",
+        "planning",
+        "report",
+        "restart",
+        "service",
+        "store",
+        "systemd",
+        "verify",
+        "vllm_log",
+    },
+    "multinode": {"change", "core", "nvml", "remote", "store"},
 }
 
 

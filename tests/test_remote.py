@@ -27,8 +27,14 @@ def test_the_remote_command_is_one_quoted_word_list_after_the_host() -> None:
     argv = link.argv("gpu-b", ["node", "show", "vllm;rm -rf /"])
     assert argv[:5] == ["ssh", "-F", "cfg", "--", "gpu-b"]
     # ssh hands one string to the remote shell: every word comes back out of it unchanged
-    assert shlex.split(argv[5]) == ["/opt/ctxmgr/bin/ctxmgr", "--state-dir", "/var/lib/x y", "node", "show",
-                                    "vllm;rm -rf /"]  # fmt: skip
+    assert shlex.split(argv[5]) == [
+        "/opt/ctxmgr/bin/ctxmgr",
+        "--state-dir",
+        "/var/lib/x y",
+        "node",
+        "show",
+        "vllm;rm -rf /",
+    ]
     assert link.argv("local", ["node", "show", "u"])[-3:] == ["node", "show", "u"]
     assert "ssh" not in link.argv("local", ["x"])
 
@@ -47,7 +53,9 @@ def test_a_node_answer_is_its_json_object_and_its_failure_names_the_host(workdir
     failing = Link(
         local_ctxmgr=_script(
             workdir,
-            "import json; print(json.dumps({'error': 'u: no such unit', 'exit_code': 2})); raise SystemExit(2)",
+            "import json\n"
+            "print(json.dumps({'error': 'u: no such unit', 'exit_code': 2}))\n"
+            "raise SystemExit(2)",
         )
     )
     with pytest.raises(NodeError, match=r"^local: u: no such unit$") as caught:

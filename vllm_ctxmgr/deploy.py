@@ -271,9 +271,8 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
     if node_flag is not None:
         raise UsageError(
             f"{restarter.service} is one node of a multi-node vLLM deployment (its unit gives {node_flag}): "
-            "changing this node alone would leave the others at the old max_model_len; ctxmgr does not "
-            "change a multi-node deployment yet: change every node's unit, then restart the workers and "
-            "the head together"
+            "changing this node alone would leave the others at the old max_model_len; change every node "
+            "as one: `ctxmgr deployment set-context CONTEXT --node HOST:UNIT --node HOST:UNIT ...`"
         )
     if service_plan.learned:
         restarter.on_step(service_plan.learned)

@@ -36,7 +36,7 @@ from typing import Any
 from vllm_ctxmgr.change import Result
 from vllm_ctxmgr.core.hardware import GpuState
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
-from vllm_ctxmgr.core.topology import NodeRole, NodeUnit, Topology, read_topology, world_gpus
+from vllm_ctxmgr.core.topology import NodeRole, NodeUnit, Topology, read_topology, with_ray_gpus, world_gpus
 from vllm_ctxmgr.errors import ExitCode, UsageError
 from vllm_ctxmgr.nvml import gpus_from_json
 from vllm_ctxmgr.remote import Link, NodeAddress, NodeError
@@ -54,7 +54,7 @@ class NodeOutcome:
 
     host: str
     service: str
-    role: str  # head | headless
+    role: str  # head | headless | ray
     node_rank: int
     stages: list[int] = field(default_factory=list)
     revision: int | None = None
@@ -74,7 +74,7 @@ class DeploymentResult:
 
     deployment: str
     action: str
-    result: Result
+    result: Result | str  # a change's Result; a plan's feasible | infeasible | unknown
     changed: bool
     exit_code: int = ExitCode.OK
     change_id: str | None = None
@@ -93,6 +93,10 @@ class DeploymentResult:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["result"] = str(self.result)
+        # every node's diff in one text, as a one-host change has one `diff`
+        data["diff"] = "\n".join(
+            f"# node {n.node_rank}: {n.host}:{n.service}\n{n.diff}" for n in self.nodes if n.diff
+        )
         return data
 
 
@@ -123,6 +127,12 @@ def deployment_name(nodes: tuple[NodeAddress, ...], name: str | None) -> str:
         return name
     digest = hashlib.sha256("\n".join(sorted(map(str, nodes))).encode()).hexdigest()[:10]
     return f"{nodes[0].service.removesuffix('.service')}-{digest}"
+
+
+def _role_name(role: NodeRole | None) -> str:
+    if role is not None and role.ray_worker:
+        return "ray"  # a Ray node: the head's vLLM places workers there; its unit is not changed
+    return "headless" if role is not None and role.headless else "head"
 
 
 @dataclass
@@ -169,6 +179,8 @@ class Coordinator:
             except NodeError as exc:
                 return exc
 
+        if not nodes:
+            return []
         with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
             return list(pool.map(run, nodes))
 
@@ -193,7 +205,9 @@ class Coordinator:
                     "another change is under way there (or was interrupted: `ctxmgr recover` on that node)"
                 )
         units = [
-            NodeUnit(
+            NodeUnit(node.address.host, node.address.service, None, ray_worker=True)
+            if node.shown.get("ray_worker")
+            else NodeUnit(
                 node.address.host,
                 node.address.service,
                 parse_serve_argv(
@@ -205,15 +219,17 @@ class Coordinator:
         topology = read_topology(units)
         by_address = {(r.host, r.service): r for r in topology.nodes}
         for node in probes:
-            node.role = by_address[(node.address.host, node.address.service)]
-        self.nodes = sorted(probes, key=lambda n: n.role.node_rank if n.role else 0)
+            node.role = by_address.get((node.address.host, node.address.service))
+            if node.role is None:  # the Ray head's own `ray start`: it runs beside the head's vLLM
+                self.say(f"{node.address}: the Ray head's `ray start` unit; it is not restarted")
+        self.nodes = sorted((n for n in probes if n.role), key=lambda n: n.role.node_rank if n.role else 0)
         self.topology = topology
         self.result.backend = topology.backend
         self.result.nodes = [
             NodeOutcome(
                 n.address.host,
                 n.address.service,
-                "headless" if n.role and n.role.headless else "head",
+                _role_name(n.role),
                 n.role.node_rank if n.role else 0,
                 list(n.role.stages) if n.role else [],
             )
@@ -245,6 +261,13 @@ class Coordinator:
                 f"{missing[0]}: no GPU information (no NVML there): give --gpus-from for it in the "
                 "deployment file, or --gpu-memory and --gpu-count for every node"
             )
+        if self.topology.backend == "ray":  # which ranks each node holds follows its GPU count
+            self.topology = with_ray_gpus(self.topology, {h: len(g.gpus) for h, g in per_node.items()})
+            roles = {(r.host, r.service): r for r in self.topology.nodes}
+            for node in self.nodes:
+                node.role = roles[(node.address.host, node.address.service)]
+                if node.outcome is not None and node.role is not None:
+                    node.outcome.stages = list(node.role.stages)
         return world_gpus(self.topology, per_node)
 
     def plan(self) -> dict[str, Any]:
@@ -304,8 +327,14 @@ class Coordinator:
         return self.topology
 
     def _workers(self) -> list[_Node]:
+        """The headless ranks a change writes and restarts with the head (Ray's workers run no vLLM
+        unit: the head's vLLM places its workers on them, so they are neither written nor restarted)."""
         head = self._head()
-        return [n for n in self.nodes if n is not head]
+        return [n for n in self.nodes if n is not head and not (n.role and n.role.ray_worker)]
+
+    @property
+    def changing(self) -> list[_Node]:
+        return [self._head(), *self._workers()]
 
     # ---- the change --------------------------------------------------------------------------
 
@@ -329,11 +358,11 @@ class Coordinator:
                 )
                 return result
             flags = {str(k): str(v) for k, v in dict(answer.get("flag_changes") or {}).items()}
-            diffs = self._each(self.nodes, lambda n: self._prepare(n, flags, context, dry_run=True))
+            diffs = self._each(self.changing, lambda n: self._prepare(n, flags, context, dry_run=True))
             failed = [d for d in diffs if isinstance(d, NodeError)]
             if failed:
                 raise NodeError(f"nothing was changed: {failed[0].message}")
-            for node, diff in zip(self.nodes, diffs, strict=True):
+            for node, diff in zip(self.changing, diffs, strict=True):
                 assert isinstance(diff, dict) and node.outcome is not None
                 node.outcome.diff = str(diff.get("diff") or "")
             if not any(isinstance(d, dict) and d.get("changed") for d in diffs):
@@ -356,7 +385,7 @@ class Coordinator:
         result.action = "rollback"
         with self.store.read_lock() if request.dry_run else self.store.lock():
             self.read()
-            lasts = {n.address: n.shown.get("last_change") or {} for n in self.nodes}
+            lasts = {n.address: n.shown.get("last_change") or {} for n in self.changing}
             changes = {str(last.get("change")) for last in lasts.values()}
             if len(changes) != 1 or "None" in changes:
                 raise UsageError(
@@ -370,11 +399,11 @@ class Coordinator:
             context = int(last.get("previous_max_model_len") or 0)
             result.previous_max_model_len, result.max_model_len = last.get("max_model_len"), context
             flags = {"--max-model-len": str(context)}
-            diffs = self._each(self.nodes, lambda n: self._prepare(n, flags, context, dry_run=True))
+            diffs = self._each(self.changing, lambda n: self._prepare(n, flags, context, dry_run=True))
             failed = [d for d in diffs if isinstance(d, NodeError)]
             if failed:
                 raise NodeError(f"nothing was changed: {failed[0].message}")
-            for node, diff in zip(self.nodes, diffs, strict=True):
+            for node, diff in zip(self.changing, diffs, strict=True):
                 assert isinstance(diff, dict) and node.outcome is not None
                 node.outcome.diff = str(diff.get("diff") or "")
             if request.dry_run:
@@ -432,7 +461,7 @@ class Coordinator:
         result.max_model_len = context
         self._record("writing")
         written: list[_Node] = []
-        for node in self.nodes:
+        for node in self.changing:
             assert node.outcome is not None
             try:
                 answer = self._prepare(node, flags, context, dry_run=False)
@@ -446,9 +475,9 @@ class Coordinator:
         result.timings["start_s"] = round(time.monotonic() - t0, 3)
         if failure is None:
             finished = self._each(
-                self.nodes, lambda n: self._call(n, "finish", "--change", str(result.change_id))
+                self.changing, lambda n: self._call(n, "finish", "--change", str(result.change_id))
             )
-            for node, done in zip(self.nodes, finished, strict=True):
+            for node, done in zip(self.changing, finished, strict=True):
                 assert node.outcome is not None
                 if isinstance(done, NodeError):
                     node.outcome.ok, node.outcome.reason = False, done.message
@@ -470,8 +499,8 @@ class Coordinator:
 
     def _read_logged(self) -> None:
         """What every rank logged at the start just made (each node's own memory lines)."""
-        shown = self._each(self.nodes, lambda n: self._call(n, "show", timeout=SHOW_TIMEOUT))
-        for node, answer in zip(self.nodes, shown, strict=True):
+        shown = self._each(self.changing, lambda n: self._call(n, "show", timeout=SHOW_TIMEOUT))
+        for node, answer in zip(self.changing, shown, strict=True):
             if isinstance(answer, dict) and node.outcome is not None:
                 node.outcome.logged = dict(answer.get("logged") or {})
 
@@ -500,7 +529,7 @@ class Coordinator:
         then check every headless rank's journal. None when the deployment serves, else (reason, line)."""
         change = str(self.result.change_id)
         head, workers = self._head(), self._workers()
-        self.say("stopping every node: " + ", ".join(str(n.address) for n in self.nodes))
+        self.say("stopping every node: " + ", ".join(str(n.address) for n in self.changing))
         stopped = self._each([head], lambda n: self._call(n, "stop"))
         stopped += self._each(workers, lambda n: self._call(n, "stop"))
         for node, answer in zip([head, *workers], stopped, strict=True):
@@ -538,25 +567,28 @@ class Coordinator:
                 n, "check", "--cursor", cursors[n.address], "--max-model-len", str(self._expected(back))
             ),
         )
-        worker_failure = None
+        failures: list[tuple[str, str]] = []  # (node: reason, vLLM's decisive line), the head first
+        if not answer.get("ok"):
+            head.outcome.ok, head.outcome.reason = False, str(answer.get("reason") or "")
+            failures.append(
+                (f"{head.address}: {answer.get('reason')}", str(answer.get("decisive_line") or ""))
+            )
         for node, checked in zip(workers, checks, strict=True):
             assert node.outcome is not None
             if isinstance(checked, NodeError):
                 node.outcome.ok, node.outcome.reason = False, checked.message
+                failures.append((checked.message, ""))
             elif not checked.get("ok"):
                 node.outcome.ok, node.outcome.reason = False, str(checked.get("reason") or "")
-                worker_failure = worker_failure or (
-                    f"{node.address}: {checked.get('reason')}",
-                    str(checked.get("decisive_line") or ""),
+                failures.append(
+                    (f"{node.address}: {checked.get('reason')}", str(checked.get("decisive_line") or ""))
                 )
-        if not answer.get("ok"):
-            head.outcome.ok, head.outcome.reason = False, str(answer.get("reason") or "")
-            # a rank's own error says more than the head's wait for it
-            return worker_failure or (
-                f"{head.address}: {answer.get('reason')}",
-                str(answer.get("decisive_line") or ""),
-            )
-        return worker_failure
+        if not failures:
+            return None
+        # every node that failed says why (vLLM's KV check runs in the head's engine; a rank's own OOM is
+        # in its journal); the first decisive line vLLM printed is the one quoted
+        line = next((line for _, line in failures if line), "")
+        return "; ".join(reason for reason, _ in failures), line
 
     def _expected(self, back: bool) -> int:
         return int((self.result.previous_max_model_len if back else self.result.max_model_len) or 0)
@@ -566,12 +598,12 @@ class Coordinator:
         result, change = self.result, str(self.result.change_id)
         self._record("rolling-back")
         restored = self._each(
-            self.nodes, lambda n: self._call(n, "restore", "--change", change, stdin={"reason": reason})
+            self.changing, lambda n: self._call(n, "restore", "--change", change, stdin={"reason": reason})
         )
         failure: tuple[str, str] | None = next(
             (
                 (f"{n.address}: {r.message}", "")
-                for n, r in zip(self.nodes, restored, strict=True)
+                for n, r in zip(self.changing, restored, strict=True)
                 if isinstance(r, NodeError)
             ),
             None,
@@ -581,7 +613,7 @@ class Coordinator:
         ok = failure is None
         settle_reason = "" if ok else failure[0] if failure else ""
         self._each(
-            self.nodes,
+            self.changing,
             lambda n: self._call(
                 n, "settle", "--change", change, "--ok" if ok else "--failed", stdin={"reason": settle_reason}
             ),
@@ -643,6 +675,7 @@ def verify_deployment(request: DeploymentRequest, state_dir: Path | str) -> dict
         "deployment": coordinator.name,
         "result": result,
         "max_model_len": served,
+        "probe_ok": verified.get("probe_ok"),
         "reasons": reasons,
         "nodes": nodes,
     }
@@ -656,7 +689,7 @@ def plan_deployment(request: DeploymentRequest, state_dir: Path | str) -> Deploy
     result = coordinator.result
     result.action = "plan"
     verdict = str(answer.get("result") or "unknown")
-    result.result = Result.PLANNED if verdict == "feasible" else Result.INFEASIBLE
+    result.result = verdict  # a plan's own vocabulary: feasible | infeasible | unknown
     result.exit_code = {"feasible": ExitCode.OK, "infeasible": ExitCode.INFEASIBLE}.get(
         verdict, ExitCode.UNKNOWN
     )

@@ -28,15 +28,19 @@ from typing import Any
 from vllm_ctxmgr import store as st
 from vllm_ctxmgr.change import Change
 from vllm_ctxmgr.core.change_policy import flags_to_apply
-from vllm_ctxmgr.errors import CtxmgrError, UsageError
+from vllm_ctxmgr.errors import CtxmgrError, UnitError, UsageError
 from vllm_ctxmgr.masking import mask, mask_json
 from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.planning import PlanRequest, plan_service
 from vllm_ctxmgr.report import plan_text
 from vllm_ctxmgr.restart import InstallError, Restarter
-from vllm_ctxmgr.service import ServiceView, read_service, view_from_unit
-from vllm_ctxmgr.store import Revision, State, Step
+from vllm_ctxmgr.service import ServiceView, read_service
+from vllm_ctxmgr.store import FileChange, Revision, State, Step
+from vllm_ctxmgr.systemd.names import unit_name
+from vllm_ctxmgr.systemd.quoting import split_words
+from vllm_ctxmgr.systemd.systemctl import Systemd
 from vllm_ctxmgr.systemd.unit_edit import UnitEdit, edit_unit, unified_diff
+from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 from vllm_ctxmgr.verify import VerifyOptions, verify_service
 from vllm_ctxmgr.vllm_log.watcher import StartWatcher, last_start, observe_start
 
@@ -60,20 +64,56 @@ class NodeStepError(CtxmgrError):
 def unit_digest(view: ServiceView) -> str:
     """The unit as systemd loads it (every file, path and bytes): what the coordinator planned from, so
     a unit edited on the node between the plan and the write is noticed there, not overwritten."""
+    return _files_digest(view.unit)
+
+
+def _files_digest(unit: ServiceUnit) -> str:
     digest = hashlib.sha256()
-    for unit_file in view.unit.files:
+    for unit_file in unit.files:
         digest.update(str(unit_file.path).encode() + b"\0" + unit_file.text.encode() + b"\0")
     return digest.hexdigest()
+
+
+def ray_start_unit(systemd: Systemd, service: str) -> ServiceUnit | None:
+    """The unit, where its ExecStart= is Ray's `ray start ...` (a Ray node's, which runs no vLLM of its
+    own: the head's vLLM places its workers there)."""
+    props = systemd.show(unit_name(service), "FragmentPath", "DropInPaths")
+    if not props.get("FragmentPath"):
+        return None
+    dropins = [p for p in props.get("DropInPaths", "").split() if p.endswith(".conf")]
+    unit = ServiceUnit.load(unit_name(service), props["FragmentPath"], dropins, root=systemd.root)
+    try:
+        words = [w.value for w in split_words(unit.exec_start()[1].value)]
+    except UnitError:
+        return None
+    first = words[0].lstrip("-@:+!") if words else ""
+    return unit if len(words) > 1 and Path(first).name == "ray" and words[1] == "start" else None
 
 
 def show(restarter: Restarter) -> dict[str, Any]:
     """What the coordinator plans from: the unit's vLLM arguments (keys masked), its digest, the GPUs
     NVML sees here (None without NVML: the coordinator is given them) and any change in progress."""
-    view = read_service(restarter.systemd, restarter.service)
-    secrets = view.secrets
     gpus = None
     with contextlib.suppress(CtxmgrError):  # no NVML here: the coordinator is given this node's GPUs
         gpus = read_nvml().to_json()
+    try:
+        view = read_service(restarter.systemd, restarter.service)
+    except UnitError:
+        ray = ray_start_unit(restarter.systemd, restarter.service)
+        if ray is None:
+            raise
+        state = restarter.systemd.state(restarter.unit)
+        return {
+            "service": restarter.unit,
+            "ray_worker": True,
+            "gpus": gpus,
+            "active_state": state.active_state,
+            "unit_digest": _files_digest(ray),
+            "in_progress": None,
+            "last_change": None,
+            "logged": {},
+        }
+    secrets = view.secrets
     state = restarter.systemd.state(restarter.unit)
     pending = restarter.store.in_progress()
     last = next((r for r in reversed(restarter.store.revisions()) if r.deployment), None)
@@ -161,12 +201,6 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> dict[str, Any]:
         if request.dry_run or not edit.changed:
             return answer
         old = edit.old_text.encode() if edit.existed else None
-        loaded = view_from_unit(restarter.loaded_unit_with(edit.path, new), systemd.root)
-        if loaded.args.max_model_len != request.max_model_len:
-            raise UsageError(
-                f"{restarter.service}: with {edit.path} changed, the unit would still serve max_model_len "
-                f"{loaded.args.max_model_len}: another of its files sets ExecStart=; nothing was written"
-            )
         _ensure_baseline(restarter, view, edit.path, old)
         rev = Revision(
             number=0,
@@ -184,7 +218,7 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> dict[str, Any]:
             rollback_of=_revision_of(restarter, request.undo_change).number if request.undo_change else None,
             **st.made_by(),
         )
-        change = Change(store, rev, old, new, "node prepare")
+        change = Change(store, rev, [FileChange(Path(edit.path), old, new)], "node prepare")
         change.enter(
             State.RECORDED,
             f"deployment change {request.change_id}: max_model_len "
@@ -192,12 +226,22 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> dict[str, Any]:
         )
         change.enter(State.INSTALLED, f"installing {edit.path}")
         try:
-            restarter.install(edit.path, new)
+            restarter.install(change.installs())
         except InstallError as exc:
             change.enter(State.ROLLING_BACK, exc.message)
             change.enter(State.ROLLED_BACK, "nothing was installed")
             raise
-        systemd.daemon_reload()
+        loaded = restarter.loaded_view()  # systemd's answer of which ExecStart= wins, after the reload
+        if loaded.args.max_model_len != request.max_model_len:
+            why = (
+                f"{restarter.service}: with {edit.path} changed, the unit would still serve max_model_len "
+                f"{loaded.args.max_model_len}: {loaded.unit.exec_start()[0].path} sets its ExecStart=; "
+                "nothing was restarted"
+            )
+            restarter.install([(f.path, f.previous) for f in reversed(change.files)])
+            change.enter(State.ROLLING_BACK, why)
+            change.enter(State.ROLLED_BACK, "the previous unit is in place; nothing was restarted")
+            raise UsageError(why)
         answer["revision"] = rev.number
         return answer
 
@@ -217,9 +261,11 @@ def _undo_edit(restarter: Restarter, change_id: str) -> tuple[UnitEdit, bytes | 
         raise UsageError(
             f"{restarter.service}: revision {rev.number} of {change_id} is {rev.state}, not final"
         )
-    path = Path(rev.unit_path)
+    files = restarter.store.file_changes(rev)
+    if len(files) != 1:
+        raise UsageError(f"{restarter.service}: revision {rev.number} changed {len(files)} files, not one")
+    path, previous = files[0].path, files[0].previous
     current = restarter.installed_bytes(path)
-    previous = restarter.store.file_bytes(rev.number, "previous")
     edit = UnitEdit(path, (current or b"").decode(), (previous or b"").decode(), existed=current is not None)
     return edit, previous
 
@@ -256,13 +302,7 @@ def _change_of(restarter: Restarter, change_id: str) -> Change:
     """The revision this deployment change made on this node, with its bytes."""
     store = restarter.store
     rev = _revision_of(restarter, change_id)
-    return Change(
-        store,
-        rev,
-        store.file_bytes(rev.number, "previous"),
-        store.file_bytes(rev.number, "unit"),
-        "node",
-    )
+    return Change(store, rev, store.file_changes(rev), "node")
 
 
 def stop(restarter: Restarter, timeout: float) -> dict[str, Any]:
@@ -376,8 +416,7 @@ def restore(restarter: Restarter, change_id: str, reason: str) -> dict[str, Any]
         if rev.state is not State.ROLLING_BACK:
             rev.reason = reason
             change.enter(State.ROLLING_BACK, f"putting the previous unit back: {reason}")
-        restarter.install(Path(rev.unit_path), change.old)
-        restarter.systemd.daemon_reload()
+        restarter.install([(f.path, f.previous) for f in reversed(change.files)])
         return {"service": restarter.unit, "ok": True, "revision": rev.number, "state": str(rev.state)}
 
 

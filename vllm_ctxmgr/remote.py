@@ -12,7 +12,7 @@ import json
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,12 +52,15 @@ class Link:
     ssh: tuple[str, ...] = DEFAULT_SSH
     remote_ctxmgr: tuple[str, ...] = ("ctxmgr",)
     local_ctxmgr: tuple[str, ...] = field(default_factory=lambda: (sys.executable, "-m", "vllm_ctxmgr"))
+    # a node whose ctxmgr is elsewhere, or keeps its state elsewhere (`ctxmgr = [...]` in its [[node]])
+    per_host: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def argv(self, host: str, args: Sequence[str]) -> list[str]:
         """The command line for `ctxmgr ARGS` on `host`; ssh joins its words, so each is quoted."""
         if host in LOCAL_HOSTS:
-            return [*self.local_ctxmgr, *args]
-        return [*self.ssh, "--", host, " ".join(shlex.quote(w) for w in (*self.remote_ctxmgr, *args))]
+            return [*self.per_host.get(host, self.local_ctxmgr), *args]
+        ctxmgr = self.per_host.get(host, self.remote_ctxmgr)
+        return [*self.ssh, "--", host, " ".join(shlex.quote(w) for w in (*ctxmgr, *args))]
 
     def call(
         self,

@@ -341,6 +341,47 @@ class MultinodeBed:
             self.ssh_argv(node, *command), capture_output=True, text=True, timeout=timeout, check=False
         )
 
+    # ---- ctxmgr's coordinator, where an operator's machine would run it ------------------------------
+
+    @property
+    def coordinator_state(self) -> Path:
+        return self.directory / "coordinator-state"
+
+    def deployment_file(self) -> Path:
+        """The operator's file: every node, the ssh to reach it, its ctxmgr (each node keeps its own
+        state directory)."""
+        ssh = self.directory / "ssh"
+        lines = [
+            'name = "mn"',
+            "ssh = " + json.dumps([
+                "ssh", "-F", "/dev/null", "-l", "root", "-i", str(ssh / "id_ed25519"),
+                "-o", f"UserKnownHostsFile={ssh / 'known_hosts'}", "-o", "StrictHostKeyChecking=yes",
+                "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+            ]),
+        ]  # fmt: skip
+        for node in self.nodes:
+            ctxmgr = [str(self.fleet.ctxmgr_bin), "--state-dir", str(node.state_dir)]
+            lines += [
+                "[[node]]",
+                f'host = "{node.address}"',
+                f'service = "{UNIT}"',
+                f"ctxmgr = {json.dumps(ctxmgr)}",
+            ]
+        path = self.directory / "deployment.toml"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def coordinate(self, *args: str, timeout: float = 300) -> tuple[int, dict[str, Any], str]:
+        """`ctxmgr deployment ARGS --file F --json` in the client namespace: (exit code, its JSON, output)."""
+        self.coordinator_state.mkdir(mode=0o700, exist_ok=True)
+        argv = in_netns(
+            self.client_netns, str(self.fleet.ctxmgr_bin), "--state-dir", str(self.coordinator_state),
+            "deployment", *args, "--file", str(self.deployment_file()), "--json",
+        )  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        data = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
+        return done.returncode, data, done.stdout + done.stderr
+
     def describe(self) -> dict[str, Any]:
         return {
             **self.fleet.describe(),

@@ -42,6 +42,32 @@ def test_set_context_runs_ctxmgr_with_yes_and_json_or_dry_run_in_check_mode() ->
     assert verify == ["ctxmgr", "verify", "--service", "vllm-glm5", "--json"]  # read only either way
 
 
+def test_with_nodes_the_module_runs_the_deployment_coordinator_and_ctxmgr_parses_its_line() -> None:
+    """A multi-node deployment: `ctxmgr deployment COMMAND --node ...` on its head, every command line
+    of which ctxmgr's own parser takes (click parses it here, nothing runs)."""
+    from vllm_ctxmgr.cli.main import main as ctxmgr_main
+
+    nodes = {"nodes": ["local:vllm-glm5", "gpu-b:vllm-glm5"], "ssh": ["ssh", "-i", "/root/.ssh/a key"]}
+    lines = {
+        (command, check): module.command_argv(
+            {**PARAMS, **nodes, "command": command, "timeout": 600.0}, check
+        )
+        for command in ("set-context", "rollback", "verify", "plan")
+        for check in (False, True)
+    }
+    set_context = lines[("set-context", False)]
+    assert set_context[:4] == ["ctxmgr", "deployment", "set-context", "200000"]
+    assert set_context[set_context.index("--ssh") + 1] == "ssh -i '/root/.ssh/a key'"
+    assert [set_context[i + 1] for i, w in enumerate(set_context) if w == "--node"] == nodes["nodes"]
+    assert "--yes" in set_context and "--dry-run" in lines[("set-context", True)]
+    for argv in lines.values():
+        ctx = ctxmgr_main.make_context("ctxmgr", argv[1:2])  # the group, then its subcommand's own parse
+        group = ctxmgr_main.get_command(ctx, argv[1])
+        assert group is not None
+        sub = group.get_command(ctx, argv[2])  # type: ignore[attr-defined]
+        sub.make_context(argv[2], argv[3:], parent=ctx)  # raises click.UsageError on any unknown option
+
+
 def test_the_edit_mode_reaches_set_context_in_both_modes() -> None:
     """dropin: the unit file an Ansible template renders is left alone (ctxmgr set-context --edit)."""
     for check_mode in (False, True):

@@ -52,3 +52,16 @@ def test_each_node_is_reached_over_ssh(multinode: MultinodeBed) -> None:
         assert result.returncode == 0 and result.stdout.strip() == "active", result.stderr
         version = multinode.ssh(node, str(multinode.fleet.ctxmgr_bin), "--version")
         assert version.returncode == 0, version.stderr
+
+
+def test_ctxmgr_changes_the_real_two_node_deployment_as_one(multinode: MultinodeBed) -> None:
+    """The coordinator over ssh, the real CPU vLLM on both nodes: 1024 -> 2048, stop both, start both,
+    node 1's own journal checked, node 0 probed at the new context (last: it leaves the bed at 2048)."""
+    code, data, out = multinode.coordinate("set-context", "2048", "--yes", timeout=1200)
+    assert code == 0, out
+    assert data["result"] == "applied" and [n["role"] for n in data["nodes"]] == ["head", "headless"]
+    assert multinode.served_context() == 2048
+    for node in multinode.nodes:
+        assert "--max-model-len 2048" in multinode.unit_path(node).read_text()
+    assert data["nodes"][1]["logged"]["max_model_len"] == 2048  # what node 1's own vLLM logged
+    assert data["timings"]["total_s"] > 0

@@ -140,7 +140,10 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         ctx = click.get_current_context()
         debug = bool(ctx.find_root().params.get("debug"))
+        # verify's exit codes go by the command's own name (`deployment verify` too); the JSON names
+        # the whole path under ctxmgr (`deployment set-context`, `node show`)
         command = ctx.info_name
+        path = " ".join(ctx.command_path.split()[1:]) or command
         as_json = bool(ctx.params.get("as_json"))
         try:
             return func(*args, **kwargs)
@@ -152,7 +155,7 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             code = usage_exit(command) if exc.exit_code == ExitCode.USAGE else exc.exit_code
             if command == "verify" and exc.exit_code == ExitCode.ERROR:
                 code = VerifyExit.UNKNOWN
-            fail(exc.message, code, as_json=as_json, command=command)
+            fail(exc.message, code, as_json=as_json, command=path)
         except PermissionError as exc:
             if debug:
                 raise
@@ -162,13 +165,13 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
                 "needs root (run with sudo, or point --state-dir at a directory you own)",
                 VerifyExit.UNKNOWN if command == "verify" else ExitCode.ERROR,
                 as_json=as_json,
-                command=command,
+                command=path,
             )
         except Exception as exc:
             if debug:
                 raise
             message = f"unexpected error: {type(exc).__name__}: {exc} (run with --debug)"
-            fail(message, ExitCode.ERROR, as_json=as_json, command=command)
+            fail(message, ExitCode.ERROR, as_json=as_json, command=path)
 
     return wrapper
 

@@ -127,10 +127,13 @@ def _request(
         data = _read_deployment_file(Path(deployment_file))
     addresses = [NodeAddress.parse(n) for n in nodes]
     node_gpus = {}
+    per_host: dict[str, tuple[str, ...]] = {}
     for entry in data.get("node", []):
         address = NodeAddress(str(entry["host"]), str(entry["service"]))
         if not nodes:
             addresses.append(address)
+        if entry.get("ctxmgr"):
+            per_host[address.host] = tuple(entry["ctxmgr"])
         if entry.get("gpus_from"):
             node_gpus[address.host] = gpus_from_file(
                 Path(deployment_file or ".").parent / str(entry["gpus_from"])
@@ -139,6 +142,7 @@ def _request(
         raise UsageError("name the deployment's nodes: --node HOST:UNIT for each, or --file DEPLOYMENT.toml")
     link = Link(
         local_ctxmgr=_local_ctxmgr(ctx),
+        per_host=per_host,
         ssh=tuple(shlex.split(ssh)) if ssh else tuple(data.get("ssh") or DEFAULT_SSH),
         remote_ctxmgr=tuple(shlex.split(remote_ctxmgr))
         if remote_ctxmgr
@@ -184,6 +188,15 @@ def _read_deployment_file(path: Path) -> dict[str, Any]:
         isinstance(n, dict) and n.get("host") and n.get("service") for n in nodes
     ):
         raise UsageError(f"{path}: expected [[node]] tables, each with host and service")
+    for entry in nodes:
+        unknown_keys = set(entry) - {"host", "service", "gpus_from", "ctxmgr"}
+        if unknown_keys:
+            raise UsageError(f"{path}: [[node]] {entry['host']}: unknown key {sorted(unknown_keys)[0]!r}")
+        words = entry.get("ctxmgr")
+        if words is not None and not (
+            isinstance(words, list) and words and all(isinstance(w, str) for w in words)
+        ):
+            raise UsageError(f"{path}: [[node]] {entry['host']}: ctxmgr must be a list of words")
     for key in ("ssh", "remote_ctxmgr"):
         value = data.get(key)
         if value is not None and not (isinstance(value, list) and all(isinstance(w, str) for w in value)):
@@ -192,7 +205,10 @@ def _read_deployment_file(path: Path) -> dict[str, Any]:
 
 
 def _finish(result: DeploymentResult, as_json: bool, dry_run: bool = False) -> None:
+    """As common.finish: on a dry run `changed` means "would change" (Ansible's check mode)."""
     data = {"command": f"deployment {result.action}", **result.to_json(), "dry_run": dry_run}
+    if dry_run:
+        data["changed"] = str(result.result) == "dry-run"
     if as_json:
         emit_json(data)
     else:

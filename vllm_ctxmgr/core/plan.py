@@ -959,7 +959,7 @@ def make_plan(
     if node_flag is not None and not options.whole_deployment:
         warnings.append(
             f"{node_flag}: this unit is one node of a multi-node deployment; the plan is this node's GPUs "
-            "only, and set-context refuses to change one node alone"
+            "only: `ctxmgr deployment plan CONTEXT --node HOST:UNIT ...` plans every node's"
         )
     if args.max_model_len == -1 and not supports_auto_max_model_len(version):
         warnings.append("this vLLM version has no --max-model-len auto")

@@ -86,6 +86,20 @@ options:
     description: The ctxmgr executable on the managed host.
     type: str
     default: ctxmgr
+  nodes:
+    description:
+      - Every node of a multi-node vLLM deployment (vLLM's C(--nnodes)/C(--headless), or Ray) as
+        C(HOST:UNIT), the head first. The module then runs on the head as the deployment's coordinator
+        (C(ctxmgr deployment COMMAND --node ...)), reaching the other nodes over ssh, and changes, rolls
+        back or verifies every node as one. Not for V(observe).
+    type: list
+    elements: str
+    default: []
+  ssh:
+    description: The ssh command the head reaches the other nodes with, as words (with O(nodes)).
+    type: list
+    elements: str
+    default: []
 notes:
   - Exit codes of ctxmgr are kept in C(exit_code); every non-zero one fails the task, with what happened
     on the host (rolled back and why, infeasible and the largest context that fits, locked, or a failed
@@ -105,6 +119,12 @@ EXAMPLES = r"""
   vllm.ctxmgr.ctxmgr:
     service: vllm-glm5
     context: 200000
+
+- name: A two-node deployment, changed as one by ctxmgr on its head
+  vllm.ctxmgr.ctxmgr:
+    service: vllm-glm5
+    context: 200000
+    nodes: ["gpu-a:vllm-glm5", "gpu-b:vllm-glm5"]
 
 - name: What would change (no restart)
   vllm.ctxmgr.ctxmgr:
@@ -142,6 +162,7 @@ cmd: {description: the command line run, type: list, returned: always}
 """
 
 import json  # noqa: E402
+import shlex  # noqa: E402
 
 try:  # the pure helpers below are unit-tested where Ansible is not installed
     from ansible.module_utils.basic import AnsibleModule
@@ -174,7 +195,35 @@ def base_argv(params: dict) -> list:
     return argv
 
 
+def deployment_argv(params: dict, check_mode: bool) -> list:
+    """`ctxmgr deployment COMMAND ... --node HOST:UNIT ...`: a multi-node deployment, run on its head."""
+    command = params["command"]
+    argv = [*base_argv(params), "deployment", command]
+    if command in ("set-context", "plan"):
+        argv.append(str(params["context"]))
+    for node in params["nodes"]:
+        argv += ["--node", node]
+    if params.get("ssh"):
+        argv += ["--ssh", " ".join(shlex.quote(word) for word in params["ssh"])]
+    if command in ("set-context", "plan") and params.get("gpu_memory_utilization") is not None:
+        argv += ["--gpu-memory-utilization", str(params["gpu_memory_utilization"])]
+    if command == "set-context":
+        if params.get("force"):
+            argv.append("--force")
+        if params.get("edit") == "dropin":
+            argv += ["--edit", "dropin"]
+    if command in ("set-context", "rollback"):
+        if params.get("timeout") is not None:
+            argv += ["--timeout", str(params["timeout"])]
+        argv.append("--dry-run" if check_mode else "--yes")
+    if command in ("set-context", "plan"):
+        argv += list(params.get("extra_args") or [])
+    return [*argv, "--json"]
+
+
 def command_argv(params: dict, check_mode: bool) -> list:
+    if params.get("nodes"):
+        return deployment_argv(params, check_mode)
     command, service = params["command"], params["service"]
     argv = [*base_argv(params), command]
     if command == "plan":
@@ -310,12 +359,16 @@ def main() -> None:
             "state_dir": {"type": "path"},
             "systemd_pid": {"type": "int"},
             "ctxmgr_bin": {"type": "str", "default": "ctxmgr"},
+            "nodes": {"type": "list", "elements": "str", "default": []},
+            "ssh": {"type": "list", "elements": "str", "default": []},
         },
         required_if=[("command", "set-context", ["context"]), ("command", "plan", ["context"])],
         supports_check_mode=True,
     )
     params, check_mode = module.params, module.check_mode
     extra: dict = {}
+    if params["nodes"] and (params["command"] == "observe" or params["import_observation"]):
+        module.fail_json(msg="observe and import_observation are one host's: not with nodes", changed=False)
 
     if params["import_observation"] and params["command"] == "set-context":
         # stored before the plan, so this host is planned from the first host's real start
@@ -357,7 +410,8 @@ def main() -> None:
         result["changed"] = code == 5
         module.fail_json(msg=failure_message(params, data), **result)
 
-    if params["export_observation"] and not check_mode and params["command"] == "set-context":
+    one_host_change = params["command"] == "set-context" and not params["nodes"]
+    if params["export_observation"] and not check_mode and one_host_change:
         observed = run_json(module, [*base_argv(params), "observe", "--service", params["service"], "--json"])
         result["observation"] = observed if not observed.get("exit_code") else {}
         if observed.get("exit_code"):
