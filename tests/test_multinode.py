@@ -9,6 +9,10 @@ real vLLM CPU build.
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -344,3 +348,49 @@ def test_a_ray_deployment_changes_the_heads_vllm_alone_and_plans_with_every_node
     assert served(port) == 200000
     assert (sandbox.systemd.host_unit_dir / worker).read_text() == worker_text
     assert sandbox.systemd.show(worker, "MainPID")["MainPID"] == worker_pid
+
+
+def _start_and_wait_written(sandbox: Sandbox, state: Path, paths: dict[str, Path]) -> subprocess.Popen[str]:
+    """A coordinator in the background, returned once it has written node 1 (every node is written
+    before any restarts)."""
+    proc = subprocess.Popen(
+        ctxmgr_argv(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
+                    "--yes", "--json"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while "--max-model-len 200000" not in paths[RANK1].read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    return proc
+
+
+def test_sigterm_during_a_deployment_change_rolls_every_node_back(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]
+    port, paths, state = deployment()
+    proc = _start_and_wait_written(sandbox, state, paths)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    data = json.loads(out)
+    assert proc.returncode == 1 and data["result"] == "rolled-back", out + err
+    assert "interrupted by SIGTERM" in data["reason"]
+    for path in paths.values():
+        assert "--max-model-len 8192" in path.read_text()
+    assert served(port) == 8192
+    assert [revisions(state, s)[-1].state for s in (HEAD, RANK1)] == [State.ROLLED_BACK] * 2
+
+
+def test_a_killed_coordinator_is_finished_by_deployment_recover(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]
+    port, paths, state = deployment()
+    proc = _start_and_wait_written(sandbox, state, paths)
+    proc.kill()  # SIGKILL: no handler runs; the nodes keep their revisions in progress
+    proc.communicate(timeout=60)
+    refused = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "100000", *nodes_args(), *GPU_ARGS,
+                         "--yes", "--json", timeout=120)  # fmt: skip
+    assert refused.code == 2 and "deployment recover" in refused.data["error"], refused.stdout
+    done = run_ctxmgr(sandbox.pid, state, "deployment", "recover", *nodes_args(), "--json", timeout=300)
+    assert done.code == 0 and done.data["result"] == "rolled-back", done.stdout + done.stderr
+    for path in paths.values():
+        assert "--max-model-len 8192" in path.read_text()
+    assert served(port) == 8192
+    again = run_ctxmgr(sandbox.pid, state, "deployment", "recover", *nodes_args(), "--json", timeout=120)
+    assert again.code == 0 and again.data["result"] == "unchanged", again.stdout

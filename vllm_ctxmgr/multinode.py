@@ -24,20 +24,24 @@ in the state directory) says which node reached which step; each node's own revi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import secrets
+import signal
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from vllm_ctxmgr.change import Result
+from vllm_ctxmgr.change import SIGNALS, Abandoned, Interrupted, Result
 from vllm_ctxmgr.core.hardware import GpuState
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
 from vllm_ctxmgr.core.topology import NodeRole, NodeUnit, Topology, read_topology, with_ray_gpus, world_gpus
-from vllm_ctxmgr.errors import ExitCode, UsageError
+from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
 from vllm_ctxmgr.nvml import gpus_from_json
 from vllm_ctxmgr.remote import Link, NodeAddress, NodeError
 from vllm_ctxmgr.store import ServiceStore
@@ -129,6 +133,27 @@ def deployment_name(nodes: tuple[NodeAddress, ...], name: str | None) -> str:
     return f"{nodes[0].service.removesuffix('.service')}-{digest}"
 
 
+@contextlib.contextmanager
+def _signals_fail() -> Iterator[None]:
+    """SIGTERM, SIGINT and SIGHUP during a deployment change fail it like any failure: every node is put
+    back (Interrupted); a second one stops at once (Abandoned), leaving `deployment recover` to finish."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        raise Interrupted(signum) if len(received) == 1 else Abandoned(signum)
+
+    before = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)
+
+
 def _role_name(role: NodeRole | None) -> str:
     if role is not None and role.ray_worker:
         return "ray"  # a Ray node: the head's vLLM places workers there; its unit is not changed
@@ -186,8 +211,9 @@ class Coordinator:
 
     # ---- read and plan -----------------------------------------------------------------------
 
-    def read(self) -> Topology:
-        """Every node's unit, the topology vLLM will form from them, and refusals before any write."""
+    def read(self, recovering: bool = False) -> Topology:
+        """Every node's unit, the topology vLLM will form from them, and refusals before any write
+        (a node with a change in progress among them, unless `recovering` it)."""
         request = self.request
         self.say(f"reading {len(request.nodes)} nodes: {', '.join(map(str, request.nodes))}")
         probes = [_Node(address, {}) for address in request.nodes]
@@ -199,10 +225,11 @@ class Coordinator:
             assert isinstance(answer, dict)
             node.shown = answer
             pending = answer.get("in_progress")
-            if pending:
+            if pending and not recovering:
                 raise UsageError(
                     f"{node.address}: revision {pending.get('revision')} is still {pending.get('state')}: "
-                    "another change is under way there (or was interrupted: `ctxmgr recover` on that node)"
+                    "another change is under way there, or was interrupted: "
+                    "`ctxmgr deployment recover` with the same nodes"
                 )
         units = [
             NodeUnit(node.address.host, node.address.service, None, ray_worker=True)
@@ -378,6 +405,33 @@ class Coordinator:
                 raise UsageError("nothing was changed")
             return self._apply(flags, context)
 
+    def recover(self) -> DeploymentResult:
+        """Finish a deployment change an interrupted coordinator left in progress on its nodes: every
+        node it wrote gets its previous unit back and every node restarts together (_roll_back_all)."""
+        result = self.result
+        result.action = "recover"
+        with self.store.lock():
+            self.read(recovering=True)
+            pending = {n.address: n.shown.get("in_progress") or {} for n in self.changing}
+            changes = {str(p.get("change")) for p in pending.values() if p}
+            if not changes:
+                result.result = Result.UNCHANGED
+                result.reason = "no node has a deployment change in progress: nothing to recover"
+                return result
+            if len(changes) > 1 or "None" in changes:
+                raise UsageError(
+                    "the nodes' changes in progress are not one deployment change: "
+                    + ", ".join(f"{a}: {p.get('change') or 'none'}" for a, p in pending.items())
+                )
+            result.change_id = changes.pop()
+            last = next(n.shown.get("last_change") or {} for n in self.changing if pending[n.address])
+            result.max_model_len = last.get("max_model_len")
+            result.previous_max_model_len = last.get("previous_max_model_len")
+            self._roll_back_all(f"the deployment change {result.change_id} was interrupted")
+            if result.result is Result.ROLLED_BACK:
+                result.exit_code = ExitCode.OK  # recovering is what was asked, and it worked (as `recover`)
+            return result
+
     def rollback(self) -> DeploymentResult:
         """Every node back to the unit it had before the deployment's last change (all nodes must have
         the same last change, final), through the same walk as a change."""
@@ -460,6 +514,25 @@ class Coordinator:
         result.change_id = f"{self.name}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(2)}"
         result.max_model_len = context
         self._record("writing")
+        try:
+            with _signals_fail():
+                try:
+                    return self._walk(flags, context, t0)
+                except Interrupted as exc:
+                    result.reason = f"ctxmgr was interrupted by {exc.name}"
+                    self.say(f"{result.reason}; rolling every node back")
+                    self._roll_back_all(result.reason)
+                    result.timings["total_s"] = round(time.monotonic() - t0, 3)
+                    return result
+        except Abandoned as exc:
+            raise CtxmgrError(
+                f"interrupted again by {exc.name} while rolling back: change {result.change_id} is left "
+                "in progress on its nodes; run `ctxmgr deployment recover` with the same nodes",
+                exit_code=ExitCode.ROLLBACK_FAILED,
+            ) from None
+
+    def _walk(self, flags: dict[str, str], context: int, t0: float) -> DeploymentResult:
+        result = self.result
         written: list[_Node] = []
         for node in self.changing:
             assert node.outcome is not None
@@ -594,7 +667,8 @@ class Coordinator:
         return int((self.result.previous_max_model_len if back else self.result.max_model_len) or 0)
 
     def _roll_back_all(self, reason: str) -> None:
-        """Every node's previous unit back, every node restarted together, the old deployment probed."""
+        """Every node's previous unit back, every node restarted together, the old deployment probed:
+        the one way back, for a failed change, an interrupted one and `deployment recover`."""
         result, change = self.result, str(self.result.change_id)
         self._record("rolling-back")
         restored = self._each(
@@ -625,6 +699,11 @@ class Coordinator:
             result.result, result.exit_code = Result.ROLLBACK_FAILED, ExitCode.ROLLBACK_FAILED
             result.reason += f"; and the rollback failed too: {settle_reason}"
         self._record(str(result.result))
+
+
+def recover_deployment(request: DeploymentRequest, state_dir: Path | str) -> DeploymentResult:
+    """`ctxmgr deployment recover`: finish what an interrupted deployment change left (every node back)."""
+    return Coordinator(request, state_dir).recover()
 
 
 def rollback_deployment(request: DeploymentRequest, state_dir: Path | str) -> DeploymentResult:

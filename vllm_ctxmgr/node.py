@@ -126,7 +126,9 @@ def show(restarter: Restarter) -> dict[str, Any]:
         "vllm_version": view.args.vllm_version,
         "active_state": state.active_state,
         "gpus": gpus,
-        "in_progress": None if pending is None else {"revision": pending.number, "state": str(pending.state)},
+        "in_progress": None
+        if pending is None
+        else {"revision": pending.number, "state": str(pending.state), "change": pending.deployment},
         "last_change": None
         if last is None
         else {
@@ -311,11 +313,17 @@ def stop(restarter: Restarter, timeout: float) -> dict[str, Any]:
     return {"service": restarter.unit, "active_state": restarter.systemd.state(restarter.unit).active_state}
 
 
+def _written(restarter: Restarter, change_id: str) -> bool:
+    return any(r.deployment == change_id for r in restarter.store.revisions())
+
+
 def start(restarter: Restarter, change_id: str, head: bool, back: bool = False) -> dict[str, Any]:
     """Start the node's vLLM after every node was stopped. The head is watched until it serves and is
     probed at the revision's context (a rank that fails elsewhere fails the head's start too); a
     headless rank is only started here, and judged by `finish` once the head has served."""
     with restarter.store.lock():
+        if back and not _written(restarter, change_id):
+            return _start_as_is(restarter, head)  # an interrupted change never wrote this node
         change = _change_of(restarter, change_id)
         rev = change.rev
         if back:
@@ -406,8 +414,31 @@ def finish(restarter: Restarter, change_id: str) -> dict[str, Any]:
         return {"service": restarter.unit, "ok": True, "revision": rev.number, "reason": ""}
 
 
+def _start_as_is(restarter: Restarter, head: bool) -> dict[str, Any]:
+    """Start the node's unit as it is (the head watched and probed): a node an interrupted change
+    never wrote, restarted with the others so the deployment forms again."""
+    systemd = restarter.systemd
+    answer: dict[str, Any] = {"service": restarter.unit, "revision": None, "cursor": systemd.journal_cursor()}
+    if not head:
+        systemd.reset_failed(restarter.unit)
+        systemd.start(restarter.unit, no_block=True)
+        return {**answer, "ok": True}
+    verdict, probe_result = restarter.restart_and_probe(read_service(systemd, restarter.service))
+    ok = verdict.ok and probe_result is not None and probe_result.ok
+    reason = (
+        ""
+        if ok
+        else verdict.reason
+        if not verdict.ok
+        else f"the probe failed: {probe_result and probe_result.error}"
+    )
+    return {**answer, "ok": ok, "reason": reason, "decisive_line": verdict.decisive_line}
+
+
 def restore(restarter: Restarter, change_id: str, reason: str) -> dict[str, Any]:
     """Write the node's previous unit back (rolling-back); the coordinator restarts every node after."""
+    if not _written(restarter, change_id):
+        return {"service": restarter.unit, "ok": True, "revision": None, "state": "not written"}
     with restarter.store.lock():
         change = _change_of(restarter, change_id)
         rev = change.rev
@@ -422,6 +453,8 @@ def restore(restarter: Restarter, change_id: str, reason: str) -> dict[str, Any]
 
 def settle(restarter: Restarter, change_id: str, ok: bool, reason: str) -> dict[str, Any]:
     """The end of a rollback: rolled-back when the old deployment serves again, else rollback-failed."""
+    if not _written(restarter, change_id):
+        return {"service": restarter.unit, "ok": True, "revision": None, "state": "not written"}
     with restarter.store.lock():
         change = _change_of(restarter, change_id)
         rev = change.rev

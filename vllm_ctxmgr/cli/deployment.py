@@ -30,6 +30,7 @@ from vllm_ctxmgr.multinode import (
     DeploymentRequest,
     DeploymentResult,
     plan_deployment,
+    recover_deployment,
     rollback_deployment,
     set_deployment_context,
     verify_deployment,
@@ -341,6 +342,21 @@ def deployment_rollback_cmd(
     if not dry_run and not yes:
         request.confirm = _ask(as_json)
     _finish(rollback_deployment(request, ctx.find_root().obj["state_dir"]), as_json, dry_run=dry_run)
+
+
+@deployment_group.command("recover")
+@_deployment_options
+@click.option(
+    "--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time the head's start may take."
+)
+@click.pass_context
+@handle_errors
+def deployment_recover_cmd(ctx: click.Context, timeout: float, as_json: bool, **options: Any) -> None:
+    """Finish a deployment change an interrupted run left in progress: every node it wrote gets its
+    previous unit back, and every node restarts together."""
+    request = _request(ctx, 0, as_json=as_json, **options)
+    request.start_timeout = timeout
+    _finish(recover_deployment(request, ctx.find_root().obj["state_dir"]), as_json)
 
 
 @deployment_group.command("verify")
