@@ -119,12 +119,13 @@ def test_a_bare_ctxmgr_prints_its_help_and_exits_0() -> None:
 
 
 COMMANDS = ["facts", "gpus", "plan", "set-context", "rollback", "recover", "history", "observe", "verify",
-            "schedule", "unschedule", "status"]  # fmt: skip
+            "schedule", "unschedule", "status", "deployment plan", "deployment set-context",
+            "deployment rollback", "deployment recover", "deployment verify"]  # fmt: skip
 
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_examples_in_its_help(command: str) -> None:
-    done = cli(command, "--help")
+    done = cli(*command.split(), "--help")
     assert done.returncode == 0, done.stderr
     assert "Examples:" in done.stdout, done.stdout
     example_lines = done.stdout.split("Examples:", 1)[1]

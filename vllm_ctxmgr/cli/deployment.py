@@ -21,6 +21,7 @@ from vllm_ctxmgr.cli.common import (
     VLLM_VERSION,
     echo,
     emit_json,
+    examples,
     handle_errors,
     restarter_for,
 )
@@ -40,6 +41,21 @@ from vllm_ctxmgr.planning import PlanRequest
 from vllm_ctxmgr.remote import DEFAULT_SSH, Link, NodeAddress
 from vllm_ctxmgr.verify import VerifyOptions
 
+NODES = "--node gpu-a:vllm-glm5 --node gpu-b:vllm-glm5"
+DEPLOYMENT_EXAMPLES = {
+    "plan": examples(
+        f"ctxmgr deployment plan 200000 {NODES}", "ctxmgr deployment plan 200000 --file glm5.toml --json"
+    ),
+    "set-context": examples(
+        f"ctxmgr deployment set-context 200000 {NODES} --dry-run   # every node's diff",
+        "ctxmgr deployment set-context 200000 --file glm5.toml --yes --json",
+    ),
+    "rollback": examples(
+        "ctxmgr deployment rollback --file glm5.toml      # every node to before its last change"
+    ),
+    "recover": examples("ctxmgr deployment recover --file glm5.toml       # after a killed coordinator"),
+    "verify": examples(f"ctxmgr deployment verify {NODES}"),
+}
 MAX_STDIN_BYTES = 16 << 20  # a node step's request: flags, a reason, every node's GPUs
 MAX_DEPLOYMENT_FILE_BYTES = 1 << 20
 PLANNING_KEYS = ("weights_bytes", "vllm_version", "allow_long", "max_gpu_memory_utilization", "concurrency")
@@ -257,7 +273,7 @@ def deployment_group() -> None:
     """
 
 
-@deployment_group.command("plan")
+@deployment_group.command("plan", epilog=DEPLOYMENT_EXAMPLES["plan"])
 @click.argument("context", type=CONTEXT)
 @_deployment_options
 @click.pass_context
@@ -268,7 +284,7 @@ def deployment_plan_cmd(ctx: click.Context, context: int, as_json: bool, **optio
     _finish(plan_deployment(request, ctx.find_root().obj["state_dir"]), as_json)
 
 
-@deployment_group.command("set-context")
+@deployment_group.command("set-context", epilog=DEPLOYMENT_EXAMPLES["set-context"])
 @click.argument("context", type=CONTEXT)
 @_deployment_options
 @click.option(
@@ -324,7 +340,7 @@ def _ask(as_json: bool) -> Any:
     return ask
 
 
-@deployment_group.command("rollback")
+@deployment_group.command("rollback", epilog=DEPLOYMENT_EXAMPLES["rollback"])
 @_deployment_options
 @click.option(
     "--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time the head's start may take."
@@ -344,7 +360,7 @@ def deployment_rollback_cmd(
     _finish(rollback_deployment(request, ctx.find_root().obj["state_dir"]), as_json, dry_run=dry_run)
 
 
-@deployment_group.command("recover")
+@deployment_group.command("recover", epilog=DEPLOYMENT_EXAMPLES["recover"])
 @_deployment_options
 @click.option(
     "--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time the head's start may take."
@@ -359,7 +375,7 @@ def deployment_recover_cmd(ctx: click.Context, timeout: float, as_json: bool, **
     _finish(recover_deployment(request, ctx.find_root().obj["state_dir"]), as_json)
 
 
-@deployment_group.command("verify")
+@deployment_group.command("verify", epilog=DEPLOYMENT_EXAMPLES["verify"])
 @_deployment_options
 @click.pass_context
 @handle_errors
