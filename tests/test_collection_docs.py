@@ -8,6 +8,7 @@ The first tests check the findings ansible-test and ansible-doc once made with t
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import shutil
@@ -78,12 +79,77 @@ def test_the_collection_has_the_packages_license() -> None:
         assert "General Public License" not in source.read_text(), source
 
 
-def test_the_install_role_documents_every_default_in_its_argument_specs() -> None:
-    role = COLLECTION / "roles" / "install"
+# rolling_context's load-balancer commands hold `{{ lb_server }}`, defined only when lb.yml runs: as
+# options they would be templated by the validation ansible-core runs before the role, and fail there
+UNVALIDATED = {
+    "rolling_context": {
+        f"rolling_context_lb_{step}_cmd" for step in ("drain", "wait_idle", "undrain", "wait_up")
+    }
+}
+
+
+@pytest.mark.parametrize("name", ["install", "rolling_context"])
+def test_each_role_documents_every_default_in_its_argument_specs(name: str) -> None:
+    role = COLLECTION / "roles" / name
     defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text())
     spec = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]
-    assert {name: option["default"] for name, option in spec["options"].items()} == defaults
-    assert (role / "README.md").is_file()
+    unvalidated = UNVALIDATED.get(name, set())
+    documented = {option: spec["options"][option].get("default") for option in spec["options"]}
+    assert documented == {k: v for k, v in defaults.items() if k not in unvalidated}
+    assert all(option.get("description") for option in spec["options"].values())
+    description = " ".join(spec["description"])
+    assert all(variable in description for variable in unvalidated)  # named in the role's description
+    readme = (role / "README.md").read_text()
+    assert all(f"`{variable}`" in readme for variable in defaults), "a variable the README does not name"
+
+
+ARGS_ONLY_PLAY = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  roles:
+    - role: vllm.ctxmgr.rolling_context
+"""
+
+
+@pytest.mark.parametrize("version", ["2.15", "2.19"])
+@pytest.mark.parametrize(
+    ("extra_vars", "error"),
+    [
+        ({"rolling_context_max_model_len": 4096, "rolling_context_lb": "command",
+          "rolling_context_lb_drain_cmd": "echo drain {{ lb_server }}"}, None),
+        ({}, "rolling_context_max_model_len"),
+        ({"rolling_context_max_model_len": 4096, "rolling_context_lb": "nginx"}, "haproxy, command, none"),
+        ({"rolling_context_max_model_len": 4096, "rolling_context_edit": "inplace"}, "in-place, dropin"),
+    ],
+    ids=["valid-command-lb", "no-context", "unknown-lb", "unknown-edit"],
+)  # fmt: skip
+def test_ansible_core_checks_the_rolling_context_arguments_before_the_role_runs(
+    workdir: Path, version: str, extra_vars: dict[str, Any], error: str | None
+) -> None:
+    """The validation ansible-core runs from meta/argument_specs.yml (the only task tagged `always`, so
+    `--tags` of no task runs it alone): it accepts a command load balancer whose commands hold
+    `{{ lb_server }}`, and refuses what the role's own assert refuses, naming the variable."""
+    playbook_bin = ansible_venv(version) / "bin" / "ansible-playbook"
+    require(None if playbook_bin.exists() else f"no {playbook_bin} (make fleet-deps)", "ansible-playbook")
+    play = workdir / "play.yml"
+    play.write_text(ARGS_ONLY_PLAY)
+    variables = workdir / "vars.json"
+    variables.write_text(json.dumps(extra_vars))
+    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(REPO), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"}  # fmt: skip
+    done = subprocess.run(
+        [str(playbook_bin), "-i", "localhost,", str(play), "--tags", "no-such-tag", "-e", f"@{variables}"],
+        capture_output=True, text=True, env=env, cwd=workdir, timeout=300,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert "Validating arguments against arg spec 'main'" in output, output[-3000:]
+    if error is None:
+        assert done.returncode == 0, output[-3000:]
+        assert "ok=1" in output, output[-3000:]
+    else:
+        assert done.returncode != 0, output[-3000:]
+        assert "Validation of arguments failed" in output and error in output, output[-3000:]
 
 
 @pytest.mark.parametrize("plugin", ["vllm.ctxmgr.ctxmgr", "vllm.ctxmgr.haproxy_server"])
