@@ -148,6 +148,13 @@ def test_every_node_gets_the_context_and_restarts_together(sandbox: Sandbox, dep
     head, rank1 = run.data["nodes"]
     assert head["planned"]["gpus"] == rank1["planned"]["gpus"] == 8
     assert rank1["logged"]["max_model_len"] == 200000 and rank1["logged"]["available_kv_gib"] > 0
+    # at the utilisation every unit keeps (the least that fits is one more figure): the plan's budget
+    # is the one vLLM's ranks logged at the new start, within 2%
+    assert run.data["gpu_memory_utilization"] == 0.9
+    assert run.data["least_gpu_memory_utilization"] < 0.9
+    for node in (head, rank1):
+        logged_kv = node["logged"]["available_kv_gib"] * 2**30
+        assert abs(node["planned"]["kv_budget_bytes"] - logged_kv) < 0.02 * logged_kv, node
 
 
 def test_verify_and_rollback_cover_every_node(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]

@@ -84,7 +84,8 @@ class DeploymentResult:
     change_id: str | None = None
     max_model_len: int | None = None
     previous_max_model_len: int | None = None
-    gpu_memory_utilization: float | None = None
+    gpu_memory_utilization: float | None = None  # what every node's unit runs with after the change
+    least_gpu_memory_utilization: float | None = None  # the least that fits, one more figure
     reason: str = ""
     decisive_line: str = ""
     suggestion: str = ""
@@ -310,6 +311,7 @@ class Coordinator:
         self.result.plan, self.result.plan_text = plan, str(answer.get("text") or "")
         self.result.max_model_len = answer.get("max_model_len")
         self.result.gpu_memory_utilization = answer.get("gpu_memory_utilization")
+        self.result.least_gpu_memory_utilization = answer.get("least_gpu_memory_utilization")
         self.result.previous_max_model_len = parse_serve_argv(
             list(head.shown.get("argv") or []), dict(head.shown.get("environment") or {})
         ).max_model_len

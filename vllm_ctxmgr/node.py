@@ -31,7 +31,7 @@ from vllm_ctxmgr.core.change_policy import flags_to_apply
 from vllm_ctxmgr.errors import CtxmgrError, UnitError, UsageError
 from vllm_ctxmgr.masking import mask, mask_json
 from vllm_ctxmgr.nvml import read_nvml
-from vllm_ctxmgr.planning import PlanRequest, plan_service
+from vllm_ctxmgr.planning import PlanRequest, ServicePlan, plan_service
 from vllm_ctxmgr.report import plan_text
 from vllm_ctxmgr.restart import InstallError, Restarter
 from vllm_ctxmgr.service import ServiceView, read_service
@@ -470,25 +470,37 @@ def settle(restarter: Restarter, change_id: str, ok: bool, reason: str) -> dict[
 def plan(restarter: Restarter, request: PlanRequest, gpu_memory_utilization: float | None) -> dict[str, Any]:
     """The head plans the whole deployment (its model files are here, not on the coordinator) with
     every node's GPUs in rank order (`request.world_gpus`), and says which flags every node gets."""
-    service_plan = plan_service(
-        restarter.systemd,
-        restarter.store,
-        restarter.service,
-        replace(request, fixed_gpu_memory_utilization=gpu_memory_utilization),
-        restarter.keep_observation,
-        restarter.unsaved_observations,
-        argv_check=False,
-    )
+
+    def planned(utilization: float | None) -> ServicePlan:
+        return plan_service(
+            restarter.systemd,
+            restarter.store,
+            restarter.service,
+            replace(request, fixed_gpu_memory_utilization=utilization),
+            restarter.keep_observation,
+            restarter.unsaved_observations,
+            argv_check=False,
+        )
+
+    service_plan = planned(gpu_memory_utilization)
     view, made = service_plan.view, service_plan.plan
     applied = flags_to_apply(view.args, made, made.max_model_len, gpu_memory_utilization)
+    least = made.gpu_memory_utilization
+    shown = made
+    if applied.kept_utilization and applied.gpu_memory_utilization not in (None, least):
+        # every node keeps its unit's utilisation (it holds the target): the per-node figures the
+        # coordinator holds against each node's logged lines are those of that utilisation, not of
+        # the least that fits, which stays one more figure
+        shown = planned(applied.gpu_memory_utilization).plan
     return {
         "service": restarter.unit,
-        "plan": mask_json(made.to_json(), view.secrets),
-        "text": mask(plan_text(made), view.secrets),
+        "plan": mask_json(shown.to_json(), view.secrets),
+        "text": mask(plan_text(shown, applied.text(made)), view.secrets),
         "result": made.result,
         "max_model_len": made.max_model_len,
         "flag_changes": applied.flag_changes,
         "gpu_memory_utilization": applied.gpu_memory_utilization,
+        "least_gpu_memory_utilization": least,
         "applies": applied.text(made),
         "learned": service_plan.learned,
     }

@@ -126,6 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpu-memory-utilization", "--device-memory-utilization", type=float, default=0.92)
     parser.add_argument("--kv-cache-memory-bytes", "--kv-cache-memory", type=human_readable_int)
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
     parser.add_argument("--block-size", type=int)
     parser.add_argument("--kv-cache-dtype", default="auto")
     # vLLM's own multi-node mode (config/parallel.py: nnodes, node_rank, master_addr, master_port)
@@ -173,13 +174,36 @@ class Settings:
     master_addr: str = "127.0.0.1"
     master_port: int = 29501
     headless: bool = False
+    pipeline_parallel_size: int = 1
     # None: torch's default process-group timeout (30 min), as in vLLM
     distributed_timeout_s: int | None = None
 
     @property
+    def world_size(self) -> int:
+        """TP x PP ranks (config/parallel.py world_size)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
     def local_world_size(self) -> int:
-        """Ranks on this node: the TP ranks spread evenly over --nnodes (multiproc_executor.py:L303)."""
-        return max(1, self.tensor_parallel_size // max(1, self.nnodes))
+        """Ranks on this node: the world's ranks spread evenly over --nnodes (multiproc_executor.py:L303)."""
+        return max(1, self.world_size // max(1, self.nnodes))
+
+    @property
+    def kv_bytes_per_token_per_gpu(self) -> int:
+        """Each pipeline stage holds its share of the layers (an even split), so its GPUs hold that
+        share of a token's KV bytes."""
+        return self.kv_bytes_per_token // max(1, self.pipeline_parallel_size)
+
+    def worker_name(self, rank: int) -> str:
+        """The worker's log prefix as vLLM names it (multiproc_executor.py:L1214-L1222): _PP<stage>
+        where PP > 1, then _TP<rank in its stage> where TP > 1."""
+        tp = max(1, self.tensor_parallel_size)
+        name = "Worker"
+        if self.pipeline_parallel_size > 1:
+            name += f"_PP{rank // tp}"
+        if tp > 1:
+            name += f"_TP{rank % tp}"
+        return name
 
     @property
     def local_ranks(self) -> range:
@@ -212,6 +236,7 @@ def settings_from(argv: list[str], environ: dict[str, str]) -> Settings:
         ("headless", False),
         ("distributed_timeout_seconds", None),
         ("tensor_parallel_size", 1),
+        ("pipeline_parallel_size", 1),
         ("gpu_memory_utilization", 0.92),
         ("kv_cache_memory_bytes", None),
         ("block_size", None),
@@ -231,6 +256,7 @@ def settings_from(argv: list[str], environ: dict[str, str]) -> Settings:
         gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
         block_size=args.block_size or int(env("CTXMGR_STANDIN_BLOCK_SIZE", "64")),
         kv_cache_dtype=args.kv_cache_dtype,
         non_default_args=non_default,
@@ -291,7 +317,7 @@ class KvPlan:
 def plan_kv(settings: Settings, max_model_len: int, available_bytes: int | None = None) -> KvPlan:
     """`available_bytes`: the budget when another node's rank has less than this one (vLLM plans the
     KV cache with the smallest rank's budget, v1/core/kv_cache_planning.py get_kv_cache_configs)."""
-    page = settings.block_size * settings.kv_bytes_per_token
+    page = settings.block_size * settings.kv_bytes_per_token_per_gpu
     if available_bytes is not None:
         available = available_bytes
     elif settings.kv_capacity_tokens is not None:
@@ -345,9 +371,11 @@ class VllmLog:
             return self.pid + 211
         if process == "MainProcess":
             return self.pid
-        # a worker logs as `Worker` until its groups are formed, then as Worker_TP<rank>: one process
-        rank = process.removeprefix("Worker_TP").removeprefix("Worker")
-        return self.pid + 400 + (int(rank) if rank else self.settings.local_ranks[0])
+        # a worker logs as `Worker` until its groups are formed, then by its ranks: one process each
+        for rank in self.settings.local_ranks:
+            if process == self.settings.worker_name(rank):
+                return self.pid + 400 + rank
+        return self.pid + 400 + self.settings.local_ranks[0]
 
     def info(self, process: str, fileinfo: str, message: str, level: str = "INFO") -> None:
         stamp = time.strftime("%m-%d %H:%M:%S")
@@ -360,7 +388,7 @@ class VllmLog:
     def workers(self, fileinfo: str, message: str) -> None:
         """One line from each of this node's workers (every TP rank on one node)."""
         for rank in self.settings.local_ranks:
-            self.info(f"Worker_TP{rank}", fileinfo, message)
+            self.info(self.settings.worker_name(rank), fileinfo, message)
 
     def raw(self, text: str, stream: Any = None) -> None:
         with self.lock:
@@ -521,7 +549,8 @@ def run_start(settings: Settings, log: VllmLog, group: HeadGroup | None = None) 
         f"speculative_config=None, tokenizer='{model}', skip_tokenizer_init=False, tokenizer_mode=auto, "
         "revision=None, tokenizer_revision=None, trust_remote_code=False, dtype=torch.bfloat16, max_seq_len="
         f"{derived if max_model_len in (None, -1) else max_model_len}, download_dir=None, load_format=auto, "
-        f"tensor_parallel_size={tp}, pipeline_parallel_size=1, data_parallel_size=1, "
+        f"tensor_parallel_size={tp}, pipeline_parallel_size={settings.pipeline_parallel_size}, "
+        "data_parallel_size=1, "
         "decode_context_parallel_size=1, disable_custom_all_reduce=False, quantization=fp8, "
         f"enforce_eager=False, kv_cache_dtype={settings.kv_cache_dtype}, device_config=cuda, seed=0, "
         f"served_model_name={settings.served_model_names[0]}, enable_prefix_caching=True, "
@@ -604,7 +633,9 @@ def _load_and_profile(settings: Settings, log: VllmLog) -> None:
     )
     log.sleep(0.8)
     log.info(
-        f"Worker_TP{settings.local_ranks[0]}", "backends.py:1187", "Dynamo bytecode transform time: 9.87 s"
+        settings.worker_name(settings.local_ranks[0]),
+        "backends.py:1187",
+        "Dynamo bytecode transform time: 9.87 s",
     )
     log.workers("monitor.py:62", "torch.compile took 38.21 s in total")
     log.workers(
@@ -731,7 +762,7 @@ class HeadGroup:
         """Wait up to the timeout for every node's ranks, as TCPStore's master does; torch's
         DistStoreError (`N/M clients joined`) when some do not come."""
         settings = self.settings
-        world_size = settings.tensor_parallel_size
+        world_size = settings.world_size
         address = f"tcp://{settings.master_addr}:{settings.master_port}"
         for rank in settings.local_ranks:
             log.info(
@@ -803,12 +834,13 @@ class HeadGroup:
 def _rank_assigned(settings: Settings, log: VllmLog) -> None:
     """The group is formed: the node's first rank says where it stands (parallel_state.py:L2385, once
     per node)."""
-    first = settings.local_ranks[0]
+    first, tp = settings.local_ranks[0], max(1, settings.tensor_parallel_size)
     log.info(
         "Worker",
         "parallel_state.py:2385",
-        f"rank {first} in world size {settings.tensor_parallel_size} is assigned as DP rank 0, PP rank 0, "
-        f"PCP rank 0, TP rank {first}, ETP rank {first}, EP rank N/A, EPLB rank N/A",
+        f"rank {first} in world size {settings.world_size} is assigned as DP rank 0, "
+        f"PP rank {first // tp}, PCP rank 0, TP rank {first % tp}, ETP rank {first % tp}, EP rank N/A, "
+        "EPLB rank N/A",
     )
 
 
@@ -872,7 +904,7 @@ def run_headless(settings: Settings, log: VllmLog) -> int:
         f"Launching vLLM (v{VLLM_VERSION}) headless multiproc executor, with head node address {head} for "
         "torch.distributed process group.",
     )
-    world_size = settings.tensor_parallel_size
+    world_size = settings.world_size
     for rank in settings.local_ranks:
         log.info(
             "Worker",
