@@ -103,8 +103,8 @@ def flag(name: str) -> VllmFlag | None:
 def in_release(known: VllmFlag, version: VllmVersion | None) -> bool:
     """Whether the parser of vLLM `version` has this flag. Unknown (None), or a release outside the ones
     read (before 0.10, after the newest): True, as the union reads it. A patch release (0.11.2) may have
-    a flag its minor's .0 lacked and the next minor has, so either admits it: only a flag in neither is
-    refused, the side on which a real start never fails for ctxmgr's table."""
+    a flag its minor's .0 lacked and the next minor has, so either admits it: ctxmgr must never refuse
+    a flag the unit's vLLM has, and only the .0 releases were read."""
     if version is None or version[0] != 0 or version[1] not in _LISTED_MINORS:
         return True
     minors = known.minors
