@@ -21,7 +21,7 @@ from pathlib import Path
 from vllm_ctxmgr.core.deployment import LORA_FLAGS
 from vllm_ctxmgr.core.hardware import GIB
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
-from vllm_ctxmgr.core.vllm_flag_list import VLLM_0_33_0_FLAGS
+from vllm_ctxmgr.core.vllm_flag_list import VLLM_FLAGS
 from vllm_ctxmgr.core.vllm_flags import MODELLED, classify
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.planning import PlanRequest, plan_for
@@ -40,8 +40,10 @@ def every_flag() -> None:
     base = [str(MODELS / "llama-3.1-70b"), "-tp", "4", "--max-model-len", "32768"]
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     silent: list[str] = []
-    for names, _dest, cls, kind, _source in VLLM_0_33_0_FLAGS:
+    for names, _dest, cls, kind, releases, _source in VLLM_FLAGS:
         name = names[0]
+        if not releases.endswith("0.33"):
+            continue  # 0.33's flags (a unit on 0.33 is refused the older ones)
         if name in ("--model", "--config"):
             continue
         value = SAMPLE_VALUE[kind]

@@ -488,6 +488,72 @@ def test_a_unit_on_0_33_with_a_flag_0_33_lacks_is_refused_as_argparse_does() -> 
     args = parse_serve_argv([LLAMA70B, "-tp", "4", "--disable-log-requests", "--swap-space", "4"])
     # an older vLLM had both flags: without the unit's version they are read, and --swap-space is named
     assert plan_for(args, request).feasible
-    with pytest.raises(UsageError, match="unrecognized arguments: --disable-log-requests --swap-space"):
+    with pytest.raises(UsageError, match="unrecognized arguments: --disable-log-requests --swap-space 4 "):
         plan_for(replace(args, vllm_version="0.33.0"), request)  # engine/arg_utils.py has neither
     plan_for(replace(args, vllm_version="0.11.0"), request)
+
+
+@pytest.mark.parametrize(
+    "flags, version, refusal",
+    [
+        # removed before 0.33 (SchedulerConfig.num_scheduler_steps, engine/arg_utils.py @0.10)
+        (["--num-scheduler-steps", "8"], "0.10.0", None),
+        (
+            ["--num-scheduler-steps", "8"],
+            "0.33.0",
+            "vllm serve: error: unrecognized arguments: --num-scheduler-steps 8 "
+            "(--num-scheduler-steps is in vLLM 0.10; this unit runs 0.33.0)",
+        ),
+        (["--max-seq-len-to-capture", "8192"], "0.10.0", None),
+        (["--max-seq-len-to-capture", "8192"], "0.11.0", "--max-seq-len-to-capture is in vLLM 0.10;"),
+        # added late: the unit's 0.10 parser has neither
+        (["--performance-mode", "throughput"], "0.10.0", "--performance-mode is in vLLM 0.17-0.33;"),
+        (["--kv-cache-memory-bytes", "20G"], "0.10.0", "--kv-cache-memory-bytes is in vLLM 0.11-0.33;"),
+        (["--kv-cache-memory-bytes", "20G"], "0.33.0", None),
+        (["--performance-mode", "throughput"], None, None),  # the unit's vLLM unknown: as before
+    ],
+)
+def test_a_units_flags_are_read_by_its_own_releases_parser(
+    flags: list[str], version: str | None, refusal: str | None
+) -> None:
+    from dataclasses import replace
+
+    from vllm_ctxmgr.core.serve_args import parse_serve_argv
+    from vllm_ctxmgr.errors import UsageError
+    from vllm_ctxmgr.planning import PlanRequest, plan_for
+
+    request = PlanRequest(32768, gpu_memory=80 * GIB, gpu_count=4)
+    args = replace(parse_serve_argv([LLAMA70B, "-tp", "4", *flags]), vllm_version=version)
+    if refusal is None:
+        plan_for(args, request)
+        return
+    with pytest.raises(UsageError) as raised:
+        plan_for(args, request)
+    assert str(raised.value).startswith("vLLM refuses this configuration: vllm serve: error: unrecognized")
+    assert refusal in str(raised.value)
+
+
+def test_a_unit_whose_venv_is_0_33_is_refused_a_flag_of_0_10_and_left_as_it_is(workdir: Path) -> None:
+    """The unit's vLLM comes from the dist-info in its venv (service.py installed_vllm_version)."""
+    venv = workdir / "venv"
+    (venv / "bin").mkdir(parents=True)
+    site = venv / "lib" / "python3.12" / "site-packages"
+    text = (UNITS / "vllm-llama70b.service").read_text()
+    text = text.replace("/srv/models/Llama-3.1-70B-Instruct", LLAMA70B).replace("/opt/vllm/.venv", str(venv))
+    unit = workdir / "vllm-llama70b.service"
+    unit.write_text(text.replace("--port 8001", "--port 8001 --num-scheduler-steps 8"))
+    before = unit.read_text()
+    for version, code in (("0.33.0", 2), ("0.10.0", 0)):
+        shutil.rmtree(site, ignore_errors=True)
+        (site / f"vllm-{version}.dist-info").mkdir(parents=True)
+        result = CliRunner().invoke(
+            main, ["plan", "--unit", str(unit), "--gpu-memory", "80GiB", "--gpu-count", "4", "--json"]
+        )
+        data = json.loads(result.stdout)
+        assert result.exit_code == code, result.stdout + result.stderr
+        if code == 2:
+            assert (
+                "unrecognized arguments: --num-scheduler-steps 8 (--num-scheduler-steps is in vLLM 0.10;"
+                in (json.dumps(data))
+            )
+    assert unit.read_text() == before

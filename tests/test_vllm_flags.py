@@ -1,8 +1,11 @@
-"""vLLM 0.33's flag table: every flag classified, read as vLLM's parser reads it, named when not modelled."""
+"""vLLM's flag table, 0.10 - 0.33: every flag classified, read as vLLM's parser reads it, named when not
+modelled, and refused for a unit whose vLLM release does not have it."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,12 +16,15 @@ from click.testing import CliRunner
 from vllm_ctxmgr.cli.main import main
 from vllm_ctxmgr.core import vllm_flags
 from vllm_ctxmgr.core.serve_args import parse_serve_argv, split_flags
-from vllm_ctxmgr.core.vllm_flag_list import VLLM_0_33_0_FLAGS
+from vllm_ctxmgr.core.vllm_flag_list import ALIAS_RELEASES, RELEASES, VLLM_FLAGS
+from vllm_ctxmgr.core.vllm_versions import NEWEST_VLLM, OLDEST_VLLM
 
 REPO = Path(__file__).resolve().parent.parent
 LLAMA70B = str(REPO / "examples" / "models" / "llama-3.1-70b")
 UNITS = REPO / "units"
-VLLM_SOURCE = Path("/work/vllm-src/0.33.0/vllm")
+VLLM_SOURCES = Path("/work/vllm-src")  # one unpacked wheel per release (not on CI: see the fixture tests)
+FIXTURE = REPO / "tests" / "data" / "vllm_flags"
+GENERATOR = REPO / "benchmarks" / "vllm_flags_table.py"
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -26,9 +32,11 @@ def run(*args: str) -> tuple[int, str]:
     return result.exit_code, result.stdout + result.stderr
 
 
-def test_every_flag_of_0_33_is_classified_and_every_entry_is_a_real_flag() -> None:
-    names = [row[0][0] for row in VLLM_0_33_0_FLAGS]
-    assert len(names) == len(set(names)) > 300  # 0.33's `vllm serve --help` lists 330 options
+def test_every_flag_of_every_release_is_classified_and_every_entry_is_a_real_flag() -> None:
+    names = [row[0][0] for row in VLLM_FLAGS]
+    assert len(names) == len(set(names)) > 350
+    newest = [row for row in VLLM_FLAGS if vllm_flags.FLAGS[row[0][0]].minors >= {33}]
+    assert len(newest) > 300  # 0.33's `vllm serve --help` lists 330 options
     for name in names:
         kind = vllm_flags.classify(name)
         assert kind is not None and kind.detail != "unclassified", name
@@ -37,6 +45,117 @@ def test_every_flag_of_0_33_is_classified_and_every_entry_is_a_real_flag() -> No
         assert [name for name in table if name not in vllm_flags.FLAGS] == []
     for family, _detail in vllm_flags.NOT_MODELLED.values():
         assert family in vllm_flags.FAMILIES
+
+
+def test_the_committed_table_is_consistent_with_itself_and_the_planners_releases() -> None:
+    minors = [int(v.split(".")[1]) for v in RELEASES]
+    assert all(v.endswith(".0") for v in RELEASES)  # each minor's .0
+    assert minors == list(range(OLDEST_VLLM[1], NEWEST_VLLM[1] + 1))  # every release the planner supports
+    options = [o for row in VLLM_FLAGS for o in row[0]]
+    assert len(options) == len(set(options))  # an option string is one flag's
+    only_old = 0
+    for names, dest, _cls, kind, releases, source in VLLM_FLAGS:
+        assert re.fullmatch(r"0\.\d+(-0\.\d+)?(,0\.\d+(-0\.\d+)?)*", releases), releases
+        spans = vllm_flags.FLAGS[names[0]].minors
+        assert spans and spans <= set(minors), names
+        assert kind in ("json", "bool", "switch", "optional", "list", "value") and dest
+        assert re.fullmatch(r"(engine|entrypoints/[a-z]+)/[a-z_]+\.py:\d+", source), source
+        # the file of the newest release that has it: the frontend moved to common/ in 0.33
+        assert ("common/" in source) == (max(spans) == 33 and "entrypoints" in source)
+        only_old += 33 not in spans
+    for alias, releases in ALIAS_RELEASES.items():
+        owner = vllm_flags.FLAGS[next(row[0][0] for row in VLLM_FLAGS if alias in row[0][1:])]
+        assert vllm_flags._minors(releases) < owner.minors
+    header = (REPO / "vllm_ctxmgr" / "core" / "vllm_flag_list.py").read_text()
+    assert (
+        f"{len(VLLM_FLAGS)} flags in all, {len(VLLM_FLAGS) - only_old} in 0.33.0, {only_old} only" in header
+    )
+
+
+def test_flags_of_old_releases_have_the_releases_their_source_shows() -> None:
+    # each read in that release's engine/arg_utils.py (`grep -n -- --swap-space vllm/engine/arg_utils.py`)
+    expected = {
+        "--num-scheduler-steps": "0.10",  # SchedulerConfig.num_scheduler_steps, gone with V0 in 0.11
+        "--max-seq-len-to-capture": "0.10",
+        "--rope-scaling": "0.10-0.11",  # then --hf-overrides' rope_parameters
+        "--rope-theta": "0.10-0.11",
+        "--swap-space": "0.10-0.17",
+        "--disable-log-requests": "0.10-0.16",  # its successor --enable-log-requests came in 0.11
+        "--task": "0.10-0.12",
+        "--guided-decoding-backend": "0.10-0.11",  # 0.11: a deprecated loop of add_argument calls
+        "--enable-log-requests": "0.11-0.33",
+        "--grpc": "0.20-0.33",
+        "--reasoning-effort-map": "0.33",
+    }
+    assert {name: vllm_flags.FLAGS[name].releases for name in expected} == expected
+    assert vllm_flags.FLAGS["--num-scheduler-steps"].source == "engine/arg_utils.py:803"
+    # -O named --compilation-config in 0.10 - 0.11; since 0.12 FlexibleArgumentParser reads it as
+    # --optimization-level, so the union does not take it as an alias
+    assert ALIAS_RELEASES["-O"] == "0.10-0.11" and "-O" not in vllm_flags.ALIASES
+    assert vllm_flags.ALIASES["-cc"] == "--compilation-config"
+
+
+@pytest.mark.skipif(
+    not (VLLM_SOURCES / "0.10.0" / "vllm").is_dir(), reason="vLLM 0.10.0 is not unpacked here"
+)
+def test_the_old_flags_are_in_the_unpacked_0_10_source() -> None:
+    arg_utils = (VLLM_SOURCES / "0.10.0" / "vllm" / "engine" / "arg_utils.py").read_text().splitlines()
+    for name in ("--num-scheduler-steps", "--swap-space", "--max-seq-len-to-capture", "--rope-scaling"):
+        assert any(f'"{name}"' in line or f"'{name}'" in line for line in arg_utils), name
+    line = int(vllm_flags.FLAGS["--num-scheduler-steps"].source.rsplit(":", 1)[1])
+    assert "--num-scheduler-steps" in arg_utils[line - 1]
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("vllm_flags_table", GENERATOR)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_generator_reads_each_releases_layout_from_the_fixture() -> None:
+    generator = _generator()
+    releases = generator.read_releases(FIXTURE)
+    assert list(releases) == ["0.10.0", "0.11.0", "0.33.0"]
+    rows, aliases = generator.merge(releases)
+    by_name = {row[0][0]: row for row in rows}
+    # the newest release's option strings, class, kind and file:line; the releases it is in
+    assert by_name["--compilation-config"] == (
+        ("--compilation-config", "-cc", "-O"), "compilation_config", "VllmConfig", "json", "0.10-0.11,0.33",
+        "engine/arg_utils.py:14",
+    )  # fmt: skip
+    assert aliases == {"-O": "0.10-0.11", "-cc": "0.33"}
+    assert by_name["--num-scheduler-steps"][3:] == ("value", "0.10", "engine/arg_utils.py:16")
+    assert by_name["--enable-lora"][3:5] == ("bool", "0.10,0.33")  # a flag may come and go
+    assert by_name["--rope-scaling"][3:5] == ("json", "0.10-0.11")  # Optional[dict]
+    assert by_name["--cuda-graph-sizes"][3] == "list"
+    assert by_name["--hf-overrides"][3] == "json"  # dict[str, object] | None
+    assert by_name["--disable-log-requests"][3] == "switch"
+    assert by_name["--guided-decoding-backend"][4:] == ("0.11", "engine/arg_utils.py:15")  # the loop
+    # the frontend: openai/cli_args.py before, common/cli_args.py (with BaseFrontendArgs) in 0.33
+    assert by_name["--disable-frontend-multiprocessing"][5] == "entrypoints/openai/cli_args.py:7"
+    assert by_name["--chat-template"][2:] == (
+        "BaseFrontendArgs",
+        "value",
+        "0.33",
+        "entrypoints/common/cli_args.py:2",
+    )
+    assert by_name["--port"][4] == "0.10-0.11,0.33"
+    assert "model_tag" not in by_name
+
+
+def test_the_generated_file_is_the_data_the_table_reads() -> None:
+    text = _generator().render(_generator().read_releases(FIXTURE))
+    namespace: dict = {}
+    exec(compile(text, "vllm_flag_list.py", "exec"), namespace)
+    assert namespace["RELEASES"] == ("0.10.0", "0.11.0", "0.33.0")
+    assert len(namespace["VLLM_FLAGS"]) == 21 and namespace["ALIAS_RELEASES"]["-O"] == "0.10-0.11"
+    assert "21 flags in all, 13 in 0.33.0, 8 only in older releases." in text
+    assert subprocess.run(
+        [str(Path(sys.executable).parent / "ruff"), "format", "--check", "-"], input=text, text=True,
+        capture_output=True,
+    ).returncode == 0  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -169,18 +288,16 @@ def test_a_unit_names_its_unmodelled_flags(tmp_path: Path) -> None:
     assert "--enable-lora" in data["gpus"][0]["weights"]["source"]
 
 
-@pytest.mark.skipif(not VLLM_SOURCE.is_dir(), reason="vLLM 0.33.0's source is not unpacked here")
-def test_the_committed_table_is_what_the_generator_reads_from_vllm() -> None:
+@pytest.mark.skipif(not (VLLM_SOURCES / "0.33.0").is_dir(), reason="the vLLM releases are not unpacked here")
+def test_the_committed_table_is_what_the_generator_reads_from_every_release() -> None:
+    """Locally, with every release's wheel unpacked under /work/vllm-src (docs/deployment-flags.md)."""
+    trees = [p.name for p in VLLM_SOURCES.iterdir() if re.fullmatch(r"0\.\d+\.0", p.name)]
+    if sorted(trees) != sorted(RELEASES):
+        pytest.skip(f"not every release of {RELEASES} is unpacked here")
     generated = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "vllm_flags_table.py"), str(VLLM_SOURCE), "0.33.0"],
-        capture_output=True,
-        text=True,
-        check=True,
+        [sys.executable, str(GENERATOR), str(VLLM_SOURCES)], capture_output=True, text=True, check=True
     ).stdout
-    committed = (REPO / "vllm_ctxmgr" / "core" / "vllm_flag_list.py").read_text()
-    assert [line for line in generated.splitlines() if line.startswith("    ((")] == [
-        line for line in committed.splitlines() if line.startswith("    ((")
-    ]
+    assert generated == (REPO / "vllm_ctxmgr" / "core" / "vllm_flag_list.py").read_text()
 
 
 def test_a_dry_run_repeats_the_named_flags() -> None:
@@ -256,3 +373,57 @@ def test_a_units_short_dotted_alias_reads_like_the_long_form() -> None:
     long = parse_serve_argv(["m", "--compilation-config", '{"cudagraph_mode": "NONE"}'])
     assert short.compilation_config == long.compilation_config == {"cudagraph_mode": "NONE"}
     assert short.enforce_eager and long.enforce_eager
+
+
+@pytest.mark.parametrize(
+    "name, version, has",
+    [
+        ("--num-scheduler-steps", (0, 10, 0), True),  # removed before 0.33: 0.10 has it
+        ("--num-scheduler-steps", (0, 33, 0), False),
+        ("--num-scheduler-steps", None, True),  # the unit's vLLM unknown: any release's flag
+        ("--grpc", (0, 10, 0), False),  # added late: 0.20
+        ("--grpc", (0, 33, 0), True),
+        ("--no-enable-lora", (0, 10, 0), True),  # a BooleanOptionalAction's negative form
+        ("--hf-overrides.rope_parameters", (0, 10, 0), True),  # a dotted key is its flag's
+        ("--enable-log-requests", (0, 10, 0), False),  # 0.11 on
+        ("--enable-log-requests", (0, 10, 2), True),  # a patch release may have what the next minor has
+        ("--disable-log-requests", (0, 16, 1), True),
+        ("--disable-log-requests", (0, 17, 0), False),
+        ("--num-scheduler-steps", (0, 9, 2), True),  # releases not read: as the union
+        ("--num-scheduler-steps", (0, 34, 0), True),
+    ],
+)
+def test_a_flag_is_looked_up_in_the_units_release(name: str, version: tuple | None, has: bool) -> None:
+    assert (vllm_flags.flag_in(name, version) is not None) is has
+    assert vllm_flags.flag(name) is not None  # the union has every one
+
+
+def test_a_flag_the_release_lacks_gets_argparses_own_message_and_its_releases() -> None:
+    given = {"--port": "8000", "--num-scheduler-steps": "8", "--disable-log-requests": False, "--grpc": True}
+    # argparse (parse_args) lists every word it could not place, as `vllm serve: error: ...` prints it
+    assert vllm_flags.unrecognized(given, (0, 33, 0), "0.33.0+cpu") == (
+        "vllm serve: error: unrecognized arguments: --num-scheduler-steps 8 --no-disable-log-requests "
+        "(--num-scheduler-steps is in vLLM 0.10, --disable-log-requests is in vLLM 0.10-0.16; "
+        "this unit runs 0.33.0+cpu)"
+    )
+    assert vllm_flags.unrecognized(given, (0, 10, 0)) == (
+        "vllm serve: error: unrecognized arguments: --grpc "
+        "(--grpc is in vLLM 0.20-0.33; this unit runs 0.10.0)"
+    )
+    assert vllm_flags.unrecognized(given, None) is None
+    assert vllm_flags.unrecognized({"--not-a-vllm-flag": "1"}, (0, 33, 0)) is None  # a plugin's, maybe
+    # a typo's suggestion comes from the release's own flags
+    assert vllm_flags.closest("--num-scheduler-step", (0, 10, 0)) == "--num-scheduler-steps"
+    assert vllm_flags.closest("--num-scheduler-step", (0, 33, 0)) != "--num-scheduler-steps"
+
+
+def test_plan_with_a_vllm_version_refuses_a_flag_of_other_releases() -> None:
+    base = ("plan", "8192", "--model", LLAMA70B, "-tp", "4", "--gpu-memory", "80GiB", "--gpu-count", "4")
+    code, out = run(*base, "--vllm-version", "0.33.0", "--num-scheduler-steps", "8")
+    assert code == 2 and "Traceback" not in out
+    assert "vllm serve: error: unrecognized arguments: --num-scheduler-steps 8" in out
+    assert "--num-scheduler-steps is in vLLM 0.10; --vllm-version 0.33.0" in out
+    code, out = run(*base, "--vllm-version", "0.10.0", "--num-scheduler-steps", "8")
+    assert code == 0, out
+    code, out = run(*base, "--vllm-version", "0.10.0", "--performance-mode", "throughput")
+    assert code == 2 and "--performance-mode is in vLLM 0.17-0.33" in out

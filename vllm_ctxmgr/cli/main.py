@@ -40,6 +40,7 @@ from vllm_ctxmgr.core.change_policy import flags_to_apply
 from vllm_ctxmgr.core.serve_args import ServeArgs, parse_serve_argv, split_flags, with_overrides
 from vllm_ctxmgr.core.vllm_flags import closest as closest_vllm_flag
 from vllm_ctxmgr.core.vllm_flags import flag as vllm_flag
+from vllm_ctxmgr.core.vllm_flags import unrecognized as unrecognized_vllm_flags
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.deploy import SetContextRequest, rollback, set_context
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
@@ -153,21 +154,28 @@ def context_from(context: int | None, max_model_len: int | None) -> int:
     return chosen
 
 
-def vllm_overrides(explicit: dict[str, Any], extra: list[str]) -> dict[str, Any]:
+def vllm_overrides(
+    explicit: dict[str, Any], extra: list[str], vllm_version: str | None = None
+) -> dict[str, Any]:
     """ServeArgs fields from ctxmgr's vLLM options and from any other vLLM flag given after them.
 
     The extra words are parsed by the same parser that reads a unit's ExecStart, so `plan` understands
-    exactly the flags a unit can hold: every flag of vLLM (core/vllm_flags.py); one vLLM does not have is
-    refused with the closest real one, since a typo would be a silent no-op.
+    exactly the flags a unit can hold: every flag of vLLM 0.10 - 0.33 (core/vllm_flags.py); one no release
+    has is refused with the closest real one, since a typo would be a silent no-op. With --vllm-version,
+    a flag of other releases only is refused as that release's argparse refuses it.
     """
     overrides = {k: v for k, v in explicit.items() if v is not None}
     if not extra:
         return overrides
+    version = parse_vllm_version(vllm_version)
     _positionals, flags = split_flags(extra)
     for name in [f for f in flags if vllm_flag(f) is None] + _positionals:
-        guess = closest_vllm_flag(name)
+        guess = closest_vllm_flag(name, version)
         hint = f"; did you mean {guess}?" if guess else ""
         raise UsageError(f"{name}: not a vLLM flag{hint}")
+    refused = unrecognized_vllm_flags(flags, version, vllm_version or "")
+    if refused:
+        raise UsageError(refused.replace("this unit runs", "--vllm-version"))
     base = parse_serve_argv(["MODEL"])
     given = parse_serve_argv(["MODEL", *extra])
     for field in fields(ServeArgs):
@@ -220,7 +228,7 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     if len(chosen) != 1 and chosen != ["--model", "--unit"]:  # --unit --model: the unit on a local copy
         raise UsageError("give exactly one of --model, --unit or --service (--model may go with --unit)")
     explicit = {name: options.pop(name) for name in VLLM_OPTION_FIELDS}
-    overrides = vllm_overrides(explicit, list(ctx.args))
+    overrides = vllm_overrides(explicit, list(ctx.args), options.get("vllm_version"))
     # a utilisation given is the one the deployment runs with (as set-context takes it), not a hint
     fixed = explicit["gpu_memory_utilization"]
     unit_args: ServeArgs | None = None

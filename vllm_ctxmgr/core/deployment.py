@@ -25,7 +25,7 @@ from vllm_ctxmgr.core.facts import DTYPE_BYTES, ModelFacts
 from vllm_ctxmgr.core.hardware import GIB
 from vllm_ctxmgr.core.kv_connectors import connector_supports_hma
 from vllm_ctxmgr.core.serve_args import ServeArgs
-from vllm_ctxmgr.core.vllm_flags import FAMILIES, FLAG_LIST_VERSION, classify, flag
+from vllm_ctxmgr.core.vllm_flags import FAMILIES, classify, flag, unrecognized
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 
 VllmVersion = tuple[int, int, int]
@@ -60,17 +60,13 @@ def vllm_refusals(
     """vLLM's config-time ValueErrors for these flags at `target` tokens, in vLLM's words (`gpu`: a
     CUDA/ROCm platform, whose check_and_update_config adds its own)."""
     out = list(args.refusals)
-    unit_version = parse_vllm_version(args.vllm_version)
-    if unit_version is not None and unit_version[:2] == FLAG_LIST_VERSION[:2]:
-        # the unit runs the release whose parser the table is: argparse refuses the flags it dropped
-        # (a flag in no table at all may come from a plugin's parser hook: that one is only named)
-        unknown = [
-            name
-            for name in args.given_flags
-            if (known := flag(name)) is not None and known.source == "legacy"
-        ]
-        if unknown:
-            out.append(f"vllm serve: error: unrecognized arguments: {' '.join(unknown)}")
+    # the unit's release's argparse refuses a flag of another release (core/vllm_flag_list.py: the
+    # releases each flag is in); an unknown version reads every release's. A flag in no release at all
+    # may come from a plugin's parser hook: that one is only named (not_modelled_flags).
+    given = {**args.flags, **{name: True for name in args.given_flags if name not in args.flags}}
+    unknown = unrecognized(given, parse_vllm_version(args.vllm_version), args.vllm_version or "")
+    if unknown:
+        out.append(unknown)
     chunked = args.enable_chunked_prefill is not False
     mnbt = args.max_num_batched_tokens
     if mnbt is not None and mnbt < target and not chunked:
@@ -326,7 +322,7 @@ def not_modelled_flags(
         known = flag(name)
         kind = classify(name)
         if known is None or kind is None:
-            named.append(NamedFlag(name, "other", "not a flag of vLLM 0.33: its effect is unknown"))
+            named.append(NamedFlag(name, "other", "not a flag of vLLM 0.10 - 0.33: its effect is unknown"))
             continue
         if kind.effect == "not modelled":
             graphs = _graphs_flag(known.name, args)

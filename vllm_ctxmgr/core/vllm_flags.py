@@ -1,7 +1,8 @@
 """Every `vllm serve` flag, and what each does to GPU memory as ctxmgr plans it.
 
-The flag list is data generated from vLLM 0.33.0's own parser (core/vllm_flag_list.py, written by
-benchmarks/vllm_flags_table.py from engine/arg_utils.py add_cli_args and entrypoints/common/cli_args.py).
+The flag list is data generated from the parser of every vLLM minor release 0.10 .. 0.33
+(core/vllm_flag_list.py, written by benchmarks/vllm_flags_table.py from each release's engine/arg_utils.py
+add_cli_args and the cli_args.py make_arg_parser `vllm serve` uses), with the releases each flag is in.
 Each flag is classified here, by hand, in one of three ways:
 
 - modelled: the plan counts it; `MODELLED` names the term it moves;
@@ -11,9 +12,10 @@ Each flag is classified here, by hand, in one of three ways:
   the GPU (`FAMILIES`): the plan cannot say how much the flag takes, so it keeps that much spare
   instead of a silent "fits". A flag that can only lower vLLM's memory is named without widening.
 
-Flags of earlier releases that 0.33 no longer has (`LEGACY_FLAGS`) are read too: a unit may run an
-older vLLM. tests/test_vllm_flags.py checks that every flag of the list is classified and that every
-entry here names a real flag.
+`flag(name)` reads the union of every release: a unit may run an older vLLM. Where the unit's vLLM is
+known, `flag_in` / `unrecognized` read its release only, so a flag that release lacks is refused the
+way its argparse refuses it. tests/test_vllm_flags.py checks that every flag of the union is
+classified and that every entry here names a real flag.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
-from vllm_ctxmgr.core.vllm_flag_list import VLLM_0_33_0_FLAGS
+from vllm_ctxmgr.core.vllm_flag_list import ALIAS_RELEASES, RELEASES, VLLM_FLAGS
+from vllm_ctxmgr.core.vllm_versions import VllmVersion
 
-FLAG_LIST_VERSION = (0, 33, 0)
+FLAG_LIST_VERSION: VllmVersion = tuple(int(p) for p in RELEASES[-1].split("."))
+_LISTED_MINORS = frozenset(int(v.split(".")[1]) for v in RELEASES)
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,8 @@ class VllmFlag:
 
     kind: json (a dataclass or dict: JSON, or the dotted `--flag.key value` form), bool
     (BooleanOptionalAction: `--no-flag` too), switch (store_true), optional (bare, or one value),
-    list (nargs "+"), value (one word).
+    list (nargs "+"), value (one word). Option strings, dest, class and kind are those of the newest
+    release that has the flag.
     """
 
     name: str
@@ -40,46 +45,34 @@ class VllmFlag:
     dest: str
     config_class: str
     kind: str
-    source: str  # file:line in vLLM 0.33.0 (or "legacy" for flags of earlier releases)
+    releases: str  # the minor releases whose parser has it: "0.10-0.16", "0.10-0.12,0.20-0.33"
+    source: str  # file:line under vllm/ in the newest of those releases
+
+    @property
+    def minors(self) -> frozenset[int]:
+        return _minors(self.releases)
 
 
-# Flags that earlier releases (0.10 - 0.32) had and 0.33 dropped: a unit may still run such a vLLM.
-LEGACY_FLAGS: dict[str, str] = {
-    "--disable-log-requests": "switch",
-    "--rope-scaling": "json",
-    "--rope-theta": "value",
-    "--max-seq-len-to-capture": "value",
-    "--swap-space": "value",
-    "--num-scheduler-steps": "value",
-    "--use-v2-block-manager": "switch",
-    "--preemption-mode": "value",
-    "--guided-decoding-backend": "value",
-    "--enable-reasoning": "switch",
-    "--task": "value",
-    "--num-lookahead-slots": "value",
-    "--tokenizer-pool-size": "value",
-    "--disable-async-output-proc": "switch",
-    "--speculative-model": "value",
-    "--num-speculative-tokens": "value",
-    "--ngram-prompt-lookup-max": "value",
-    "--cuda-graph-sizes": "list",
-    "--disable-mm-preprocessor-cache": "switch",
-    "--override-neuron-config": "json",
-    "--enable-multimodal-encoder-data-parallel": "switch",
-}
+def _minors(releases: str) -> frozenset[int]:
+    """'0.10-0.12,0.20' -> {10, 11, 12, 20}."""
+    out: set[int] = set()
+    for part in releases.split(","):
+        low, _, high = part.partition("-")
+        out.update(range(int(low.split(".")[1]), int((high or low).split(".")[1]) + 1))
+    return frozenset(out)
 
 
 def _table() -> tuple[dict[str, VllmFlag], dict[str, str]]:
     flags: dict[str, VllmFlag] = {}
     aliases: dict[str, str] = {}
-    for names, dest, cls, kind, source in VLLM_0_33_0_FLAGS:
-        flag = VllmFlag(names[0], tuple(names[1:]), dest, cls, kind, source)
+    for names, dest, cls, kind, releases, source in VLLM_FLAGS:
+        flag = VllmFlag(names[0], tuple(names[1:]), dest, cls, kind, releases, source)
         flags[flag.name] = flag
         for alias in flag.aliases:
-            aliases[alias] = flag.name
-    for name, kind in LEGACY_FLAGS.items():
-        if name not in flags:
-            flags[name] = VllmFlag(name, (), name[2:].replace("-", "_"), "", kind, "legacy")
+            # an alias the newest release dropped is not read as one: 0.10 - 0.11's `-O` for
+            # --compilation-config is FlexibleArgumentParser's -O (--optimization-level) since 0.12
+            if FLAG_LIST_VERSION[1] in _minors(ALIAS_RELEASES.get(alias, releases)):
+                aliases[alias] = flag.name
     return flags, aliases
 
 
@@ -107,9 +100,55 @@ def flag(name: str) -> VllmFlag | None:
     return FLAGS.get(base)
 
 
-def closest(name: str) -> str | None:
-    """The real flag a typo most likely meant (difflib), for "not a vLLM flag" messages."""
-    matches = difflib.get_close_matches(name.split(".", 1)[0], list(FLAGS), n=1, cutoff=0.6)
+def in_release(known: VllmFlag, version: VllmVersion | None) -> bool:
+    """Whether the parser of vLLM `version` has this flag. Unknown (None), or a release outside the ones
+    read (before 0.10, after the newest): True, as the union reads it. A patch release (0.11.2) may have
+    a flag its minor's .0 lacked and the next minor has, so either admits it: ctxmgr must never refuse
+    a flag the unit's vLLM has, and only the .0 releases were read."""
+    if version is None or version[0] != 0 or version[1] not in _LISTED_MINORS:
+        return True
+    minors = known.minors
+    patched = len(version) > 2 and version[2] > 0
+    return version[1] in minors or (patched and version[1] + 1 in minors)
+
+
+def flag_in(name: str, version: VllmVersion | None) -> VllmFlag | None:
+    """`flag(name)` as the parser of vLLM `version` has it: None where that release has no such flag
+    (argparse: "unrecognized arguments"). Where the version is unknown, as `flag(name)`: any release's."""
+    known = flag(name)
+    return known if known is not None and in_release(known, version) else None
+
+
+def unrecognized(flags: dict[str, str | bool], version: VllmVersion | None, shown: str = "") -> str | None:
+    """argparse's refusal, as `vllm serve` prints it, of the flags that some release has but the parser of
+    vLLM `version` does not, with the releases that do have each; None where there are none. `flags`:
+    canonical name -> value as given (ServeArgs.flags). A flag no release has is left alone: a plugin's
+    parser hook may add it. `shown`: the version as the unit reports it ("0.33.0+cpu")."""
+    missing = [
+        (name, value, known)
+        for name, value in flags.items()
+        if (known := flag(name)) is not None and not in_release(known, version)
+    ]
+    if not missing:
+        return None
+    # argparse lists every word it could not place: the flag and its value
+    words = [_as_given(name, value) for name, value, _known in missing]
+    where = ", ".join(f"{name} is in vLLM {known.releases}" for name, _value, known in missing)
+    running = shown or ".".join(map(str, version or ()))
+    return f"vllm serve: error: unrecognized arguments: {' '.join(words)} ({where}; this unit runs {running})"
+
+
+def _as_given(name: str, value: str | bool) -> str:
+    if value is False:
+        return "--no-" + name[2:]
+    return name if value is True else f"{name} {value}"
+
+
+def closest(name: str, version: VllmVersion | None = None) -> str | None:
+    """The real flag a typo most likely meant (difflib), for "not a vLLM flag" messages; among the flags
+    of vLLM `version` where that is known."""
+    names = [n for n, known in FLAGS.items() if in_release(known, version)]
+    matches = difflib.get_close_matches(name.split(".", 1)[0], names, n=1, cutoff=0.6)
     return matches[0] if matches else None
 
 
@@ -299,12 +338,19 @@ NOT_MODELLED: dict[str, tuple[str, str]] = {
     "--kda-prefill-backend": ("kernels", "KDA prefill workspace"),
     "--kda-decode-backend": ("kernels", "KDA decode workspace"),
     "--sparse-indexer-topk-backend": ("kernels", "indexer top-k workspace"),
-    # legacy flags that changed memory in their releases
+    # flags of older releases only (their releases: vllm_flag_list.py) that changed GPU memory there
     "--max-seq-len-to-capture": ("cuda graphs", "graph capture sizes"),
     "--cuda-graph-sizes": ("cuda graphs", "graph capture sizes"),
-    "--speculative-model": ("speculative draft", "a draft model"),
-    "--num-speculative-tokens": ("speculative draft", "speculative tokens"),
     "--swap-space": ("lowers memory", "CPU swap space"),
+    "--enable-mamba-fine-grained-prefix-cache": ("kv layout", "mamba state blocks per request"),
+    "--enable-bf16x3-router-gemm": ("kernels", "router GEMM workspace"),
+    "--override-attention-dtype": ("kv layout", "attention dtype"),
+    "--use-gpu-for-pooling-score": ("other", "pooling scores on a GPU in the API server"),
+    "--override-pooler-config": ("model code", "pooling head"),
+    "--num-redundant-experts": ("expert parallel", "redundant experts"),
+    "--enable-lora-bias": ("lora", "LoRA bias buffers"),
+    "--lora-extra-vocab-size": ("lora", "LoRA extra vocabulary"),
+    "--enable-prompt-adapter": ("other", "prompt adapter buffers"),
 }
 
 # config classes whose every flag leaves the GPU alone (unless listed above)
@@ -415,20 +461,29 @@ NO_EFFECT: dict[str, str] = {
     "--fail-on-environ-validation": "a check",
     "--shutdown-timeout": "timeout",
     "--enable-log-requests": "logging",
-    "--disable-log-requests": "logging (before 0.33)",
-    "--num-scheduler-steps": "scheduling (before 0.10)",
-    "--use-v2-block-manager": "no effect (before 0.10)",
-    "--preemption-mode": "scheduling (before 0.10)",
-    "--guided-decoding-backend": "output parsing (before 0.11)",
-    "--enable-reasoning": "output parsing (before 0.10)",
-    "--task": "the runner (before 0.11): read as --runner",
-    "--num-lookahead-slots": "scheduling (before 0.10)",
-    "--tokenizer-pool-size": "tokenizer (before 0.10)",
-    "--disable-async-output-proc": "output processing (before 0.10)",
-    "--ngram-prompt-lookup-max": "n-gram lookup (before 0.10)",
+    # flags of older releases only (their releases: vllm_flag_list.py) that leave the GPU alone
+    "--disable-log-requests": "logging",
+    "--num-scheduler-steps": "scheduling",
+    "--preemption-mode": "scheduling",
+    "--scheduler-delay-factor": "scheduling",
+    "--multi-step-stream-outputs": "streaming",
+    "--max-num-partial-prefills": "scheduling policy",
+    "--max-long-partial-prefills": "scheduling policy",
+    "--guided-decoding-backend": "output parsing",
+    "--guided-decoding-disable-fallback": "output parsing",
+    "--guided-decoding-disable-any-whitespace": "output parsing",
+    "--guided-decoding-disable-additional-properties": "output parsing",
+    "--logits-processor-pattern": "a request option",
+    "--task": "the runner: read as --runner",
+    "--num-lookahead-slots": "scheduling",
+    "--disable-async-output-proc": "output processing",
     "--disable-mm-preprocessor-cache": "processor cache (host memory)",
     "--override-neuron-config": "Neuron only",
-    "--enable-multimodal-encoder-data-parallel": "encoder placement (before 0.11)",
+    "--enable-multimodal-encoder-data-parallel": "encoder placement",
+    "--calculate-kv-scales": "fp8 KV scales computed in the first passes, no buffer",
+    "--eplb-window-size": "EPLB schedule",
+    "--eplb-step-interval": "EPLB schedule",
+    "--eplb-log-balancedness": "logging",
 }
 
 

@@ -1,0 +1,2 @@
+class CompilationConfig:
+    mode: int = 0

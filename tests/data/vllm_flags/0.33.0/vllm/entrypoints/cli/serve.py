@@ -1,0 +1,4 @@
+from vllm.entrypoints.common.cli_args import (
+    make_arg_parser,
+    validate_parsed_serve_args,
+)
