@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vllm_ctxmgr.core.budget import default_gpu_memory_utilization
 from vllm_ctxmgr.core.hardware import GIB, Platform
@@ -30,6 +30,22 @@ class Observed:
     cuda_graphs: int | None
     estimated_max_model_len: int | None
     requested_at_start: int | None = None  # ceil(total x u) at that start, where its total is known
+    origin: str = ""  # whose journal: "" for this service's own store, "node 1" for a headless node's
+
+    @property
+    def source(self) -> str:
+        """The source of a figure read from this start's log, naming the node it came from."""
+        return f"vllm log ({self.origin})" if self.origin else "vllm log"
+
+
+@dataclass(frozen=True)
+class NodeObservation:
+    """The last start one node of a multi-node deployment logged in its own journal, and the global
+    ranks it holds: every rank logs its own memory lines, and the head's journal has only its own."""
+
+    node: str  # "node 1": named in each figure's source
+    ranks: tuple[int, ...]
+    observation: Observation
 
 
 def _applicable(obs: Observation, version: VllmVersion, platform: Platform) -> bool:
@@ -43,7 +59,11 @@ def _applicable(obs: Observation, version: VllmVersion, platform: Platform) -> b
 
 
 def observed_memory(
-    observations: Sequence[Observation], layout: KVCacheLayout, version: VllmVersion, platform: Platform
+    observations: Sequence[Observation],
+    layout: KVCacheLayout,
+    version: VllmVersion,
+    platform: Platform,
+    origin: str = "",
 ) -> tuple[Observed | None, list[str]]:
     """The latest applicable start's KV budget, weights and CUDA graphs; notes: what was used, ignored."""
     notes: list[str] = []
@@ -78,6 +98,8 @@ def observed_memory(
         elif latest.available_kv_gib is not None:
             available = int(latest.available_kv_gib * GIB)
             source = "vllm log"
+        if origin:  # the node whose journal logged it, for the per-node report
+            source = f"vllm log ({origin})" if source == "vllm log" else f"{source} ({origin})"
         notes.append(f"KV budget from an earlier start at gpu_memory_utilization {u_obs:.2f}: {source}")
     weights = next(
         (int(o.model_loading_gib * GIB) for o in reversed(usable) if o.model_loading_gib is not None), None
@@ -100,4 +122,31 @@ def observed_memory(
         graphs,
         estimated,
         requested_at_start,
+        origin,
     ), notes
+
+
+def node_observed(
+    nodes: Sequence[NodeObservation],
+    gpu_names: Sequence[str],
+    layout: KVCacheLayout,
+    version: VllmVersion,
+    platform: Platform,
+) -> tuple[dict[int, Observed], list[str]]:
+    """Per global rank, what its own node logged (the same rules as the head's own starts: same vLLM
+    release, same GPU model as that rank's); ranks of no node, or of one whose start does not apply,
+    are absent and keep the head's. `gpu_names`: every rank's GPU model, in rank order."""
+    out: dict[int, Observed] = {}
+    notes: list[str] = []
+    for node in nodes:
+        ranks = [r for r in node.ranks if 0 <= r < len(gpu_names)]
+        by_model: dict[str, list[int]] = {}
+        for rank in ranks:
+            by_model.setdefault(gpu_names[rank], []).append(rank)
+        for name, on_model in by_model.items():
+            here = replace(platform, device_name=name) if name else platform
+            observed, found = observed_memory([node.observation], layout, version, here, node.node)
+            notes.extend(f"{node.node}: {note}" for note in found)
+            if observed is not None:
+                out.update(dict.fromkeys(on_model, observed))
+    return out, list(dict.fromkeys(notes))
