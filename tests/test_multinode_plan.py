@@ -103,6 +103,20 @@ def test_the_pool_is_the_smallest_workers_blocks_per_stage() -> None:
     assert both.capacity[0].num_gpu_blocks < head_only.capacity[0].num_gpu_blocks
 
 
+def test_the_heads_metrics_pool_is_the_smallest_workers_not_the_heads_own_budget() -> None:
+    """/metrics' num_gpu_blocks on the head is the engine's pool, cut to node 1's budget: with node 1's own
+    lines known, the head's lines take the head's logged budget and node 1's still decides."""
+    node1 = (NodeObservation("node 1", NODE1_RANKS, replace(NODE1, available_kv_gib=20.0)),)
+    pooled = replace(HEAD, num_gpu_blocks=3_000)
+    fixed = {"fixed_gpu_memory_utilization": 0.9}
+    alone = make_plan(glm5(16 * 25 * GIB), ARGS, WORLD, options(**fixed), [pooled])
+    both = make_plan(glm5(16 * 25 * GIB), ARGS, WORLD, options(**fixed), [pooled], node1)
+    assert alone.gpus[0].kv_budget.source == "vllm metrics (num_gpu_blocks)"
+    assert both.gpus[0].kv_budget.source == "vllm log"
+    assert both.gpus[0].kv_budget.bytes == int(53.3 * GIB)
+    assert both.capacity[0].num_gpu_blocks == int(20.0 * GIB) // both.layout.bytes_per_block
+
+
 def test_a_nodes_start_on_another_gpu_model_or_vllm_is_not_used() -> None:
     head_only = plan()
     for other in (replace(NODE1, gpu_name="NVIDIA A100-SXM4-80GB"), replace(NODE1, vllm_version="0.31.0")):

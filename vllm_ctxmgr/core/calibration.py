@@ -64,8 +64,14 @@ def observed_memory(
     version: VllmVersion,
     platform: Platform,
     origin: str = "",
+    own_budget: bool = False,
 ) -> tuple[Observed | None, list[str]]:
-    """The latest applicable start's KV budget, weights and CUDA graphs; notes: what was used, ignored."""
+    """The latest applicable start's KV budget, weights and CUDA graphs; notes: what was used, ignored.
+
+    `own_budget`: the ranks' own logged budget before /metrics' num_gpu_blocks, which is the engine's
+    pool, cut to the smallest worker's (kv_cache_planning.py get_kv_cache_configs): where every other
+    node's ranks have their own figures, the head's GPU lines take the head's, and the smallest
+    still decides."""
     notes: list[str] = []
     usable = [obs for obs in observations if _applicable(obs, version, platform)]
     if len(usable) < len(observations):
@@ -91,7 +97,7 @@ def observed_memory(
             estimated = latest.estimated_max_model_len
             available = layout.check_needed_bytes(estimated) + layout.null_block_reserve()
             source = f"vllm log (estimated maximum model length {estimated})"
-        elif latest.num_gpu_blocks is not None:
+        elif latest.num_gpu_blocks is not None and not (own_budget and latest.available_kv_gib is not None):
             # exact to one block: vLLM made floor(budget / bytes_per_block) blocks
             available = latest.num_gpu_blocks * layout.bytes_per_block + layout.bytes_per_block // 2
             source = "vllm metrics (num_gpu_blocks)"

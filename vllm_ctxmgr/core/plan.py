@@ -931,13 +931,15 @@ def make_plan(
     base_layout = kv_cache_layout(
         facts, _scheduled(facts, args, platform, version, target), platform, version
     )
-    observed, observation_notes = observed_memory(observations, base_layout, version, platform)
-    notes.extend(observation_notes)
     by_rank: dict[int, Observed] = {}
+    node_notes: list[str] = []
     if node_observations and gpus is not None:
         names = [info.name for info in gpus.gpus]
         by_rank, node_notes = node_observed(node_observations, names, base_layout, version, platform)
-        notes.extend(node_notes)
+    observed, observation_notes = observed_memory(
+        observations, base_layout, version, platform, own_budget=bool(by_rank)
+    )
+    notes.extend(observation_notes + node_notes)
     ctx = _Context(facts, args, gpus, options, platform, observed, derived, target, by_rank)
 
     above_derived = derived is not None and target > derived
