@@ -157,6 +157,33 @@ def test_every_node_gets_the_context_and_restarts_together(sandbox: Sandbox, dep
         assert abs(node["planned"]["kv_budget_bytes"] - logged_kv) < 0.02 * logged_kv, node
 
 
+def test_each_nodes_journal_calibrates_its_own_gpu_lines(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]
+    """Node 1 (stage 1) loads 10 GiB more per GPU than the head: its ranks log that, and the smaller KV
+    budget it leaves, in node 1's journal only. The plan's stage-1 lines are node 1's figures, and
+    what node 1's vLLM logs at the new start is what was planned for it."""
+    heavier = round(SEED_WEIGHTS_GIB_PER_GPU / 2 + 10, 2)
+    port, _paths, state = deployment({"CTXMGR_STANDIN_WEIGHTS_GIB": str(heavier)})
+    run = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
+                     "--yes", "--json", timeout=300)  # fmt: skip
+    assert run.code == 0 and run.data["result"] == "applied", run.stdout + run.stderr
+    assert served(port) == 200000
+    head, rank1 = run.data["nodes"]
+    print("per node planned / logged:", json.dumps([(n["planned"], n["logged"]) for n in (head, rank1)]))
+    assert rank1["logged"]["model_loading_gib"] == heavier
+    assert rank1["planned"]["weights_source"] == rank1["planned"]["kv_budget_source"] == "vllm log (node 1)"
+    assert head["planned"]["weights_source"] == "vllm log"
+    for node in (head, rank1):  # each node's weights as its own vLLM logged them, its budget within 2%
+        assert node["planned"]["weights_bytes"] == int(node["logged"]["model_loading_gib"] * 2**30), node
+        logged_kv = node["logged"]["available_kv_gib"] * 2**30
+        assert abs(node["planned"]["kv_budget_bytes"] - logged_kv) < 0.02 * logged_kv, node
+    # node 1's budget is 10 GiB below the head's: the smaller one sizes the deployment's pool
+    gap = head["planned"]["kv_budget_bytes"] - rank1["planned"]["kv_budget_bytes"]
+    assert abs(gap - 10 * 2**30) < 0.05 * 2**30
+    pool = run.data["plan"]["capacity"][0]
+    budgets = [g["kv_budget"]["bytes"] for g in run.data["plan"]["gpus"]]
+    assert pool["num_gpu_blocks"] == min(budgets) // run.data["plan"]["null_block_bytes"]
+
+
 def test_verify_and_rollback_cover_every_node(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]
     port, paths, state = deployment()
     before = {name: path.read_text() for name, path in paths.items()}

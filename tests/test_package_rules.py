@@ -213,6 +213,7 @@ ALLOWED = {
         "core",
         "masking",
         "nvml",
+        "observing",
         "planning",
         "report",
         "restart",

@@ -302,7 +302,11 @@ class Coordinator:
         """The head plans the deployment (the model files are on the nodes, not necessarily here)."""
         head = self._head()
         world = self._world_gpus()
-        stdin = {"planning": dict(self.request.planning), "world_gpus": world.to_json() if world else None}
+        stdin = {
+            "planning": dict(self.request.planning),
+            "world_gpus": world.to_json() if world else None,
+            "node_observations": self._node_observations() if world else [],
+        }
         args = ["plan", "--context", str(self.request.context)]
         if self.request.gpu_memory_utilization is not None:
             args += ["--gpu-memory-utilization", f"{self.request.gpu_memory_utilization:g}"]
@@ -319,6 +323,21 @@ class Coordinator:
             self.say(str(answer["learned"]))
         self._per_node(plan)
         return answer
+
+    def _node_observations(self) -> list[dict[str, Any]]:
+        """Each headless node's last start as its own journal logged it, with the global ranks it
+        holds: the head's journal has only its own ranks' memory lines, and with PP over nodes the
+        stages differ (the embedding on the first, the LM head on the last), so each node's GPU lines
+        are calibrated from that node's start (the head checks each record, node.plan)."""
+        return [
+            {
+                "node": f"node {node.role.node_rank}",
+                "ranks": list(node.role.ranks),
+                "record": node.shown["observation"],
+            }
+            for node in self._workers()
+            if node.role is not None and isinstance(node.shown.get("observation"), dict)
+        ]
 
     def _per_node(self, plan: Mapping[str, Any]) -> None:
         """Split the plan's GPU lines (rank order, the world's GPUs) per node."""
@@ -339,6 +358,10 @@ class Coordinator:
                 ]
                 return min(values) if values else None
 
+            def sources(name: str, gpus: list[dict[str, Any]] = mine) -> str:
+                found = [str(g[name].get("source")) for g in gpus if isinstance(g.get(name), dict)]
+                return ", ".join(dict.fromkeys(found))
+
             node.outcome.planned = {
                 "gpus": len(mine),
                 "total_bytes": least("total"),
@@ -346,6 +369,10 @@ class Coordinator:
                 "kv_budget_bytes": least("kv_budget"),
                 "kv_needed_bytes": least("kv_needed"),
                 "headroom_bytes": least("headroom"),
+                # where this node's figures came from: its own journal ("vllm log (node 1)"), the
+                # head's, the model files, or estimates
+                "weights_source": sources("weights"),
+                "kv_budget_source": sources("kv_budget"),
             }
 
     def _head(self) -> _Node:

@@ -31,6 +31,7 @@ from vllm_ctxmgr.core.change_policy import flags_to_apply
 from vllm_ctxmgr.errors import CtxmgrError, UnitError, UsageError
 from vllm_ctxmgr.masking import mask, mask_json
 from vllm_ctxmgr.nvml import read_nvml
+from vllm_ctxmgr.observing import observation_record
 from vllm_ctxmgr.planning import PlanRequest, ServicePlan, plan_service
 from vllm_ctxmgr.report import plan_text
 from vllm_ctxmgr.restart import InstallError, Restarter
@@ -50,6 +51,7 @@ LOGGED_KEYS = (
     "available_kv_gib",
     "kv_cache_tokens",
     "model_loading_gib",
+    "cuda_graph_gib",
     "ready",
     "failure",
 )
@@ -112,6 +114,7 @@ def show(restarter: Restarter) -> dict[str, Any]:
             "in_progress": None,
             "last_change": None,
             "logged": {},
+            "observation": None,
         }
     secrets = view.secrets
     state = restarter.systemd.state(restarter.unit)
@@ -138,16 +141,23 @@ def show(restarter: Restarter) -> dict[str, Any]:
             "max_model_len": last.max_model_len,
             "previous_max_model_len": last.previous_max_model_len,
         },
-        "logged": logged_start(restarter),
+        **logged_start(restarter, view),
     }
 
 
-def logged_start(restarter: Restarter) -> dict[str, Any]:
-    """What this node's vLLM logged at its last start (every rank logs its own memory lines): the
-    figures a per-node plan is held against."""
+def logged_start(restarter: Restarter, view: ServiceView) -> dict[str, Any]:
+    """What this node's vLLM logged at its last start (every rank logs its own memory lines): `logged`,
+    the figures a per-node plan is held against, and `observation`, that start as an observation record
+    (None where the journal holds no start), which the head's plan calibrates this node's ranks from."""
     entries = restarter.systemd.journal(restarter.unit, lines=LOGGED_LINES)
-    observation = observe_start(last_start([entry.message for entry in entries]))
-    return {key: getattr(observation, key) for key in LOGGED_KEYS}
+    messages = last_start([entry.message for entry in entries])
+    observation = observe_start(messages)
+    record = None
+    if messages:
+        ok = observation.failure is None and restarter.systemd.is_active(restarter.unit)
+        made = observation_record(restarter.service, observation, ok, view, {})
+        record = {k: v for k, v in made.to_json().items() if v is not None}
+    return {"logged": {key: getattr(observation, key) for key in LOGGED_KEYS}, "observation": record}
 
 
 @dataclass(frozen=True)

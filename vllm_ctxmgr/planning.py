@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_ctxmgr.core.budget import effective_args, is_cpu_deployment
+from vllm_ctxmgr.core.calibration import NodeObservation
 from vllm_ctxmgr.core.hardware import GpuInfo, GpuState, platform_for, uniform_gpus
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.observations import Observation, ObservationError, ObservationRecord
@@ -148,6 +149,41 @@ def imported_observation(
     return {k: v for k, v in imported.to_json().items() if v is not None}
 
 
+MAX_NODES = 1024  # more nodes than any deployment has: a request above it is not one
+MAX_RANKS = 1 << 16
+
+
+def node_observations_from_json(data: object, world_size: int) -> tuple[NodeObservation, ...]:
+    """Every headless node's last start as the coordinator passes it to the head's plan, checked at
+    the door `observe --import` uses (ObservationRecord.from_json: each figure typed and bounded):
+    a list of {"node": "node N", "ranks": [global ranks], "record": the node's observation record}.
+    A failed start's figures (the ranks' own budget is missing or cut short) are left out."""
+    if data is None:
+        return ()
+    if not isinstance(data, list) or len(data) > MAX_NODES:
+        raise UsageError("node_observations: not a list of at most 1024 nodes")
+    out: list[NodeObservation] = []
+    for index, item in enumerate(data):
+        where = f"node_observations[{index}]"
+        if not isinstance(item, dict):
+            raise UsageError(f"{where}: not a JSON object")
+        node, ranks, record = item.get("node"), item.get("ranks"), item.get("record")
+        if not isinstance(node, str) or not re.fullmatch(r"node \d{1,4}", node):
+            raise UsageError(f"{where}: node is not 'node N'")
+        if (
+            not isinstance(ranks, list)
+            or len(ranks) > MAX_RANKS
+            or not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < world_size for r in ranks)
+        ):
+            raise UsageError(f"{where}: ranks are not global ranks below the world size {world_size}")
+        if not isinstance(record, dict):
+            raise UsageError(f"{where}: record is not an observation record (a JSON object)")
+        checked = ObservationRecord.from_json(record, f"{node}'s observation")
+        if checked.observation.failure is None:
+            out.append(NodeObservation(node, tuple(ranks), checked.planned()))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """What a plan is asked for beyond the unit's own vLLM arguments.
@@ -171,6 +207,9 @@ class PlanRequest:
     # every node's GPUs of a multi-node deployment in rank order (core.topology.world_gpus), instead of
     # this host's: the coordinator gathered them from each node
     world_gpus: GpuState | None = None
+    # what each other node's own journal logged at its last start, with its global ranks: those
+    # ranks' GPU lines are calibrated from it (node_observations_from_json checks them)
+    node_observations: tuple[NodeObservation, ...] = ()
 
 
 def plan_for(
@@ -218,7 +257,7 @@ def plan_for(
     if cuda is not None and not cpu:
         platform = platform_for(gpu_state, cpu)
         options = replace(options, platform=replace(platform, cuda_runtime_major=cuda_runtime_major(cuda)))
-    return make_plan(model_facts, args, gpu_state, options, tuple(observations))
+    return make_plan(model_facts, args, gpu_state, options, tuple(observations), request.node_observations)
 
 
 def cuda_runtime_major(version: str) -> int:

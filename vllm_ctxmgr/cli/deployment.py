@@ -37,7 +37,7 @@ from vllm_ctxmgr.multinode import (
     verify_deployment,
 )
 from vllm_ctxmgr.nvml import gpus_from_file, gpus_from_json
-from vllm_ctxmgr.planning import PlanRequest
+from vllm_ctxmgr.planning import PlanRequest, node_observations_from_json
 from vllm_ctxmgr.remote import DEFAULT_SSH, Link, NodeAddress
 from vllm_ctxmgr.verify import VerifyOptions
 
@@ -446,13 +446,18 @@ def node_show_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
 def node_plan_cmd(
     ctx: click.Context, service: str, context: int, gpu_memory_utilization: float | None, as_json: bool
 ) -> None:
-    """The head's plan of the whole deployment, with every node's GPUs (stdin: world_gpus, planning)."""
+    """The head's plan of the whole deployment, with every node's GPUs and every other node's last start
+    (stdin: world_gpus, planning, node_observations)."""
     request = _stdin()
     world = request.get("world_gpus")
     planning = {k: v for k, v in dict(request.get("planning") or {}).items() if k in PLANNING_KEYS}
-    plan_request = PlanRequest(
-        context, world_gpus=gpus_from_json(world, "the deployment's nodes") if world else None, **planning
+    world_gpus = gpus_from_json(world, "the deployment's nodes") if world else None
+    nodes = (
+        node_observations_from_json(request.get("node_observations"), len(world_gpus.gpus))
+        if world_gpus is not None
+        else ()
     )
+    plan_request = PlanRequest(context, world_gpus=world_gpus, node_observations=nodes, **planning)
     restarter = restarter_for(ctx, service, True, 0.0)
     _emit(node_steps.plan(restarter, plan_request, gpu_memory_utilization), "plan")
 

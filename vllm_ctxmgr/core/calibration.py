@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vllm_ctxmgr.core.budget import default_gpu_memory_utilization
 from vllm_ctxmgr.core.hardware import GIB, Platform
@@ -30,6 +30,22 @@ class Observed:
     cuda_graphs: int | None
     estimated_max_model_len: int | None
     requested_at_start: int | None = None  # ceil(total x u) at that start, where its total is known
+    origin: str = ""  # whose journal: "" for this service's own store, "node 1" for a headless node's
+
+    @property
+    def source(self) -> str:
+        """The source of a figure read from this start's log, naming the node it came from."""
+        return f"vllm log ({self.origin})" if self.origin else "vllm log"
+
+
+@dataclass(frozen=True)
+class NodeObservation:
+    """The last start one node of a multi-node deployment logged in its own journal, and the global
+    ranks it holds: every rank logs its own memory lines, and the head's journal has only its own."""
+
+    node: str  # "node 1": named in each figure's source
+    ranks: tuple[int, ...]
+    observation: Observation
 
 
 def _applicable(obs: Observation, version: VllmVersion, platform: Platform) -> bool:
@@ -43,9 +59,19 @@ def _applicable(obs: Observation, version: VllmVersion, platform: Platform) -> b
 
 
 def observed_memory(
-    observations: Sequence[Observation], layout: KVCacheLayout, version: VllmVersion, platform: Platform
+    observations: Sequence[Observation],
+    layout: KVCacheLayout,
+    version: VllmVersion,
+    platform: Platform,
+    origin: str = "",
+    own_budget: bool = False,
 ) -> tuple[Observed | None, list[str]]:
-    """The latest applicable start's KV budget, weights and CUDA graphs; notes: what was used, ignored."""
+    """The latest applicable start's KV budget, weights and CUDA graphs; notes: what was used, ignored.
+
+    `own_budget`: the ranks' own logged budget before /metrics' num_gpu_blocks, which is the engine's
+    pool, cut to the smallest worker's (kv_cache_planning.py get_kv_cache_configs): where every other
+    node's ranks have their own figures, the head's GPU lines take the head's, and the smallest
+    still decides."""
     notes: list[str] = []
     usable = [obs for obs in observations if _applicable(obs, version, platform)]
     if len(usable) < len(observations):
@@ -71,13 +97,15 @@ def observed_memory(
             estimated = latest.estimated_max_model_len
             available = layout.check_needed_bytes(estimated) + layout.null_block_reserve()
             source = f"vllm log (estimated maximum model length {estimated})"
-        elif latest.num_gpu_blocks is not None:
+        elif latest.num_gpu_blocks is not None and not (own_budget and latest.available_kv_gib is not None):
             # exact to one block: vLLM made floor(budget / bytes_per_block) blocks
             available = latest.num_gpu_blocks * layout.bytes_per_block + layout.bytes_per_block // 2
             source = "vllm metrics (num_gpu_blocks)"
         elif latest.available_kv_gib is not None:
             available = int(latest.available_kv_gib * GIB)
             source = "vllm log"
+        if origin:  # the node whose journal logged it, for the per-node report
+            source = f"vllm log ({origin})" if source == "vllm log" else f"{source} ({origin})"
         notes.append(f"KV budget from an earlier start at gpu_memory_utilization {u_obs:.2f}: {source}")
     weights = next(
         (int(o.model_loading_gib * GIB) for o in reversed(usable) if o.model_loading_gib is not None), None
@@ -100,4 +128,31 @@ def observed_memory(
         graphs,
         estimated,
         requested_at_start,
+        origin,
     ), notes
+
+
+def node_observed(
+    nodes: Sequence[NodeObservation],
+    gpu_names: Sequence[str],
+    layout: KVCacheLayout,
+    version: VllmVersion,
+    platform: Platform,
+) -> tuple[dict[int, Observed], list[str]]:
+    """Per global rank, what its own node logged (the same rules as the head's own starts: same vLLM
+    release, same GPU model as that rank's); ranks of no node, or of one whose start does not apply,
+    are absent and keep the head's. `gpu_names`: every rank's GPU model, in rank order."""
+    out: dict[int, Observed] = {}
+    notes: list[str] = []
+    for node in nodes:
+        ranks = [r for r in node.ranks if 0 <= r < len(gpu_names)]
+        by_model: dict[str, list[int]] = {}
+        for rank in ranks:
+            by_model.setdefault(gpu_names[rank], []).append(rank)
+        for name, on_model in by_model.items():
+            here = replace(platform, device_name=name) if name else platform
+            observed, found = observed_memory([node.observation], layout, version, here, node.node)
+            notes.extend(f"{node.node}: {note}" for note in found)
+            if observed is not None:
+                out.update(dict.fromkeys(on_model, observed))
+    return out, list(dict.fromkeys(notes))

@@ -71,7 +71,7 @@ from vllm_ctxmgr.core.budget import (
     margin_bytes,
     requested_bytes,
 )
-from vllm_ctxmgr.core.calibration import Observed, observed_memory
+from vllm_ctxmgr.core.calibration import NodeObservation, Observed, node_observed, observed_memory
 from vllm_ctxmgr.core.deployment import (
     NamedFlag,
     gpu_weights,
@@ -411,7 +411,7 @@ def _weights(
     """Per-GPU weights: as vLLM logged them, else the option, else the model files split over the ranks;
     the files' bytes as the deployment's flags leave them on a GPU (core/deployment.py gpu_weights)."""
     if observed is not None and observed.weights is not None:
-        return Figure(observed.weights, "vllm log")
+        return Figure(observed.weights, observed.source)
     if options.weights_bytes is not None:
         total, source = options.weights_bytes, "option"
     elif facts.weight_bytes is not None:
@@ -459,7 +459,10 @@ def _gpu_models(
     layout: KVCacheLayout,
     observed: Observed | None,
     warnings: list[str],
+    by_rank: dict[int, Observed] | None = None,
 ) -> list[_Gpu]:
+    """Each GPU's figures; a rank whose own node logged a start (`by_rank`, a multi-node deployment's
+    headless nodes) takes that node's, every other rank the service's own (`observed`)."""
     tp, pp, dp = args.tensor_parallel_size, args.pipeline_parallel_size, args.data_parallel_size
     ranks = tp * pp
     if len(gpus.gpus) < ranks:
@@ -470,21 +473,24 @@ def _gpu_models(
     world = ranks * dp if len(gpus.gpus) >= ranks * dp else ranks
     source = "nvml" if gpus.source == "nvml" else "given"
     graphs_counted = cuda_graphs_in_budget(options.vllm_version, args)
-    weights = _weights(facts, options, observed, ranks, args, layout.model_dtype)
+    by_rank = by_rank or {}
     named = not_modelled_flags(args, facts, options.vllm_version, options.expert_weight_bytes is not None)
     cpu = options.cpu or (options.platform is not None and options.platform.is_cpu)
+    head_observed = observed
     models = []
     for rank, info in enumerate(gpus.gpus[:world]):
         stage = (rank % ranks) // tp
+        observed = by_rank.get(rank, head_observed)
+        weights = _weights(facts, options, observed, ranks, args, layout.model_dtype)
         memory = _non_kv_estimate(facts, args, options, layout, info, world, cpu, stage == pp - 1)
         graphs = Figure(memory.cuda_graphs.bytes, memory.cuda_graphs.source)
         if observed is not None and observed.cuda_graphs is not None:
-            graphs = Figure(observed.cuda_graphs, "vllm log")
+            graphs = Figure(observed.cuda_graphs, observed.source)
         margin = margin_bytes(info.total_bytes, options.margin_fraction, options.margin_min_bytes)
         calibrated = observed is not None and observed.available_kv is not None
         margin += widening_bytes(named, info.total_bytes, calibrated)  # flags that change memory, not counted
         if observed is None or observed.available_kv is None:
-            margin += margin_widening(memory, graphs_counted and graphs.source != "vllm log")
+            margin += margin_widening(memory, graphs_counted and not graphs.source.startswith("vllm log"))
         peak = memory.activation_peak
         models.append(
             _Gpu(
@@ -569,12 +575,13 @@ def _line(
     kv_needed = kv_needed_bytes(layout, target, gpu.stage, requests)
     if gpu.has_observed_budget:
         assert gpu.observed is not None
-        non_kv = Figure(gpu.non_kv(), "vllm log")
+        logged = gpu.observed.source
+        non_kv = Figure(gpu.non_kv(), logged)
         weights = gpu.weights
         graphs_counted = (gpu.cuda_graphs.bytes or 0) if gpu.graphs_in_budget else 0
         rest = max(0, gpu.non_kv() - (weights.bytes or 0) - graphs_counted)
-        activation = Figure(rest, "vllm log (activation + non-torch)")
-        non_torch = Figure(0, "vllm log (in activation peak)")
+        activation = Figure(rest, f"{logged} (activation + non-torch)")
+        non_torch = Figure(0, f"{logged} (in activation peak)")
     else:
         known = gpu.weights.bytes is not None
         non_kv = Figure(gpu.non_kv() if known else None, "estimate" if known else "unknown (weights unknown)")
@@ -666,7 +673,9 @@ def _evaluate(
     ):
         max_context = min(max_context, observed.estimated_max_model_len)
 
-    budget_source = observed.budget_source if observed and observed.available_kv is not None else "estimate"
+    def budget_source(g: _Gpu) -> str:  # each GPU's own: a headless node's ranks, that node's journal
+        return g.observed.budget_source if g.observed is not None and g.has_observed_budget else "estimate"
+
     if not weights_known:
         # Plan at the most vLLM will take and say how large the weights may be.
         u = u_limit
@@ -697,7 +706,9 @@ def _evaluate(
         else:
             verdict = f"does not fit: the KV budget at gpu_memory_utilization {fixed:.2f} is too small"
         lines = tuple(
-            _line(g, layout, target, g.requested(fixed), g.budget(fixed), budget_source, g.margin, requests)
+            _line(
+                g, layout, target, g.requested(fixed), g.budget(fixed), budget_source(g), g.margin, requests
+            )
             for g in gpus
         )
         return _Outcome(fits_kv and fits_memory, verdict, fixed, max_context, lines, None)
@@ -717,7 +728,8 @@ def _evaluate(
     else:
         verdict = "does not fit: even the whole GPU is too small"
     lines = tuple(
-        _line(g, layout, target, g.requested(u), g.budget(u), budget_source, g.margin, requests) for g in gpus
+        _line(g, layout, target, g.requested(u), g.budget(u), budget_source(g), g.margin, requests)
+        for g in gpus
     )
     return _Outcome(feasible, verdict, u, max_context, lines, None)
 
@@ -791,6 +803,8 @@ class _Context:
     observed: Observed | None
     derived: int | None
     target: int
+    # a multi-node deployment's ranks whose own node logged a start: that node's figures (global rank)
+    by_rank: dict[int, Observed] = field(default_factory=dict)
 
 
 def _upper(target: int, derived: int | None, allow_long: bool) -> int:
@@ -819,10 +833,12 @@ def _run(
     )
     observed = ctx.observed if same_ranks else None
     gpu_state = gpus if gpus is not None else ctx.gpus
+    # a node's figures hold for its ranks only on the same GPUs, in the same places
+    by_rank = ctx.by_rank if same_ranks and gpu_state is ctx.gpus else {}
     models = None
     # on the CPU build the "device" is a NUMA node: --gpu-memory-utilization is a fraction of its memory
     if gpu_state is not None and (not ctx.platform.is_cpu or gpu_state.source == "numa"):
-        models = _gpu_models(ctx.facts, args, gpu_state, ctx.options, layout, observed, warnings)
+        models = _gpu_models(ctx.facts, args, gpu_state, ctx.options, layout, observed, warnings, by_rank)
     upper = _upper(target, ctx.derived, allow_long)
     outcome = _evaluate(layout, args, models, ctx.options, ctx.platform, observed, target, upper, same_config)
     return layout, outcome, warnings
@@ -874,12 +890,15 @@ def make_plan(
     gpus: GpuState | None,
     options: PlanOptions,
     observations: Sequence[Observation] = (),
+    node_observations: Sequence[NodeObservation] = (),
 ) -> Plan:
     """Plan `options.target_context` for a service: flags, memory per GPU, alternatives if it does not fit.
 
-    `observations` are earlier starts of this service, oldest first. Raises UsageError for a
-    target below 1 or a configuration vLLM itself would reject (TP not dividing the heads, DCP
-    with sliding windows, ...). An infeasible target is not an error: the plan says
+    `observations` are earlier starts of this service, oldest first; `node_observations` the last start
+    each other node of a multi-node deployment logged in its own journal, which its ranks' GPU lines
+    use instead (vLLM then sizes the KV cache by the smallest worker's budget, as these lines do).
+    Raises UsageError for a target below 1 or a configuration vLLM itself would reject (TP not
+    dividing the heads, DCP with sliding windows, ...). An infeasible target is not an error: the plan says
     `feasible=False` with the reason, `max_context` and ranked alternatives.
     Long because it is the planner's one pass, in order: facts and refusals, the layout, the evaluation, the
     deployment terms and the named flags, the reason, the alternatives."""
@@ -912,9 +931,16 @@ def make_plan(
     base_layout = kv_cache_layout(
         facts, _scheduled(facts, args, platform, version, target), platform, version
     )
-    observed, observation_notes = observed_memory(observations, base_layout, version, platform)
-    notes.extend(observation_notes)
-    ctx = _Context(facts, args, gpus, options, platform, observed, derived, target)
+    by_rank: dict[int, Observed] = {}
+    node_notes: list[str] = []
+    if node_observations and gpus is not None:
+        names = [info.name for info in gpus.gpus]
+        by_rank, node_notes = node_observed(node_observations, names, base_layout, version, platform)
+    observed, observation_notes = observed_memory(
+        observations, base_layout, version, platform, own_budget=bool(by_rank)
+    )
+    notes.extend(observation_notes + node_notes)
+    ctx = _Context(facts, args, gpus, options, platform, observed, derived, target, by_rank)
 
     above_derived = derived is not None and target > derived
     refused = above_derived and not options.allow_long

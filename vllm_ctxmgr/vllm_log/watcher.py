@@ -52,7 +52,7 @@ class _ObservationBuilder:
             self.ready = True
         if event.kind == "failure" and (self.best_failure is None or event.rank > self.best_failure.rank):
             self.best_failure = event
-        if name in ("version_banner", "engine_version"):
+        if name in ("version_banner", "engine_version", "headless_launch"):  # a headless node has no banner
             self._set_once("vllm_version", data.get("version"))
         if name == "non_default_args" and isinstance(data.get("args"), dict):
             args = data["args"]
