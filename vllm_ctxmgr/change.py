@@ -22,7 +22,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -148,16 +148,19 @@ class Abandoned(BaseException):
 
 
 @contextlib.contextmanager
-def signals_fail(change: Change) -> Iterator[None]:
-    """While a change is unfinished, the first signal raises Interrupted and the next Abandoned."""
+def signals_raise(finished: Callable[[], bool] = lambda: False) -> Iterator[None]:
+    """While a change (one service's or a whole deployment's) is unfinished, the first SIGTERM,
+    SIGINT or SIGHUP raises Interrupted, so the change fails and rolls back like any failure, and the
+    next raises Abandoned; once `finished()` says the record is final, a signal is ignored (the run is
+    about to exit by itself). Only the main thread can take signals."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     received: list[int] = []
 
     def handler(signum: int, _frame: FrameType | None) -> None:
-        if change.rev.state in st.FINISHED:
-            return  # the record is final already; the run is about to exit by itself
+        if finished():
+            return
         received.append(signum)
         raise Interrupted(signum) if len(received) == 1 else Abandoned(signum)
 
@@ -167,6 +170,11 @@ def signals_fail(change: Change) -> Iterator[None]:
     finally:
         for sig, old in before.items():
             signal.signal(sig, old)
+
+
+def signals_fail(change: Change) -> contextlib.AbstractContextManager[None]:
+    """signals_raise for one service's change, final once its record is."""
+    return signals_raise(lambda: change.rev.state in st.FINISHED)
 
 
 def roll_back(

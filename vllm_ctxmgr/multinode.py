@@ -24,20 +24,16 @@ in the state directory) says which node reached which step; each node's own revi
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import secrets
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from vllm_ctxmgr.change import SIGNALS, Abandoned, Interrupted, Result
+from vllm_ctxmgr.change import Abandoned, Interrupted, Result, signals_raise
 from vllm_ctxmgr.core.hardware import GpuState
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
 from vllm_ctxmgr.core.topology import NodeRole, NodeUnit, Topology, read_topology, with_ray_gpus, world_gpus
@@ -132,27 +128,6 @@ def deployment_name(nodes: tuple[NodeAddress, ...], name: str | None) -> str:
         return name
     digest = hashlib.sha256("\n".join(sorted(map(str, nodes))).encode()).hexdigest()[:10]
     return f"{nodes[0].service.removesuffix('.service')}-{digest}"
-
-
-@contextlib.contextmanager
-def _signals_fail() -> Iterator[None]:
-    """SIGTERM, SIGINT and SIGHUP during a deployment change fail it like any failure: every node is put
-    back (Interrupted); a second one stops at once (Abandoned), leaving `deployment recover` to finish."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        received.append(signum)
-        raise Interrupted(signum) if len(received) == 1 else Abandoned(signum)
-
-    before = {sig: signal.signal(sig, handler) for sig in SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, old in before.items():
-            signal.signal(sig, old)
 
 
 def _role_name(role: NodeRole | None) -> str:
@@ -544,7 +519,9 @@ class Coordinator:
         result.max_model_len = context
         self._record("writing")
         try:
-            with _signals_fail():
+            # a signal fails the deployment change: every node is put back; a second one stops at once,
+            # leaving `deployment recover` to finish
+            with signals_raise():
                 try:
                     return self._walk(flags, context, t0)
                 except Interrupted as exc:
