@@ -173,9 +173,9 @@ def vllm_overrides(
         guess = closest_vllm_flag(name, version)
         hint = f"; did you mean {guess}?" if guess else ""
         raise UsageError(f"{name}: not a vLLM flag{hint}")
-    refused = unrecognized_vllm_flags(flags, version, vllm_version or "")
+    refused = unrecognized_vllm_flags(flags, version, vllm_version or "", whose="--vllm-version")
     if refused:
-        raise UsageError(refused.replace("this unit runs", "--vllm-version"))
+        raise UsageError(refused)
     base = parse_serve_argv(["MODEL"])
     given = parse_serve_argv(["MODEL", *extra])
     for field in fields(ServeArgs):

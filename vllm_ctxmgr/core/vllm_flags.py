@@ -119,11 +119,14 @@ def flag_in(name: str, version: VllmVersion | None) -> VllmFlag | None:
     return known if known is not None and in_release(known, version) else None
 
 
-def unrecognized(flags: dict[str, str | bool], version: VllmVersion | None, shown: str = "") -> str | None:
+def unrecognized(
+    flags: dict[str, str | bool], version: VllmVersion | None, shown: str = "", whose: str = "this unit runs"
+) -> str | None:
     """argparse's refusal, as `vllm serve` prints it, of the flags that some release has but the parser of
     vLLM `version` does not, with the releases that do have each; None where there are none. `flags`:
     canonical name -> value as given (ServeArgs.flags). A flag no release has is left alone: a plugin's
-    parser hook may add it. `shown`: the version as the unit reports it ("0.33.0+cpu")."""
+    parser hook may add it. `shown`: the version as the unit reports it ("0.33.0+cpu"); `whose`: where that
+    version came from, as the message says it."""
     missing = [
         (name, value, known)
         for name, value in flags.items()
@@ -135,7 +138,7 @@ def unrecognized(flags: dict[str, str | bool], version: VllmVersion | None, show
     words = [_as_given(name, value) for name, value, _known in missing]
     where = ", ".join(f"{name} is in vLLM {known.releases}" for name, _value, known in missing)
     running = shown or ".".join(map(str, version or ()))
-    return f"vllm serve: error: unrecognized arguments: {' '.join(words)} ({where}; this unit runs {running})"
+    return f"vllm serve: error: unrecognized arguments: {' '.join(words)} ({where}; {whose} {running})"
 
 
 def _as_given(name: str, value: str | bool) -> str:
