@@ -21,6 +21,8 @@ from vllm_ctxmgr.errors import SystemdError
 from vllm_ctxmgr.systemd.systemctl import Systemd
 
 SANDBOX_FIXTURES = {"sandbox", "sandbox_systemd", "install_unit"}
+# a test that asks for one manager by name runs on that one only
+NAMED_SANDBOXES = {"host_sandbox", "debian11_sandbox"}
 # the managers a test marked systemd247 runs on: the build machine's systemd and Debian 11's 247
 MANAGERS = ("host", "debian11-247")
 DEBIAN11_ROOTFS = Path(os.environ.get("CTXMGR_DEBIAN11_ROOTFS", "/var/cache/ctxmgr/debian11-rootfs"))
@@ -36,8 +38,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if SANDBOX_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if (SANDBOX_FIXTURES | NAMED_SANDBOXES) & fixtures:
             item.add_marker(pytest.mark.systemd)
+        if "debian11_sandbox" in fixtures:
+            item.add_marker(pytest.mark.systemd247)
 
 
 def require_sandbox() -> None:
