@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from vllm_ctxmgr.deploy import verify_warnings
 from vllm_ctxmgr.schedule import next_run
 from vllm_ctxmgr.systemd import features
 from vllm_ctxmgr.systemd.features import FLOOR, USES, option_known, parse_version
-from vllm_ctxmgr.systemd.systemctl import _verify_problems, parse_timestamp
+from vllm_ctxmgr.systemd.systemctl import _verify_problems, new_problems, parse_timestamp
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "vllm_ctxmgr"
@@ -237,4 +238,22 @@ def test_verify_that_could_not_run_is_a_problem_not_a_pass() -> None:
     assert problems == [
         "cand.service: systemd-analyze verify failed: "
         "systemd-analyze: unrecognized option '--recursive-errors=no'"
+    ]
+
+
+def test_a_verify_that_could_not_run_is_said_as_such_not_as_an_inherited_finding() -> None:
+    """Issue 26: the candidate and the current unit both "failed" verify with 247's unrecognized-option
+    error, so the failure counted as inherited and read as a finding the unit had: no candidate was ever
+    checked. Now the warning says the unit was not checked."""
+    current = _verify_problems(VERIFY_247_RECURSIVE_ERRORS, "vllm.service", "/run/a/vllm.service", 1)
+    candidate = _verify_problems(VERIFY_247_RECURSIVE_ERRORS, "vllm.service", "/run/b/vllm.service", 1)
+    assert new_problems(candidate, current) == []  # the same failure both times: nothing new
+    assert verify_warnings(candidate) == [
+        "systemd-analyze verify could not check the new unit on this systemd: vllm.service: "
+        "systemd-analyze verify failed: systemd-analyze: unrecognized option '--recursive-errors=no'"
+    ]
+    finding = _verify_problems(VERIFY_247_OWN_AND_OTHER, "bad.service", "/run/cand/bad.service", 0, True)
+    assert verify_warnings(finding) == [
+        "systemd-analyze verify (the unit had it before): "
+        "bad.service:5: Unknown key name 'FooBar' in section 'Service', ignoring."
     ]

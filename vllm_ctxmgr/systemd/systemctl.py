@@ -616,8 +616,18 @@ def _verify_problems(
         return []  # the exit status is other units' errors: what --recursive-errors=no leaves out
     if returncode != 0 and not problems:
         detail = one_line(output) or f"exit status {returncode}"
-        problems.append(f"{name}: systemd-analyze verify failed: {detail}")
+        problems.append(f"{name}: {VERIFY_DID_NOT_RUN}: {detail}")
     return problems
+
+
+# how a problem says that verify itself failed (no line about the unit): the unit was not checked
+VERIFY_DID_NOT_RUN = "systemd-analyze verify failed"
+
+
+def verify_did_not_run(problem: str) -> bool:
+    """Whether a verify problem is verify failing to check the unit at all (an option this manager's
+    systemd-analyze lacks, a crash) rather than a finding about the unit."""
+    return problem.partition(": ")[2].startswith(VERIFY_DID_NOT_RUN)
 
 
 def new_problems(candidate: Sequence[str], current: Sequence[str]) -> list[str]:
