@@ -175,3 +175,10 @@ def test_the_debian11_sandbox_is_systemd_247_with_its_own_tools_and_the_hosts_pa
     marker.write_text("in memory")
     assert not (DEBIAN11_ROOTFS / "etc/ctxmgr-overlay-check").exists()
     marker.unlink()
+
+
+def test_the_managers_version_is_read_from_the_manager(sandbox: Sandbox) -> None:
+    """`Systemd.version` asks the manager (its Version property) through its own namespaces: the host
+    sandbox's is the host's systemd."""
+    host = subprocess.run(["systemctl", "--version"], capture_output=True, text=True, check=True).stdout
+    assert sandbox.systemd.version == int(host.split()[1])
