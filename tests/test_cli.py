@@ -230,3 +230,23 @@ def test_plan_help_and_completion_import_only_the_plan_command() -> None:
         assert ("--max-model-len" in "\n".join(shown)) if args else shown == ["plain,plan"]
         light = {"cli", "cli.common", "cli.main", "cli.plan", "errors", "masking"}
         assert set(ast.literal_eval(modules)) <= {f"vllm_ctxmgr.{name}" for name in light}, args
+
+
+def test_plan_on_a_local_model_reads_no_unit_store_or_log() -> None:
+    """`ctxmgr plan --model DIR` plans from the model's files and the GPUs given: the modules that read
+    a unit, the revision store, systemd, vLLM's log or a GGUF are not imported for it."""
+    code = (
+        "import sys; from vllm_ctxmgr.cli.main import main\n"
+        "try:\n    main(sys.argv[1:], prog_name='ctxmgr')\nexcept SystemExit as exit:\n"
+        "    sys.exit(f'exit {exit.code}')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('vllm_ctxmgr.')))\n"
+    )
+    args = ["plan", "8192", "--model", LLAMA70B, "-tp", "4", "--gpu-memory", "80GiB", "--gpu-count", "4"]
+    run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+    *shown, modules = run.stdout.splitlines()  # a plan that fits returns from main (exit 0)
+    assert any(line.startswith("FEASIBLE") for line in shown)
+    loaded = set(ast.literal_eval(modules))
+    assert "vllm_ctxmgr.planning" in loaded
+    for room in ("service", "store", "observing", "systemd.systemctl", "vllm_log.watcher", "model_files.gguf",
+                 "core.verdict", "deploy", "change", "restart"):  # fmt: skip
+        assert f"vllm_ctxmgr.{room}" not in loaded, room
