@@ -250,3 +250,10 @@ def test_plan_on_a_local_model_reads_no_unit_store_or_log() -> None:
     for room in ("service", "store", "observing", "systemd.systemctl", "vllm_log.watcher", "model_files.gguf",
                  "core.verdict", "deploy", "change", "restart"):  # fmt: skip
         assert f"vllm_ctxmgr.{room}" not in loaded, room
+
+
+@pytest.mark.skipif(not hasattr(click.exceptions, "NoSuchCommand"), reason="click < 8.4 suggests nothing")
+def test_a_mistyped_command_is_offered_the_closest_one_not_yet_imported() -> None:
+    code, _, err = run("plann", "200000")
+    assert code == 2
+    assert "No such command 'plann'. Did you mean 'plan'?" in err

@@ -106,6 +106,10 @@ COMMANDS = {
 }
 
 
+# click 8.4+ names the closest command of those it is given; before, it names none
+NO_SUCH_COMMAND: type[click.UsageError] = getattr(click.exceptions, "NoSuchCommand", ())  # type: ignore[assignment]
+
+
 class LazyGroup(CtxmgrGroup):
     """The root group: a command is imported when it is run; `--help` and completion list them all
     from COMMANDS."""
@@ -118,6 +122,15 @@ class LazyGroup(CtxmgrGroup):
         if cmd_name not in self.commands and entry is not None:
             self.add_command(getattr(importlib.import_module(entry.module), entry.attribute), cmd_name)
         return self.commands.get(cmd_name)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """click's, offering every command of the table as "did you mean" (click offers the imported)."""
+        try:
+            return super().resolve_command(ctx, args)
+        except NO_SUCH_COMMAND as exc:
+            raise NO_SUCH_COMMAND(exc.command_name, possibilities=COMMANDS, ctx=ctx) from None
 
     def listed(self, name: str) -> click.Command:
         """A command as `--help` and completion show it: the real one once imported, else a stand-in
