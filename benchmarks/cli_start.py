@@ -25,6 +25,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PLAN = ["plan", "--model", str(REPO / "examples/models/llama-3.1-70b"), "--gpu-memory", "80GiB",
         "--gpu-count", "1", "--max-model-len", "8192"]  # fmt: skip
+# the README's plan on a fresh clone: a shipped unit against a local copy of its model
+LLAMA70B = str(REPO / "examples/models/llama-3.1-70b")
+PLAN_UNIT = ["plan", "--unit", str(REPO / "units/vllm-llama70b.service"), "--model", LLAMA70B,
+             "--gpu-memory", "80GiB", "--gpu-count", "4"]  # fmt: skip
 COMPLETION = {"_CTXMGR_COMPLETE": "bash_complete", "COMP_WORDS": "ctxmgr pl", "COMP_CWORD": "1"}
 
 
@@ -71,8 +75,13 @@ def main() -> int:
         ("ctxmgr plan --help", [ctxmgr, "plan", "--help"], {}, 0.2),
         ("completion TAB (ctxmgr pl<TAB>)", [ctxmgr], COMPLETION, 0.2),
         ("ctxmgr plan --model llama-3.1-70b ... 8192", [ctxmgr, *PLAN], {}, 0.4),
+        ("ctxmgr plan --unit units/vllm-llama70b.service ...", [ctxmgr, *PLAN_UNIT], {}, 0.4),
     ]
     print(f"CPU (user + sys) of the whole process, median of {runs} runs; {ctxmgr}")
+    stale = list((REPO / "vllm_ctxmgr").rglob("__pycache__/*.pyc"))
+    if stale:  # read even under PYTHONDONTWRITEBYTECODE=1: the right column would not be from source
+        print(f"note: {len(stale)} .pyc beside the sources (vllm_ctxmgr/**/__pycache__): remove them for "
+              "a true from-source column")  # fmt: skip
     print(f"{'':44s} {'bytecode cached':>26s}   {'from source':>26s}")
     modes = (CACHED, FROM_SOURCE)
     base = [median_cpu([sys.executable, "-c", "pass"], runs, mode) for mode in modes]
