@@ -82,16 +82,16 @@ def main() -> int:
     if stale:  # read even under PYTHONDONTWRITEBYTECODE=1: the right column would not be from source
         print(f"note: {len(stale)} .pyc beside the sources (vllm_ctxmgr/**/__pycache__): remove them for "
               "a true from-source column")  # fmt: skip
-    print(f"{'':44s} {'bytecode cached':>26s}   {'from source':>26s}")
+    print(f"{'':52s} {'bytecode cached':>26s}   {'from source':>26s}")
     modes = (CACHED, FROM_SOURCE)
     base = [median_cpu([sys.executable, "-c", "pass"], runs, mode) for mode in modes]
-    print(f"{'python -c pass':44s} " + "   ".join(f"{b:6.3f} s {'':19s}" for b in base))
+    print(f"{'python -c pass':52s} " + "   ".join(f"{b:6.3f} s {'':19s}" for b in base))
     for label, cmd, env, goal in commands:
         cells = []
         for mode, b in zip(modes, base, strict=True):
             seconds = median_cpu(cmd, runs, {**mode, **env}, ok=(0, 3))
             cells.append(f"{seconds:6.3f} s ({seconds / b:4.1f} x) {'ok' if seconds <= goal else 'MISS':>4s}")
-        print(f"{label:44s} " + "   ".join(cells) + f"   (goal {goal} s)")
+        print(f"{label:52s} " + "   ".join(cells) + f"   (goal {goal} s)")
     return 0
 
 
