@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -615,3 +617,27 @@ def test_split_starts_without_systemd_lines_uses_the_banner() -> None:
     assert starts[0][-1] == second[0]  # a line printed before vLLM's logger starts cannot be told apart
     assert observe_start(starts[-1]).ready is True
     assert observe_start(starts[0]).failure == "max_model_len_exceeds_derived"
+
+
+def test_the_pattern_table_compiles_on_first_use_not_at_import() -> None:
+    """Every ctxmgr command imports the table's module (via the watcher), few classify a line: its
+    ~80 expressions cost 0.1 s of each start, so each is compiled when a line is first matched."""
+    code = (
+        "import re, sys\n"
+        "compiled = []\n"
+        "plain = re.compile\n"
+        "re.compile = lambda pattern, flags=0: compiled.append(pattern) or plain(pattern, flags)\n"
+        "from vllm_ctxmgr.vllm_log import patterns\n"
+        "at_import = len(compiled)\n"
+        "event = patterns.classify(sys.argv[1])\n"
+        "print(at_import, len(patterns.PATTERNS), len(compiled) - at_import, event and event.name)\n"
+    )
+    line = line_with("startup_ok.log", "Starting vLLM server on")
+    out = subprocess.run(
+        [sys.executable, "-c", code, line], capture_output=True, text=True, check=True
+    ).stdout
+    at_import, table, on_use, name = out.split()
+    assert int(table) > 70
+    assert int(at_import) < 10  # the few line-prefix expressions, not the table
+    assert 0 < int(on_use) <= int(table)
+    assert name == "server_starting"

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_ctxmgr.core.budget import effective_args, is_cpu_deployment
 from vllm_ctxmgr.core.calibration import NodeObservation
@@ -23,10 +23,11 @@ from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
 from vllm_ctxmgr.model_files.load import load_expert_weight_bytes, load_model_facts
 from vllm_ctxmgr.nvml import gpus_from_file, read_nvml
-from vllm_ctxmgr.observing import learn_from_running_instance
-from vllm_ctxmgr.service import ServiceView, read_service, running_argv_mismatch
-from vllm_ctxmgr.store import ServiceStore
-from vllm_ctxmgr.systemd.systemctl import Systemd
+
+if TYPE_CHECKING:  # a service's plan reads the unit, the store and the running vLLM: imported there
+    from vllm_ctxmgr.service import ServiceView
+    from vllm_ctxmgr.store import ServiceStore
+    from vllm_ctxmgr.systemd.systemctl import Systemd
 
 
 def gather_gpus(
@@ -324,6 +325,9 @@ def plan_service(
     the PIDs of its own processes (whose GPU memory a restart frees). `overrides` replaces unit
     arguments (plan's vLLM flags); `argv_check` warns where the running vLLM got other arguments.
     """
+    from vllm_ctxmgr.observing import learn_from_running_instance
+    from vllm_ctxmgr.service import read_service, running_argv_mismatch
+
     view = read_service(systemd, service)
     learned = learn_from_running_instance(systemd, store, service, view, keep_observation)
     observations = observations_from_store([*store.observations(), *unsaved_observations])
