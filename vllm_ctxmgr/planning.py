@@ -14,6 +14,7 @@ from typing import Any
 
 from vllm_ctxmgr.core.budget import effective_args, is_cpu_deployment
 from vllm_ctxmgr.core.calibration import NodeObservation
+from vllm_ctxmgr.core.change_policy import kept_utilization
 from vllm_ctxmgr.core.hardware import GpuInfo, GpuState, platform_for, uniform_gpus
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.observations import Observation, ObservationError, ObservationRecord
@@ -217,8 +218,10 @@ def plan_for(
     request: PlanRequest,
     service_pids: tuple[int, ...] = (),
     observations: Iterable[Observation] = (),
+    whose: str = "the chosen",
 ) -> Plan:
-    """Model facts + GPUs + earlier starts -> a Plan: the I/O is here, the planner (core.plan) is pure."""
+    """Model facts + GPUs + earlier starts -> a Plan: the I/O is here, the planner (core.plan) is pure.
+    `whose`: whose a fixed utilisation is, as the verdict says it."""
     args = effective_args(args)
     cpu = is_cpu_deployment(args)
     model_facts = load_model_facts(
@@ -245,6 +248,7 @@ def plan_for(
         max_gpu_memory_utilization=request.max_gpu_memory_utilization,
         weights_bytes=request.weights_bytes,
         fixed_gpu_memory_utilization=request.fixed_gpu_memory_utilization,
+        fixed_gpu_memory_utilization_is=whose,
         concurrency=request.concurrency,
         service_pids=service_pids,
         cpu=cpu,
@@ -258,6 +262,25 @@ def plan_for(
         platform = platform_for(gpu_state, cpu)
         options = replace(options, platform=replace(platform, cuda_runtime_major=cuda_runtime_major(cuda)))
     return make_plan(model_facts, args, gpu_state, options, tuple(observations), request.node_observations)
+
+
+def plan_as_run(
+    args: ServeArgs,
+    request: PlanRequest,
+    service_pids: tuple[int, ...] = (),
+    observations: Iterable[Observation] = (),
+) -> Plan:
+    """A unit's plan at the utilisation set-context would run it with: where the unit's own holds the
+    target and stays (core.change_policy), the plan is made again at it, the least that fits one more
+    figure (Plan.least_gpu_memory_utilization), so its table and capacity are what vLLM will report."""
+    observations = tuple(observations)
+    plan = plan_for(args, request, service_pids, observations)
+    kept = kept_utilization(args, plan, request.fixed_gpu_memory_utilization)
+    if kept is None:
+        return plan
+    at_kept = replace(request, context=plan.max_model_len, fixed_gpu_memory_utilization=kept)
+    as_run = plan_for(args, at_kept, service_pids, observations, whose="the unit's")
+    return replace(as_run, least_gpu_memory_utilization=plan.gpu_memory_utilization)
 
 
 def cuda_runtime_major(version: str) -> int:
@@ -315,7 +338,7 @@ def plan_service(
         request = replace(
             request, context=largest_context(args, request, service_pids=pids, observations=observations)
         )
-    plan = plan_for(args, request, pids, observations)
+    plan = plan_as_run(args, request, pids, observations)
     mismatch = running_argv_mismatch(systemd, view) if argv_check else None
     if mismatch:
         plan = replace(plan, warnings=(mismatch, *plan.warnings))

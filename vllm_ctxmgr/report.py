@@ -171,6 +171,10 @@ def plan_text(plan: Any, command_change: str = "") -> str:
     if plan.verdict not in plan.reason:
         out.append(f"memory: {plan.verdict}")
     out.append(f"largest context that fits: {plan.max_context:,}")
+    least, runs = plan.least_gpu_memory_utilization, plan.gpu_memory_utilization
+    if least is not None and runs is not None and abs(least - runs) > 1e-9:
+        why = "" if least < runs or not plan.feasible else "; the unit's holds the target, not the margin"
+        out.append(f"least gpu_memory_utilization that fits: {least:.2f} (planned at {runs:.2f}{why})")
     if plan.concurrency > 1:
         out.append(f"sized for {plan.concurrency} requests of {plan.max_model_len:,} tokens at once")
     for capacity in plan.capacity:
@@ -217,9 +221,13 @@ def change_text(result: Any, shown_before: bool = False) -> str:
         out.append(result.diff.rstrip("\n"))
     if result.plan and result.result in ("infeasible", "dry-run", "planned"):
         plan = result.plan
-        least = plan["gpu_memory_utilization"]
-        applied = result.gpu_memory_utilization if result.result != "infeasible" else least
-        kept = f" (the least that fits: {least})" if applied != least and least is not None else ""
+        # the plan is at the utilisation the unit runs with; the least that fits is one more figure (a
+        # plan stored before it was, is at the least)
+        least = plan.get("least_gpu_memory_utilization", plan["gpu_memory_utilization"])
+        applied = (
+            result.gpu_memory_utilization if result.result != "infeasible" else plan["gpu_memory_utilization"]
+        )
+        kept = f" (the least that fits: {least:g})" if applied != least and least is not None else ""
         out.append(
             f"plan: max_model_len {plan['max_model_len']:,}, gpu_memory_utilization "
             f"{applied if applied is not None else 'vLLM default'}{kept}, "

@@ -43,7 +43,7 @@ from vllm_ctxmgr.core.vllm_flags import flag as vllm_flag
 from vllm_ctxmgr.core.vllm_flags import unrecognized as unrecognized_vllm_flags
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.deploy import SetContextRequest, rollback, set_context
-from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
+from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UnitError, UsageError
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.observing import observe_last_start
@@ -52,14 +52,16 @@ from vllm_ctxmgr.planning import (
     PlanRequest,
     imported_observation,
     largest_context,
+    plan_as_run,
     plan_for,
     plan_service,
 )
 from vllm_ctxmgr.recovery import recover_if_needed
 from vllm_ctxmgr.restart import Restarter
-from vllm_ctxmgr.service import read_service, view_from_unit
+from vllm_ctxmgr.service import ServiceView, read_service, view_from_unit
 from vllm_ctxmgr.store import ServiceStore
 from vllm_ctxmgr.systemd.names import canonical_unit
+from vllm_ctxmgr.systemd.unit_edit import edit_unit
 from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 
 
@@ -232,6 +234,7 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     # a utilisation given is the one the deployment runs with (as set-context takes it), not a hint
     fixed = explicit["gpu_memory_utilization"]
     unit_args: ServeArgs | None = None
+    unit_view: ServiceView | None = None  # the unit set-context would edit
     # no CONTEXT: the one the unit (or a vLLM flag after the options, `--max_model_len 64k`) gives
     given = context is not None or max_model_len is not None
     if service:
@@ -239,8 +242,8 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
         if not given:  # plan_service reads the unit again with the plan; this is only for its context
             unit_args = with_overrides(read_service(restarter.systemd, restarter.unit).args, overrides)
     elif unit_file:
-        view = view_from_unit(ServiceUnit.load_with_dropins(unit_file))
-        unit_args = with_overrides(view.args, {**overrides, **({"model": model} if model else {})})
+        unit_view = view_from_unit(ServiceUnit.load_with_dropins(unit_file))
+        unit_args = with_overrides(unit_view.args, {**overrides, **({"model": model} if model else {})})
     if given or unit_args is None:
         target = context_from(context, max_model_len)
     else:
@@ -251,32 +254,50 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
             restarter.systemd, restarter.store, restarter.service, request, restarter.keep_observation,
             overrides=overrides,
         )  # fmt: skip
-        result, unit_args = planned.plan, with_overrides(planned.view.args, overrides)
+        result, unit_view = planned.plan, planned.view
+        unit_args = with_overrides(planned.view.args, overrides)
     else:
         args = unit_args if unit_args is not None else ServeArgs(model=model, **overrides)  # type: ignore[arg-type]
         if target == AUTO_CONTEXT:
             request = replace(request, context=largest_context(args, request))
-        result = plan_for(args, request)
-    # what set-context would write to this unit: the plan's figure is the least that fits, the unit's
-    # own utilisation stays where it holds the target (core.change_policy, the rule set-context applies)
+        # a unit's plan is at what set-context would run: the unit's utilisation where it holds the
+        # target and stays (core.change_policy, the rule set-context applies), the least one more figure
+        result = plan_as_run(args, request) if unit_args is not None else plan_for(args, request)
+    # what set-context would write to this unit
     applied = (
         flags_to_apply(unit_args, result, result.max_model_len, fixed)
         if unit_args is not None and result.feasible
         else None
     )
+    refused = edit_refusal(unit_view, applied.flag_changes, result.env_changes) if applied else None
     verdict = result.result
     if as_json:
         # the object's `schema` is the CLI's (SCHEMA_VERSION), not the stored plan's (PLAN_SCHEMA)
         record = {k: v for k, v in result.to_json().items() if k != "schema"}
         if applied is not None:
-            record["set_context"] = applied.to_json(result)
+            record["set_context"] = {**applied.to_json(result), "refused": refused}
         emit_json({"command": "plan", "changed": False, **record})
     else:
-        echo(report.plan_text(result, applied.text(result) if applied is not None else ""))
+        applies = applied.text(result) if applied is not None else ""
+        if refused:
+            applies = f"set-context would refuse: {refused}"
+        echo(report.plan_text(result, applies))
     if verdict == "infeasible":
         sys.exit(ExitCode.INFEASIBLE)
     if verdict == "unknown":
         sys.exit(ExitCode.UNKNOWN)
+
+
+def edit_refusal(view: ServiceView | None, flags: dict[str, str], env: dict[str, str]) -> str | None:
+    """Why set-context could not write these flags into the unit (a Quadlet-generated unit, ...): the
+    same edit, not installed anywhere; None where it could."""
+    if view is None or not (flags or env):
+        return None
+    try:
+        edit_unit(view.unit, flags, env)
+    except UnitError as exc:
+        return exc.message
+    return None
 
 
 VLLM_OPTION_FIELDS = (

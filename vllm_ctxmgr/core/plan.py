@@ -139,6 +139,8 @@ class PlanOptions:
     service_pids: tuple[int, ...] = ()  # this service's processes: their memory is freed by the restart
     # the operator's own --gpu-memory-utilization: check it (vLLM's checks, no margin) instead of choosing
     fixed_gpu_memory_utilization: float | None = None
+    # whose the fixed utilisation is, in the verdict: "chosen" (the operator's), "the unit's" (kept)
+    fixed_gpu_memory_utilization_is: str = "the chosen"
     platform: Platform | None = None
     cpu: bool = False
     # size for this many requests of the full context at once: the KV need is N x blocks per request
@@ -252,6 +254,9 @@ class Plan:
     concurrency: int = 1  # requests of max_model_len the KV need was sized for
     capacity: tuple[KVCapacity, ...] = ()  # per engine; empty where the KV budget is not known
     not_modelled: tuple[NamedFlag, ...] = ()  # the unit's flags that change GPU memory, not counted
+    # the least utilisation that holds the target with the margin (None: none does, or not searched);
+    # gpu_memory_utilization is the one the plan runs at, the unit's own where set-context keeps it
+    least_gpu_memory_utilization: float | None = None
 
     @property
     def result(self) -> str:
@@ -294,6 +299,7 @@ class Plan:
             "memory": self.verdict,
             "max_model_len": self.max_model_len,
             "gpu_memory_utilization": self.gpu_memory_utilization,
+            "least_gpu_memory_utilization": self.least_gpu_memory_utilization,
             "max_context": self.max_context,
             "kv_bytes_per_gpu": self.kv_bytes_per_gpu,
             "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
@@ -553,6 +559,7 @@ class _Outcome:
     lines: tuple[GpuMemory, ...]
     kv_cache_memory_bytes: int | None  # the explicit KV budget the plan sets (or keeps)
     budget: int | None = None  # the KV budget when there are no GPU lines (explicit or logged)
+    least: float | None = None  # the least utilisation that holds the target with the margin
 
 
 def _stage_min(gpus: list[_Gpu], layout: KVCacheLayout, value: Callable[[_Gpu], int]) -> list[int]:
@@ -697,21 +704,25 @@ def _evaluate(
     if fixed is not None:
         fits_kv = all(g.budget(fixed) >= need_by_stage[g.stage] for g in gpus)
         fits_memory = fixed <= min(g.max_utilization() for g in gpus) + 1e-9
+        whose = options.fixed_gpu_memory_utilization_is
         if fits_kv and fits_memory:
-            verdict = f"fits at the chosen gpu_memory_utilization {fixed:.2f}"
+            verdict = f"fits at {whose} gpu_memory_utilization {fixed:.2f}"
         elif not fits_memory:
             verdict = (
                 f"does not fit: the free memory allows gpu_memory_utilization {u_limit:.2f}, not {fixed:.2f}"
             )
         else:
-            verdict = f"does not fit: the KV budget at gpu_memory_utilization {fixed:.2f} is too small"
+            verdict = (
+                f"does not fit: the KV budget at {whose} gpu_memory_utilization {fixed:.2f} is too small"
+            )
         lines = tuple(
             _line(
                 g, layout, target, g.requested(fixed), g.budget(fixed), budget_source(g), g.margin, requests
             )
             for g in gpus
         )
-        return _Outcome(fits_kv and fits_memory, verdict, fixed, max_context, lines, None)
+        least = u_needed if u_needed is not None and u_needed <= u_limit + 1e-9 else None
+        return _Outcome(fits_kv and fits_memory, verdict, fixed, max_context, lines, None, least=least)
 
     feasible = u_needed is not None and u_needed <= u_limit + 1e-9
     u = u_needed if feasible else u_limit
@@ -731,7 +742,7 @@ def _evaluate(
         _line(g, layout, target, g.requested(u), g.budget(u), budget_source(g), g.margin, requests)
         for g in gpus
     )
-    return _Outcome(feasible, verdict, u, max_context, lines, None)
+    return _Outcome(feasible, verdict, u, max_context, lines, None, least=u if feasible else None)
 
 
 def _evaluate_explicit(
@@ -1044,6 +1055,7 @@ def make_plan(
         warnings=tuple(dict.fromkeys(warnings)),
         notes=tuple(dict.fromkeys(notes + list(layout.notes))),
         not_modelled=tuple(named),
+        least_gpu_memory_utilization=outcome.least if not refused else None,
     )
 
 

@@ -61,6 +61,7 @@ class PlanRecord(TypedDict):
     memory: str
     max_model_len: int
     gpu_memory_utilization: float | None
+    least_gpu_memory_utilization: float | None  # the least that holds the target with the margin
     max_context: int
     kv_bytes_per_gpu: int
     kv_bytes_per_token_per_gpu: int
