@@ -72,6 +72,7 @@ from vllm_ctxmgr.core.budget import (
     requested_bytes,
 )
 from vllm_ctxmgr.core.calibration import NodeObservation, Observed, node_observed, observed_memory
+from vllm_ctxmgr.core.confidence import Confidence, plan_confidence
 from vllm_ctxmgr.core.deployment import (
     NamedFlag,
     gpu_weights,
@@ -257,6 +258,9 @@ class Plan:
     # the least utilisation that holds the target with the margin (None: none does, or not searched);
     # gpu_memory_utilization is the one the plan runs at, the unit's own where set-context keeps it
     least_gpu_memory_utilization: float | None = None
+    # what sets max_context: "model" (the derived maximum), "target" (no maximum known), "memory"
+    max_context_limit: str = "memory"
+    confidence: Confidence | None = None  # calibrated from a start, or estimated, with its error band
 
     @property
     def result(self) -> str:
@@ -301,6 +305,8 @@ class Plan:
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "least_gpu_memory_utilization": self.least_gpu_memory_utilization,
             "max_context": self.max_context,
+            "max_context_limit": self.max_context_limit,
+            "confidence": self.confidence.to_json() if self.confidence else None,
             "kv_bytes_per_gpu": self.kv_bytes_per_gpu,
             "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
             "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
@@ -737,12 +743,32 @@ def _evaluate(
     elif u_needed is not None:
         verdict = f"does not fit: needs gpu_memory_utilization {u_needed:.2f}, above the cap {cap:.2f}"
     else:
-        verdict = "does not fit: even the whole GPU is too small"
+        verdict = _too_small(gpus, need)
     lines = tuple(
         _line(g, layout, target, g.requested(u), g.budget(u), budget_source(g), g.margin, requests)
         for g in gpus
     )
     return _Outcome(feasible, verdict, u, max_context, lines, None, least=u if feasible else None)
+
+
+def _too_small(gpus: list[_Gpu], need: Callable[[_Gpu], int]) -> str:
+    """Why no utilisation holds the target, naming the term that does not fit: the weights alone where
+    they exceed the memory free at start, else the sum of the terms on the tightest GPU."""
+    heavy = max(gpus, key=lambda g: (g.weights.bytes or 0) - g.free_at_start)
+    weights = heavy.weights.bytes or 0
+    if weights > heavy.free_at_start:
+        return (
+            f"does not fit: the weights alone take {weights / GIB:.2f} GiB per GPU, more than the "
+            f"{heavy.free_at_start / GIB:.2f} GiB free on GPU {heavy.info.index} "
+            f"({heavy.total / GIB:.2f} GiB total)"
+        )
+    tight = max(gpus, key=lambda g: g.non_kv() + need(g) - g.total)
+    other = tight.non_kv() - (tight.weights.bytes or 0)
+    return (
+        f"does not fit: even the whole GPU is too small: weights {(tight.weights.bytes or 0) / GIB:.2f} GiB "
+        f"+ other non-KV {other / GIB:.2f} GiB + KV needed with margin {need(tight) / GIB:.2f} GiB is "
+        f"more than GPU {tight.info.index}'s {tight.total / GIB:.2f} GiB"
+    )
 
 
 def _evaluate_explicit(
@@ -1056,7 +1082,27 @@ def make_plan(
         notes=tuple(dict.fromkeys(notes + list(layout.notes))),
         not_modelled=tuple(named),
         least_gpu_memory_utilization=outcome.least if not refused else None,
+        max_context_limit=_context_limit(outcome.max_context, derived, target, options.allow_long),
+        confidence=_confidence(outcome, observed),
     )
+
+
+def _confidence(outcome: _Outcome, observed: Observed | None) -> Confidence:
+    """calibrated / estimated / exact, from the budgets the plan used (core/confidence.py)."""
+    if not outcome.lines and outcome.budget is None:
+        return Confidence("unknown", "no memory information")
+    explicit = outcome.kv_cache_memory_bytes is not None
+    return plan_confidence([line.kv_budget.source for line in outcome.lines], observed, explicit)
+
+
+def _context_limit(max_context: int, derived: int | None, target: int, allow_long: bool) -> str:
+    """What sets the largest context that fits: the model's derived maximum, the target (no maximum is
+    known, or a long context is allowed: nothing above the target is searched), or the memory."""
+    if derived is not None and not allow_long and max_context >= derived:
+        return "model"
+    if (derived is None or allow_long) and max_context >= max(target, derived or 0):
+        return "target"
+    return "memory"
 
 
 _ESTIMATED_FIGURES = ("activation_peak", "non_torch", "cuda_graphs", "startup_overhead")
