@@ -15,7 +15,14 @@ from typing import Any
 from vllm_ctxmgr.core.budget import effective_args, is_cpu_deployment
 from vllm_ctxmgr.core.calibration import NodeObservation
 from vllm_ctxmgr.core.change_policy import kept_utilization
-from vllm_ctxmgr.core.hardware import GpuInfo, GpuState, platform_for, uniform_gpus
+from vllm_ctxmgr.core.hardware import (
+    GpuInfo,
+    GpuState,
+    capability_for_name,
+    known_gpu_names,
+    platform_for,
+    uniform_gpus,
+)
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.observations import Observation, ObservationError, ObservationRecord
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
@@ -41,6 +48,12 @@ def gather_gpus(
     """(GPU state, note) from flags, a file, or NVML; None with a note when none can be had."""
     if gpus_from:
         return gpus_from_file(gpus_from).select(visible_devices), None
+    if gpu_name is not None and capability_for_name(gpu_name) is None:
+        # the name decides backends and defaults: one ctxmgr does not know would be planned as no GPU
+        raise UsageError(
+            f"--gpu-name {gpu_name!r}: not a GPU ctxmgr knows; known: {', '.join(known_gpu_names())} "
+            "(as NVML names them, e.g. 'NVIDIA H200'); leave --gpu-name out to plan without one"
+        )
     if gpu_memory is not None or gpu_count is not None:
         if gpu_memory is None:
             raise UsageError("--gpu-count needs --gpu-memory SIZE")

@@ -281,7 +281,8 @@ def _confidence_line(plan: Any, now: float | None = None) -> str:
         line += f"; {c.band.text()}"
         budget = min((g.kv_budget.bytes or 0 for g in plan.gpus), default=0)
         margin = min((g.margin.bytes or 0 for g in plan.gpus), default=0)
-        if c.level != "calibrated" and budget > 0:
+        guessed = any("without weights" in g.kv_budget.source for g in plan.gpus)
+        if c.level != "calibrated" and budget > 0 and not guessed:
             miss = abs(c.band.worst) * budget
             within = "inside" if miss <= margin else "MORE than"
             line += (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import getpass
 import json
@@ -125,11 +126,38 @@ class CtxmgrGroup(click.Group):
         except click.ClickException as exc:
             command = command_of(argv)
             code = usage_exit(command) if isinstance(exc, click.UsageError) else exc.exit_code
-            if wants_json(argv):
-                emit_json(error_object(command, exc.format_message(), code))
-            else:
-                exc.show()
-            sys.exit(code)
+            fail(click_message(exc), code, as_json=wants_json(argv), command=command)
+
+
+def click_message(exc: click.ClickException) -> str:
+    """click's own usage error as one line, like every other error (not click's four-line usage block):
+    the command, what is wrong, the closest option of that command, where to read more."""
+    ctx = exc.ctx if isinstance(exc, click.UsageError) else None
+    where = " ".join(ctx.command_path.split()[1:]) if ctx is not None else ""
+    if isinstance(exc, click.NoSuchOption) and ctx is not None:
+        guess = closest_option(exc.option_name, ctx.command)
+        message = f"no such option {exc.option_name}" + (f"; did you mean {guess}?" if guess else "")
+    else:
+        message = exc.format_message().rstrip(".")
+    help_hint = f" (ctxmgr {where + ' ' if where else ''}--help)" if ctx is not None else ""
+    return (f"{where}: " if where else "") + message + help_hint
+
+
+def closest_option(name: str, command: click.Command) -> str | None:
+    """The command's own option closest to a misspelt `name`, as its long name (with the short spelling
+    that matched: `--tp` finds `-tp`, answered as `--tensor-parallel-size (-tp)`); None if none is close.
+    ctxmgr's options answer first; vLLM's flags are for the caller to try next."""
+    spellings: dict[str, click.Option] = {}
+    for param in command.params:
+        if isinstance(param, click.Option) and not param.hidden:
+            for opt in (*param.opts, *param.secondary_opts):
+                spellings[opt] = param
+    matches = difflib.get_close_matches(name, list(spellings), n=1, cutoff=0.75)
+    if not matches:
+        return None
+    option = spellings[matches[0]]
+    long = max(option.opts, key=len)
+    return long if matches[0] == long else f"{long} ({matches[0]})"
 
 
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -26,6 +26,7 @@ from vllm_ctxmgr.cli.common import (
     WAIT_LOCK,
     CtxmgrGroup,
     check_state_dir,
+    closest_option,
     confirmation,
     echo,
     emit_json,
@@ -157,7 +158,10 @@ def context_from(context: int | None, max_model_len: int | None) -> int:
 
 
 def vllm_overrides(
-    explicit: dict[str, Any], extra: list[str], vllm_version: str | None = None
+    explicit: dict[str, Any],
+    extra: list[str],
+    vllm_version: str | None = None,
+    command: click.Command | None = None,
 ) -> dict[str, Any]:
     """ServeArgs fields from ctxmgr's vLLM options and from any other vLLM flag given after them.
 
@@ -172,9 +176,11 @@ def vllm_overrides(
     version = parse_vllm_version(vllm_version)
     _positionals, flags = split_flags(extra)
     for name in [f for f in flags if vllm_flag(f) is None] + _positionals:
-        guess = closest_vllm_flag(name, version)
+        # ctxmgr's own options answer a typo first (`--gpu-memroy` is --gpu-memory), then vLLM's flags
+        own = closest_option(name, command) if command is not None and name.startswith("-") else None
+        guess = own or closest_vllm_flag(name, version)
         hint = f"; did you mean {guess}?" if guess else ""
-        raise UsageError(f"{name}: not a vLLM flag{hint}")
+        raise UsageError(f"{name}: not a vLLM flag nor an option of ctxmgr{hint}")
     refused = unrecognized_vllm_flags(flags, version, vllm_version or "", whose="--vllm-version")
     if refused:
         raise UsageError(refused)
@@ -224,13 +230,15 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     can hold (--enforce-eager, --dtype, --speculative-config ...) may follow.
     Exit: 0 feasible, 3 infeasible, 6 unknown (no memory information), 2 usage.
     """
+    # the words after the options first: a misspelt option of plan's own (`--modle DIR`) is named as
+    # such, not answered with what its absence means
+    explicit = {name: options.pop(name) for name in VLLM_OPTION_FIELDS}
+    overrides = vllm_overrides(explicit, list(ctx.args), options.get("vllm_version"), ctx.command)
     chosen = [
         name for name, value in (("--model", model), ("--unit", unit_file), ("--service", service)) if value
     ]
     if len(chosen) != 1 and chosen != ["--model", "--unit"]:  # --unit --model: the unit on a local copy
         raise UsageError("give exactly one of --model, --unit or --service (--model may go with --unit)")
-    explicit = {name: options.pop(name) for name in VLLM_OPTION_FIELDS}
-    overrides = vllm_overrides(explicit, list(ctx.args), options.get("vllm_version"))
     # a utilisation given is the one the deployment runs with (as set-context takes it), not a hint
     fixed = explicit["gpu_memory_utilization"]
     unit_args: ServeArgs | None = None
