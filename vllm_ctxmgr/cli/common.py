@@ -328,15 +328,23 @@ class VllmVersionArg(click.ParamType):
         version = parse_vllm_version(text)
         if version is None:
             self.fail(f"{text!r} is not a vLLM version (e.g. 0.33.0)", param, ctx)
-        if version < OLDEST_VLLM:
-            # above the newest known, the plan says whose rules it used; below the oldest, none fit
-            oldest = ".".join(map(str, OLDEST_VLLM))
-            self.fail(
-                f"vLLM {text} is older than {oldest}, the oldest release ctxmgr knows the rules of",
-                param,
-                ctx,
-            )
+        # older than the oldest release known: the read-only commands plan it by the oldest rules and
+        # say what they do not model for it; the commands that change a service refuse it
+        # (refuse_old_rules), as they refuse a plan they cannot stand behind
         return text
+
+
+def refuse_old_rules(vllm_version: str | None, command: str) -> None:
+    """A command that changes a service does not apply a plan made by another release's rules: a vLLM
+    older than the oldest release ctxmgr knows is refused here (`plan` still plans it, read-only)."""
+    version = parse_vllm_version(vllm_version)
+    if version is not None and version < OLDEST_VLLM:
+        oldest = ".".join(map(str, OLDEST_VLLM))
+        raise UsageError(
+            f"--vllm-version {vllm_version}: older than {oldest}, the oldest release ctxmgr knows the rules "
+            f"of; {command} changes a service and refuses it (`ctxmgr plan --vllm-version {vllm_version}` "
+            f"plans it read-only by {oldest}'s rules and says what they do not model)"
+        )
 
 
 class ServiceName(click.ParamType):

@@ -90,7 +90,14 @@ from vllm_ctxmgr.core.memory import NonKvMemory, margin_widening, non_kv_memory,
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA, FigureRecord, PlanRecord, VllmRuleRecord
 from vllm_ctxmgr.core.serve_args import ServeArgs, multi_node_flag
-from vllm_ctxmgr.core.vllm_versions import NEWEST_VLLM, VllmVersion, known_version, rule, rules_in_force
+from vllm_ctxmgr.core.vllm_versions import (
+    NEWEST_VLLM,
+    VllmVersion,
+    known_version,
+    not_modelled_before_oldest,
+    rule,
+    rules_in_force,
+)
 from vllm_ctxmgr.errors import UsageError
 
 DEFAULT_MAX_GPU_MEMORY_UTILIZATION = 0.95
@@ -964,6 +971,10 @@ def make_plan(
     _, unknown_version = known_version(version)  # rule() itself answers with the nearest release's row
     if unknown_version:
         warnings.append(unknown_version)
+    warnings.extend(
+        f"not modelled for vLLM {'.'.join(map(str, version))}: {term}"
+        for term in not_modelled_before_oldest(version)
+    )
 
     base_layout = kv_cache_layout(
         facts, _scheduled(facts, args, platform, version, target), platform, version
