@@ -66,3 +66,29 @@ def test_the_commands_that_change_a_service_refuse_it_in_one_line() -> None:
             err.startswith("ctxmgr: --vllm-version 0.6.4: older than 0.10.0") and "changes a service" in err
         )
         assert "`ctxmgr plan --vllm-version 0.6.4` plans it read-only" in err
+
+
+def test_a_service_running_an_old_vllm_is_planned_but_not_changed(
+    sandbox, install_unit, workdir: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The unit's own vLLM (its venv's dist-info) is 0.6.4: `plan --service` plans it by 0.10's rules
+    with the warnings, `set-context` refuses before writing anything."""
+    from tests.ctxmgr_cli import run_ctxmgr
+    from tests.support.demo import make_vllm_wrapper, offline_gpu_args, standin_unit
+
+    wrapper = make_vllm_wrapper(workdir)
+    (workdir / "lib" / "python3.11" / "site-packages" / "vllm-0.6.4.dist-info").mkdir(parents=True)
+    name = "vllm-old"
+    unit = install_unit(f"{name}.service", standin_unit(wrapper, port=18098))
+    state = workdir / "state"
+    gpus = offline_gpu_args()
+    planned = run_ctxmgr(sandbox.pid, state, "plan", "16384", "--service", name, *gpus, "--json", timeout=180)
+    assert planned.code == 0, planned.stderr
+    assert planned.data["vllm_version"] == "0.6.4"
+    assert any(w.startswith("not modelled for vLLM 0.6.4") for w in planned.data["warnings"])
+    before = (sandbox.systemd.host_unit_dir / unit).read_text()
+    refused = run_ctxmgr(sandbox.pid, state, "set-context", "16384", "--service", name, *gpus, "--yes",
+                         timeout=180)  # fmt: skip
+    assert refused.code == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert f"{name}.service runs vLLM 0.6.4, older than 0.10.0" in refused.stderr
+    assert (sandbox.systemd.host_unit_dir / unit).read_text() == before
