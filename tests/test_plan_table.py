@@ -67,7 +67,7 @@ def test_the_margin_has_its_column_and_the_headroom_adds_up() -> None:
     assert margin == round(g["margin"]["bytes"] / GIB, 2) == 3.26
     assert abs(budget - needed - margin - headroom) <= 0.011  # checkable by hand
     assert f"margin: {margin:.2f} GiB of KV budget kept spare" in text
-    assert "for the spread of the estimated terms" in text  # what the widening is for
+    assert "widened for what is not known exactly (the spread of the estimated terms" in text
     assert "n other non-KV" in text
 
 

@@ -262,7 +262,10 @@ def _margin_line(g: Any) -> str:
         "the rounding of logged figures"
     )
     if margin > base:
-        text += f", + {gib(margin - base)} for the spread of the estimated terms"
+        text += (
+            f", + {gib(margin - base)} widened for what is not known exactly (the spread of the estimated "
+            "terms, flags not modelled: the notes and warnings name them)"
+        )
     return text
 
 
