@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,7 +62,8 @@ def test_plan_human_output_shows_a_table_and_bars() -> None:
     code, out, _ = plan_glm5("200000")
     assert code == 0
     assert "KV needed" in out and "18.66 GiB" in out
-    assert out.count("[") >= 8  # one bar per GPU
+    # eight identical GPUs: one row and one bar, labelled with their range (issue 28 item 2)
+    assert re.search(r"^ 0-7 \[[#WnKmk.]+\]$", out, re.M)
     assert "FEASIBLE" in out
 
 

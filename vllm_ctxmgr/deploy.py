@@ -36,7 +36,7 @@ from vllm_ctxmgr.change import (
 from vllm_ctxmgr.core.budget import default_gpu_memory_utilization
 from vllm_ctxmgr.core.change_policy import flags_to_apply
 from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, multi_node_flag
-from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
+from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UnitError, UsageError
 from vllm_ctxmgr.observing import calibration, capacity
 from vllm_ctxmgr.planning import PlanRequest, plan_service
@@ -267,6 +267,14 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
         restarter.unsaved_observations, argv_check=False,
     )  # fmt: skip
     view, plan = service_plan.view, service_plan.plan
+    if tuple(plan.vllm_version) < OLDEST_VLLM:
+        # planned by the oldest known release's rules (plan says what they do not model): not applied
+        version, oldest = ".".join(map(str, plan.vllm_version)), ".".join(map(str, OLDEST_VLLM))
+        raise UsageError(
+            f"{restarter.service} runs vLLM {version}, older than {oldest}, the oldest release ctxmgr knows "
+            f"the rules of: set-context changes a service and refuses it (`ctxmgr plan --service "
+            f"{restarter.service}` plans it read-only by {oldest}'s rules)"
+        )
     node_flag = multi_node_flag(view.args)
     if node_flag is not None:
         raise UsageError(

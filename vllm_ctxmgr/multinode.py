@@ -389,6 +389,9 @@ class Coordinator:
                 )
                 return result
             flags = {str(k): str(v) for k, v in dict(answer.get("flag_changes") or {}).items()}
+            # the head leaves out a length its own unit has; every node gets it (a node's own edit of a
+            # value it already has changes nothing)
+            flags.setdefault("--max-model-len", str(context))
             diffs = self._each(self.changing, lambda n: self._prepare(n, flags, context, dry_run=True))
             failed = [d for d in diffs if isinstance(d, NodeError)]
             if failed:

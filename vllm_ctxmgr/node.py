@@ -27,7 +27,7 @@ from typing import Any
 
 from vllm_ctxmgr import store as st
 from vllm_ctxmgr.change import Change
-from vllm_ctxmgr.core.change_policy import flags_to_apply
+from vllm_ctxmgr.core.change_policy import flags_to_apply, least_utilization
 from vllm_ctxmgr.errors import CtxmgrError, UnitError, UsageError
 from vllm_ctxmgr.masking import mask, mask_json
 from vllm_ctxmgr.nvml import read_nvml
@@ -492,26 +492,21 @@ def plan(restarter: Restarter, request: PlanRequest, gpu_memory_utilization: flo
             argv_check=False,
         )
 
+    # plan_service plans at what each node will run: the unit's utilisation where it holds the target
+    # and stays, the least that fits one more figure
     service_plan = planned(gpu_memory_utilization)
-    view, made = service_plan.view, service_plan.plan
-    applied = flags_to_apply(view.args, made, made.max_model_len, gpu_memory_utilization)
-    least = made.gpu_memory_utilization
-    shown = made
-    if applied.kept_utilization and applied.gpu_memory_utilization not in (None, least):
-        # every node keeps its unit's utilisation (it holds the target): the per-node figures the
-        # coordinator holds against each node's logged lines are those of that utilisation, not of
-        # the least that fits, which stays one more figure
-        shown = planned(applied.gpu_memory_utilization).plan
+    view, shown = service_plan.view, service_plan.plan
+    applied = flags_to_apply(view.args, shown, shown.max_model_len, gpu_memory_utilization)
     return {
         "service": restarter.unit,
         "plan": mask_json(shown.to_json(), view.secrets),
-        "text": mask(plan_text(shown, applied.text(made)), view.secrets),
-        "result": made.result,
-        "max_model_len": made.max_model_len,
+        "text": mask(plan_text(shown, applied.text(shown)), view.secrets),
+        "result": shown.result,
+        "max_model_len": shown.max_model_len,
         "flag_changes": applied.flag_changes,
         "gpu_memory_utilization": applied.gpu_memory_utilization,
-        "least_gpu_memory_utilization": least,
-        "applies": applied.text(made),
+        "least_gpu_memory_utilization": least_utilization(shown),
+        "applies": applied.text(shown),
         "learned": service_plan.learned,
     }
 

@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_ctxmgr.core.budget import effective_args, is_cpu_deployment
 from vllm_ctxmgr.core.calibration import NodeObservation
-from vllm_ctxmgr.core.hardware import GpuInfo, GpuState, platform_for, uniform_gpus
+from vllm_ctxmgr.core.change_policy import kept_utilization
+from vllm_ctxmgr.core.hardware import (
+    GpuInfo,
+    GpuState,
+    capability_for_name,
+    known_gpu_names,
+    platform_for,
+    uniform_gpus,
+)
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.observations import Observation, ObservationError, ObservationRecord
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
@@ -41,6 +49,12 @@ def gather_gpus(
     """(GPU state, note) from flags, a file, or NVML; None with a note when none can be had."""
     if gpus_from:
         return gpus_from_file(gpus_from).select(visible_devices), None
+    if gpu_name is not None and capability_for_name(gpu_name) is None:
+        # the name decides backends and defaults: one ctxmgr does not know would be planned as no GPU
+        raise UsageError(
+            f"--gpu-name {gpu_name!r}: not a GPU ctxmgr knows; known: {', '.join(known_gpu_names())} "
+            "(as NVML names them, e.g. 'NVIDIA H200'); leave --gpu-name out to plan without one"
+        )
     if gpu_memory is not None or gpu_count is not None:
         if gpu_memory is None:
             raise UsageError("--gpu-count needs --gpu-memory SIZE")
@@ -235,9 +249,11 @@ def plan_for(
     service_pids: tuple[int, ...] = (),
     observations: Iterable[Observation] = (),
     root: Path = Path("/"),
+    whose: str = "the chosen",
 ) -> Plan:
     """Model facts + GPUs + earlier starts -> a Plan: the I/O is here, the planner (core.plan) is pure.
-    `root`: the unit's manager's root as seen from here (Systemd.root); its paths are read under it."""
+    `root`: the unit's manager's root as seen from here (Systemd.root); its paths are read under it.
+    `whose`: whose a fixed utilisation is, as the verdict says it."""
     args = in_managers_root(effective_args(args), root)
     cpu = is_cpu_deployment(args)
     model_facts = load_model_facts(
@@ -264,6 +280,7 @@ def plan_for(
         max_gpu_memory_utilization=request.max_gpu_memory_utilization,
         weights_bytes=request.weights_bytes,
         fixed_gpu_memory_utilization=request.fixed_gpu_memory_utilization,
+        fixed_gpu_memory_utilization_is=whose,
         concurrency=request.concurrency,
         service_pids=service_pids,
         cpu=cpu,
@@ -277,6 +294,26 @@ def plan_for(
         platform = platform_for(gpu_state, cpu)
         options = replace(options, platform=replace(platform, cuda_runtime_major=cuda_runtime_major(cuda)))
     return make_plan(model_facts, args, gpu_state, options, tuple(observations), request.node_observations)
+
+
+def plan_as_run(
+    args: ServeArgs,
+    request: PlanRequest,
+    service_pids: tuple[int, ...] = (),
+    observations: Iterable[Observation] = (),
+    root: Path = Path("/"),
+) -> Plan:
+    """A unit's plan at the utilisation set-context would run it with: where the unit's own holds the
+    target and stays (core.change_policy), the plan is made again at it, the least that fits one more
+    figure (Plan.least_gpu_memory_utilization), so its table and capacity are what vLLM will report."""
+    observations = tuple(observations)
+    plan = plan_for(args, request, service_pids, observations, root=root)
+    kept = kept_utilization(args, plan, request.fixed_gpu_memory_utilization)
+    if kept is None:
+        return plan
+    at_kept = replace(request, context=plan.max_model_len, fixed_gpu_memory_utilization=kept)
+    as_run = plan_for(args, at_kept, service_pids, observations, root=root, whose="the unit's")
+    return replace(as_run, least_gpu_memory_utilization=plan.gpu_memory_utilization)
 
 
 def cuda_runtime_major(version: str) -> int:
@@ -337,7 +374,7 @@ def plan_service(
         root = systemd.root
         largest = largest_context(args, request, service_pids=pids, observations=observations, root=root)
         request = replace(request, context=largest)
-    plan = plan_for(args, request, pids, observations, root=systemd.root)
+    plan = plan_as_run(args, request, pids, observations, root=systemd.root)
     mismatch = running_argv_mismatch(systemd, view) if argv_check else None
     if mismatch:
         plan = replace(plan, warnings=(mismatch, *plan.warnings))

@@ -23,6 +23,7 @@ from vllm_ctxmgr.cli.common import (
     finish,
     gpu_options,
     handle_errors,
+    refuse_old_rules,
     restarter_for,
     service_param,
     systemd_for,
@@ -79,6 +80,7 @@ def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int 
     the largest context that fits, resolved before the restart (the unit gets the number).
     """
     target = context_from(context, max_model_len)
+    refuse_old_rules(options.get("vllm_version"), "set-context")
     restarter = restarter_for(ctx, service, as_json, timeout)
     request = SetContextRequest(
         context=target,

@@ -6,6 +6,7 @@ project's heavier modules (the store, systemd, a change) are imported inside the
 
 from __future__ import annotations
 
+import difflib
 import functools
 import getpass
 import json
@@ -125,11 +126,38 @@ class CtxmgrGroup(click.Group):
         except click.ClickException as exc:
             command = command_of(argv)
             code = usage_exit(command) if isinstance(exc, click.UsageError) else exc.exit_code
-            if wants_json(argv):
-                emit_json(error_object(command, exc.format_message(), code))
-            else:
-                exc.show()
-            sys.exit(code)
+            fail(click_message(exc), code, as_json=wants_json(argv), command=command)
+
+
+def click_message(exc: click.ClickException) -> str:
+    """click's own usage error as one line, like every other error (not click's four-line usage block):
+    the command, what is wrong, the closest option of that command, where to read more."""
+    ctx = exc.ctx if isinstance(exc, click.UsageError) else None
+    where = " ".join(ctx.command_path.split()[1:]) if ctx is not None else ""
+    if isinstance(exc, click.NoSuchOption) and ctx is not None:
+        guess = closest_option(exc.option_name, ctx.command)
+        message = f"no such option {exc.option_name}" + (f"; did you mean {guess}?" if guess else "")
+    else:
+        message = exc.format_message().rstrip(".")
+    help_hint = f" (ctxmgr {where + ' ' if where else ''}--help)" if ctx is not None else ""
+    return (f"{where}: " if where else "") + message + help_hint
+
+
+def closest_option(name: str, command: click.Command) -> str | None:
+    """The command's own option closest to a misspelt `name`, as its long name (with the short spelling
+    that matched: `--tp` finds `-tp`, answered as `--tensor-parallel-size (-tp)`); None if none is close.
+    ctxmgr's options answer first; vLLM's flags are for the caller to try next."""
+    spellings: dict[str, click.Option] = {}
+    for param in command.params:
+        if isinstance(param, click.Option) and not param.hidden:
+            for opt in (*param.opts, *param.secondary_opts):
+                spellings[opt] = param
+    matches = difflib.get_close_matches(name, list(spellings), n=1, cutoff=0.75)
+    if not matches:
+        return None
+    option = spellings[matches[0]]
+    long = max(option.opts, key=len)
+    return long if matches[0] == long else f"{long} ({matches[0]})"
 
 
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -300,21 +328,31 @@ class VllmVersionArg(click.ParamType):
     name = "VERSION"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
+        from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 
         text = str(value)
         version = parse_vllm_version(text)
         if version is None:
             self.fail(f"{text!r} is not a vLLM version (e.g. 0.33.0)", param, ctx)
-        if version < OLDEST_VLLM:
-            # above the newest known, the plan says whose rules it used; below the oldest, none fit
-            oldest = ".".join(map(str, OLDEST_VLLM))
-            self.fail(
-                f"vLLM {text} is older than {oldest}, the oldest release ctxmgr knows the rules of",
-                param,
-                ctx,
-            )
+        # older than the oldest release known: the read-only commands plan it by the oldest rules and
+        # say what they do not model for it; the commands that change a service refuse it
+        # (refuse_old_rules), as they refuse a plan they cannot stand behind
         return text
+
+
+def refuse_old_rules(vllm_version: str | None, command: str) -> None:
+    """A command that changes a service does not apply a plan made by another release's rules: a vLLM
+    older than the oldest release ctxmgr knows is refused here (`plan` still plans it, read-only)."""
+    from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
+
+    version = parse_vllm_version(vllm_version)
+    if version is not None and version < OLDEST_VLLM:
+        oldest = ".".join(map(str, OLDEST_VLLM))
+        raise UsageError(
+            f"--vllm-version {vllm_version}: older than {oldest}, the oldest release ctxmgr knows the rules "
+            f"of; {command} changes a service and refuses it (`ctxmgr plan --vllm-version {vllm_version}` "
+            f"plans it read-only by {oldest}'s rules and says what they do not model)"
+        )
 
 
 class ServiceName(click.ParamType):

@@ -23,6 +23,7 @@ from vllm_ctxmgr.cli.common import (
     emit_json,
     examples,
     handle_errors,
+    refuse_old_rules,
     restarter_for,
 )
 from vllm_ctxmgr.core.hardware import uniform_gpus
@@ -314,6 +315,7 @@ def deployment_set_context_cmd(
     **options: Any,
 ) -> None:
     """Set every node's max_model_len to CONTEXT, restart the deployment as one; roll all back on failure."""
+    refuse_old_rules(options.get("vllm_version"), "deployment set-context")
     request = _request(ctx, context, as_json=as_json, **options)
     request.dry_run, request.force, request.dropin, request.start_timeout = (
         dry_run,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -20,6 +20,7 @@ from vllm_ctxmgr.cli.common import (
     PARALLEL,
     UTILIZATION,
     VLLM_BYTES,
+    closest_option,
     echo,
     emit_json,
     gpu_options,
@@ -27,7 +28,10 @@ from vllm_ctxmgr.cli.common import (
     restarter_for,
     service_param,
 )
-from vllm_ctxmgr.errors import ExitCode, UsageError
+from vllm_ctxmgr.errors import ExitCode, UnitError, UsageError
+
+if TYPE_CHECKING:
+    from vllm_ctxmgr.service import ServiceView
 
 
 def context_from(context: int | None, max_model_len: int | None) -> int:
@@ -41,7 +45,10 @@ def context_from(context: int | None, max_model_len: int | None) -> int:
 
 
 def vllm_overrides(
-    explicit: dict[str, Any], extra: list[str], vllm_version: str | None = None
+    explicit: dict[str, Any],
+    extra: list[str],
+    vllm_version: str | None = None,
+    command: click.Command | None = None,
 ) -> dict[str, Any]:
     """ServeArgs fields from ctxmgr's vLLM options and from any other vLLM flag given after them.
 
@@ -62,9 +69,11 @@ def vllm_overrides(
     version = parse_vllm_version(vllm_version)
     _positionals, flags = split_flags(extra)
     for name in [f for f in flags if vllm_flag(f) is None] + _positionals:
-        guess = closest_vllm_flag(name, version)
+        # ctxmgr's own options answer a typo first (`--gpu-memroy` is --gpu-memory), then vLLM's flags
+        own = closest_option(name, command) if command is not None and name.startswith("-") else None
+        guess = own or closest_vllm_flag(name, version)
         hint = f"; did you mean {guess}?" if guess else ""
-        raise UsageError(f"{name}: not a vLLM flag{hint}")
+        raise UsageError(f"{name}: not a vLLM flag nor an option of ctxmgr{hint}")
     refused = unrecognized_vllm_flags(flags, version, vllm_version or "", whose="--vllm-version")
     if refused:
         raise UsageError(refused)
@@ -117,18 +126,21 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     from vllm_ctxmgr import report
     from vllm_ctxmgr.core.change_policy import flags_to_apply
     from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, ServeArgs, with_overrides
-    from vllm_ctxmgr.planning import PlanRequest, largest_context, plan_for, plan_service
+    from vllm_ctxmgr.planning import PlanRequest, largest_context, plan_as_run, plan_for, plan_service
 
+    # the words after the options first: a misspelt option of plan's own (`--modle DIR`) is named as
+    # such, not answered with what its absence means
+    explicit = {name: options.pop(name) for name in VLLM_OPTION_FIELDS}
+    overrides = vllm_overrides(explicit, list(ctx.args), options.get("vllm_version"), ctx.command)
     chosen = [
         name for name, value in (("--model", model), ("--unit", unit_file), ("--service", service)) if value
     ]
     if len(chosen) != 1 and chosen != ["--model", "--unit"]:  # --unit --model: the unit on a local copy
         raise UsageError("give exactly one of --model, --unit or --service (--model may go with --unit)")
-    explicit = {name: options.pop(name) for name in VLLM_OPTION_FIELDS}
-    overrides = vllm_overrides(explicit, list(ctx.args), options.get("vllm_version"))
     # a utilisation given is the one the deployment runs with (as set-context takes it), not a hint
     fixed = explicit["gpu_memory_utilization"]
     unit_args: ServeArgs | None = None
+    unit_view: ServiceView | None = None  # the unit set-context would edit
     # no CONTEXT: the one the unit (or a vLLM flag after the options, `--max_model_len 64k`) gives
     given = context is not None or max_model_len is not None
     if service:
@@ -141,8 +153,8 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
         from vllm_ctxmgr.service import view_from_unit
         from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 
-        view = view_from_unit(ServiceUnit.load_with_dropins(unit_file))
-        unit_args = with_overrides(view.args, {**overrides, **({"model": model} if model else {})})
+        unit_view = view_from_unit(ServiceUnit.load_with_dropins(unit_file))
+        unit_args = with_overrides(unit_view.args, {**overrides, **({"model": model} if model else {})})
     if given or unit_args is None:
         target = context_from(context, max_model_len)
     else:
@@ -153,32 +165,52 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
             restarter.systemd, restarter.store, restarter.service, request, restarter.keep_observation,
             overrides=overrides,
         )  # fmt: skip
-        result, unit_args = planned.plan, with_overrides(planned.view.args, overrides)
+        result, unit_view = planned.plan, planned.view
+        unit_args = with_overrides(planned.view.args, overrides)
     else:
         args = unit_args if unit_args is not None else ServeArgs(model=model, **overrides)  # type: ignore[arg-type]
         if target == AUTO_CONTEXT:
             request = replace(request, context=largest_context(args, request))
-        result = plan_for(args, request)
-    # what set-context would write to this unit: the plan's figure is the least that fits, the unit's
-    # own utilisation stays where it holds the target (core.change_policy, the rule set-context applies)
+        # a unit's plan is at what set-context would run: the unit's utilisation where it holds the
+        # target and stays (core.change_policy, the rule set-context applies), the least one more figure
+        result = plan_as_run(args, request) if unit_args is not None else plan_for(args, request)
+    # what set-context would write to this unit
     applied = (
         flags_to_apply(unit_args, result, result.max_model_len, fixed)
         if unit_args is not None and result.feasible
         else None
     )
+    refused = edit_refusal(unit_view, applied.flag_changes, result.env_changes) if applied else None
     verdict = result.result
     if as_json:
         # the object's `schema` is the CLI's (SCHEMA_VERSION), not the stored plan's (PLAN_SCHEMA)
         record = {k: v for k, v in result.to_json().items() if k != "schema"}
         if applied is not None:
-            record["set_context"] = applied.to_json(result)
+            record["set_context"] = {**applied.to_json(result), "refused": refused}
         emit_json({"command": "plan", "changed": False, **record})
     else:
-        echo(report.plan_text(result, applied.text(result) if applied is not None else ""))
+        applies = applied.text(result) if applied is not None else ""
+        if refused:
+            applies = f"set-context would refuse: {refused}"
+        echo(report.plan_text(result, applies))
     if verdict == "infeasible":
         sys.exit(ExitCode.INFEASIBLE)
     if verdict == "unknown":
         sys.exit(ExitCode.UNKNOWN)
+
+
+def edit_refusal(view: ServiceView | None, flags: dict[str, str], env: dict[str, str]) -> str | None:
+    """Why set-context could not write these flags into the unit (a Quadlet-generated unit, ...): the
+    same edit, not installed anywhere; None where it could."""
+    if view is None or not (flags or env):
+        return None
+    from vllm_ctxmgr.systemd.unit_edit import edit_unit
+
+    try:
+        edit_unit(view.unit, flags, env)
+    except UnitError as exc:
+        return exc.message
+    return None
 
 
 VLLM_OPTION_FIELDS = (

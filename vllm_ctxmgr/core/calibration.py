@@ -31,6 +31,7 @@ class Observed:
     estimated_max_model_len: int | None
     requested_at_start: int | None = None  # ceil(total x u) at that start, where its total is known
     origin: str = ""  # whose journal: "" for this service's own store, "node 1" for a headless node's
+    start: Observation | None = None  # the start whose KV budget this is (the plan's confidence names it)
 
     @property
     def source(self) -> str:
@@ -129,6 +130,7 @@ def observed_memory(
         estimated,
         requested_at_start,
         origin,
+        latest if available is not None else None,
     ), notes
 
 

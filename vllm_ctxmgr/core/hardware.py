@@ -188,6 +188,15 @@ class Platform:
         return config_dtype
 
 
+def known_gpu_names() -> list[str]:
+    """The GPU models whose compute capability ctxmgr knows by name, as an operator would write them."""
+
+    def spelt(needle: str) -> str:
+        return " ".join(w.title() if w in ("blackwell", "ada") else w.upper() for w in needle.split())
+
+    return [spelt(needle) for needle, _ in _CAPABILITY_BY_NAME]
+
+
 def capability_for_name(name: str) -> tuple[int, int] | None:
     """The compute capability a GPU name implies ("NVIDIA H200" -> (9, 0)), for GPU lists without one.
 
