@@ -205,7 +205,7 @@ ALLOWED = {
     },
     "schedule": {"metrics", "service", "store", "systemd"},
     "status": {"report", "schedule", "service", "store", "systemd", "verify"},
-    "metrics": {"core"},
+    "metrics": {"core", "store"},
     "report": {"core"},
     "remote": set(),
     "node": {

@@ -228,17 +228,23 @@ def _who() -> str:
     return "root" if os.geteuid() == 0 else _user()
 
 
-def check_trusted(st: os.stat_result, path: Path | str) -> None:
-    """StrictModes: refuse what another user owns or what group or others may write."""
+def check_trusted(st: os.stat_result, path: Path | str, sticky_ok: bool = False) -> None:
+    """StrictModes: refuse what another user owns or what group or others may write. With `sticky_ok`,
+    a directory others may write passes when it is sticky (/tmp's 1777: nobody else may remove or
+    rename what is ours there)."""
     if st.st_uid not in (0, os.geteuid()):
         raise UnsafePathError(
             f"{path}: owned by uid {st.st_uid}, not {_who()}: another user could plant what ctxmgr "
             f"runs as {_who()}; if it is yours, run `chown {_who()} {path}`"
         )
-    if st.st_mode & 0o022:
-        raise UnsafePathError(
-            f"{path}: writable by group or others (mode {st.st_mode & 0o7777:04o}): run `chmod go-w {path}`"
-        )
+    if st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
+        mode = f"mode {st.st_mode & 0o7777:04o}"
+        if sticky_ok:
+            raise UnsafePathError(
+                f"{path}: writable by group or others ({mode}) and not sticky: another user could swap a "
+                f"link in; run `chmod +t {path}` (or `chmod go-w {path}`)"
+            )
+        raise UnsafePathError(f"{path}: writable by group or others ({mode}): run `chmod go-w {path}`")
 
 
 def _refuse_link(parent_fd: int, name: str, path: Path) -> None:
@@ -279,6 +285,44 @@ def open_state_dir(state_dir: Path, create: bool) -> int | None:
         os.close(fd)
         raise
     return fd
+
+
+def open_checked_dir(directory: Path, sticky_ok: bool = False) -> int:
+    """A directory the operator named (a link on the way is the operator's own), checked as the state
+    directory is; with `sticky_ok` a sticky directory others may write passes (see check_trusted)."""
+    try:
+        fd = os.open(directory, _DIR_FLAGS)
+    except OSError as exc:
+        raise _os_error(directory, exc) from None
+    try:
+        check_trusted(os.fstat(fd), directory, sticky_ok)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_ours_at(parent_fd: int, name: str, path: Path) -> None:
+    """In a directory others may write: `name`, where present, must be a regular file of ours (not a
+    link, nor another user's file that ctxmgr would take over)."""
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise _os_error(path, exc) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePathError(
+            f"{path}: a symbolic link in a directory others may write; ctxmgr follows none there: "
+            f"remove it (`rm {path}`)"
+        )
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePathError(f"{path}: not a regular file: remove it (`rm {path}`)")
+    if st.st_uid != os.geteuid():
+        raise UnsafePathError(
+            f"{path}: owned by uid {st.st_uid}, not {_who()}, in a directory others may write: "
+            f"remove it (`rm {path}`) if it is not needed"
+        )
 
 
 def open_dir_at(parent_fd: int, name: str, path: Path, create: bool, tighten: bool = False) -> int | None:
@@ -353,21 +397,28 @@ def _text(text: str) -> bytes:
     return scrub(text).encode()
 
 
-def write_new_at(parent_fd: int, name: str, data: bytes) -> None:
+def write_new_at(parent_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
+    """A new file (never an existing one, never through a link), created 0600 and given `mode` on its
+    own descriptor, so neither the umask nor a path swapped in between decides what it becomes."""
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                  dir_fd=parent_fd)  # fmt: skip
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
         handle.flush()
+        if mode != 0o600:
+            os.fchmod(handle.fileno(), mode)
         os.fsync(handle.fileno())
 
 
-def atomic_write_at(parent_fd: int, name: str, data: bytes) -> None:
-    """atomic_write below a checked directory: a 0600 temporary beside `name`, renamed over it."""
+def atomic_write_at(parent_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
+    """atomic_write below a checked directory: a temporary beside `name` (0600 until written, then
+    `mode`), renamed over it."""
     tmp = f".{name}.{os.urandom(6).hex()}.ctxmgr-tmp"
     try:
-        write_new_at(parent_fd, tmp, data)
+        write_new_at(parent_fd, tmp, data, mode)
         os.replace(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+    except FileExistsError:
+        raise  # the temporary name was taken (O_EXCL): not ours to remove
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=parent_fd)
