@@ -263,6 +263,22 @@ def _os_error(path: Path, exc: OSError) -> CtxmgrError:
     return StoreError(f"{path}: {exc.strerror or exc}")
 
 
+@contextlib.contextmanager
+def writing(directory: Path) -> Iterator[None]:
+    """Writes below `directory` of the state directory: an OSError on the way (a full filesystem,
+    ENOSPC; a quota, EDQUOT; a read-only mount) becomes one StoreError line naming the file, not an
+    "unexpected error". Names below a directory descriptor are relative: they are joined to it."""
+    try:
+        yield
+    except OSError as exc:
+        name = exc.filename if isinstance(exc.filename, str) else ""
+        path = directory / name if name else directory
+        hint = ""
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            hint = " (free space on its filesystem, or name another with --state-dir)"
+        raise StoreError(f"{path}: {exc.strerror or exc}: ctxmgr could not write its state{hint}") from None
+
+
 def open_state_dir(state_dir: Path, create: bool) -> int | None:
     """The state directory the operator named (a link there is the operator's own), checked; None
     where it does not exist and `create` is false."""
@@ -793,7 +809,7 @@ class ServiceStore:
                 "previous": None if change.previous is None else previous_name,
             })  # fmt: skip
         self.remove_partial()
-        with self._revisions_fd(create=True) as revisions_fd:
+        with self._revisions_fd(create=True) as revisions_fd, writing(self.revisions_dir):
             assert revisions_fd is not None
             numbers = [int(name) for name in os.listdir(revisions_fd) if name.isdigit()]
             rev.number = max(numbers) + 1 if numbers else 0
@@ -803,14 +819,15 @@ class ServiceStore:
                 fd = open_dir_at(revisions_fd, staging, self.revisions_dir / staging, create=False)
                 assert fd is not None
                 try:
-                    for change, stored in zip(changes, rev.files, strict=True):
-                        for which, data in (("previous", change.previous), ("unit", change.unit)):
-                            if data is not None:
-                                write_new_at(fd, str(stored[which]), data)
-                    if rev.plan:
-                        write_new_at(fd, "plan.json", _text(json.dumps(rev.plan, indent=2)))
-                    write_new_at(fd, "record.json", _text(json.dumps(rev.record(), indent=2)))
-                    os.fsync(fd)
+                    with writing(self.revisions_dir / staging):
+                        for change, stored in zip(changes, rev.files, strict=True):
+                            for which, data in (("previous", change.previous), ("unit", change.unit)):
+                                if data is not None:
+                                    write_new_at(fd, str(stored[which]), data)
+                        if rev.plan:
+                            write_new_at(fd, "plan.json", _text(json.dumps(rev.plan, indent=2)))
+                        write_new_at(fd, "record.json", _text(json.dumps(rev.record(), indent=2)))
+                        os.fsync(fd)
                 finally:
                     os.close(fd)
                 crash_point("revision-staged")
@@ -831,7 +848,8 @@ class ServiceStore:
             with self._revision_fd(revisions_fd, name) as fd:
                 if fd is None:
                     raise StoreError(f"{self.revisions_dir / name}: missing, the revision cannot be saved")
-                atomic_write_at(fd, "record.json", _text(json.dumps(rev.record(), indent=2)))
+                with writing(self.revisions_dir / name):
+                    atomic_write_at(fd, "record.json", _text(json.dumps(rev.record(), indent=2)))
 
     def in_progress(self) -> Revision | None:
         """The newest revision an interrupted run left unfinished."""
@@ -937,7 +955,7 @@ class ServiceStore:
         """Append one watched start for the planner to learn from, then trim to the last `keep` so
         the file stays small."""
         path = self.root / "observations.jsonl"
-        with self._service_fd(create=True) as service_fd:
+        with self._service_fd(create=True) as service_fd, writing(self.root):
             assert service_fd is not None
             fd = _open_file_at(service_fd, "observations.jsonl", path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
             assert fd is not None
@@ -964,7 +982,7 @@ class ServiceStore:
 
     def write_json(self, name: str, data: dict[str, Any]) -> None:
         """A per-service record (last-verify.json) written atomically and root-only, like revisions."""
-        with self._service_fd(create=True) as service_fd:
+        with self._service_fd(create=True) as service_fd, writing(self.root):
             assert service_fd is not None
             atomic_write_at(service_fd, name, _text(json.dumps(data, indent=2, sort_keys=True)))
 
@@ -1073,8 +1091,9 @@ class ServiceStore:
                             f"{self.service} is locked by another ctxmgr run ({holder}); try again later"
                         ) from None
                     time.sleep(0.2)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv)[:300]}\n".encode(), 0)
+            with contextlib.suppress(OSError):  # who holds it is a courtesy to the next run (ENOSPC)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv)[:300]}\n".encode(), 0)
             yield
         finally:
             if held:
