@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ctxmgr.errors import UsageError
+from vllm_ctxmgr.errors import ExitCode, UsageError
 from vllm_ctxmgr.remote import Link, NodeAddress, NodeError
 
 
@@ -70,3 +70,37 @@ def test_an_unreachable_host_is_an_ssh_failure_with_the_host_first() -> None:
     link = Link(ssh=("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3"))
     with pytest.raises(NodeError, match=r"^no-such-node\.invalid: ssh failed: "):
         link.call("no-such-node.invalid", ["node", "show", "u"], timeout=30)
+
+
+@pytest.mark.parametrize("said", [256, 512, -1, 7, True, "2", 1.5, None])
+def test_a_node_exit_code_outside_ctxmgrs_documented_set_is_a_plain_failure(
+    workdir: Path, said: object
+) -> None:
+    """Issue 29, item 7: a node answering exit_code 256 made a failed `deployment verify` exit 0
+    (256 mod 256). Only ctxmgr's own codes pass through; anything else is the node's failure (1)."""
+    link = Link(
+        local_ctxmgr=_script(
+            workdir,
+            "import json\n"
+            f"print(json.dumps({{'error': 'the probe failed', 'exit_code': {said!r}}}))\n"
+            "raise SystemExit(1)",
+        )
+    )
+    with pytest.raises(NodeError, match=r"^local: the probe failed") as caught:
+        link.call("local", ["node", "verify", "u"], timeout=30)
+    assert caught.value.exit_code == ExitCode.ERROR
+    if said is not None:
+        assert "an exit code ctxmgr never uses" in caught.value.message
+
+
+@pytest.mark.parametrize("said", [2, 3, 4, 5, 6, 70])
+def test_a_node_exit_code_of_ctxmgrs_own_passes_through(workdir: Path, said: int) -> None:
+    link = Link(
+        local_ctxmgr=_script(
+            workdir,
+            f"import json\nprint(json.dumps({{'error': 'x', 'exit_code': {said}}}))\nraise SystemExit(1)",
+        )
+    )
+    with pytest.raises(NodeError) as caught:
+        link.call("local", ["node", "verify", "u"], timeout=30)
+    assert caught.value.exit_code == said

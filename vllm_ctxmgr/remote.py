@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_ctxmgr.errors import CtxmgrError, UsageError
+from vllm_ctxmgr.errors import CtxmgrError, UsageError, documented_exit_code
 
 LOCAL_HOSTS = frozenset({"local", "localhost"})
 DEFAULT_SSH = ("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
@@ -94,7 +94,11 @@ class Link:
             why = (answer or {}).get("error") or _last_line(done.stderr) or f"exit status {done.returncode}"
             if answer is None and done.returncode == 255 and host not in LOCAL_HOSTS:
                 why = f"ssh failed: {_last_line(done.stderr) or 'no answer'}"
-            raise NodeError(f"{label}: {why}", exit_code=(answer or {}).get("exit_code") or None)
+            said = (answer or {}).get("exit_code")
+            code = documented_exit_code(said)
+            if said is not None and code is None:
+                why = f"{why} (and an exit code ctxmgr never uses: {str(said)[:40]!r})"
+            raise NodeError(f"{label}: {why}", exit_code=code or None)
         return answer
 
 

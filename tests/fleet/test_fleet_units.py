@@ -243,3 +243,19 @@ def test_kept_alive_clients_reuse_their_connection_and_a_cut_stream_counts_as_lo
         assert summary["lost"] == summary["failed"] + summary["truncated"] >= 2
         assert all(error["tokens"] <= 1 and error["reused"] for error in summary["errors"])
         assert summary["reused"] < 8
+
+
+def test_only_a_verdict_passes_and_a_crash_never_does() -> None:
+    """Issue 29, item 7: the module took verify's exit 1 as a pass whatever it meant; a crash (70, or 1
+    with result "error" from a ctxmgr before 70) is no verdict and fails the task."""
+    assert module.passes("verify", {"exit_code": 0, "result": "ok"})
+    assert module.passes("verify", {"exit_code": 1, "result": "degraded"})
+    assert not module.passes("verify", {"exit_code": 70, "result": "error", "error": "unexpected error: X"})
+    assert not module.passes("verify", {"exit_code": 1, "result": "error", "error": "unexpected error: X"})
+    assert not module.passes("verify", {"exit_code": 2, "result": "failed"})
+    assert not module.passes("set-context", {"exit_code": 1, "result": "degraded"})
+    assert module.passes("set-context", {"exit_code": 0, "result": "applied"})
+    assert not module.passes("plan", {"exit_code": 70, "result": "error"})
+    assert "crashed" in module.failure_message(
+        {**PARAMS, "command": "verify"}, {"exit_code": 70, "error": "unexpected error: ZeroDivisionError"}
+    )

@@ -171,7 +171,7 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             if debug:
                 raise
             message = f"unexpected error: {type(exc).__name__}: {exc} (run with --debug)"
-            fail(message, ExitCode.ERROR, as_json=as_json, command=path)
+            fail(message, ExitCode.INTERNAL, as_json=as_json, command=path)
 
     return wrapper
 

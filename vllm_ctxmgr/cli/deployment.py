@@ -381,7 +381,8 @@ def deployment_recover_cmd(ctx: click.Context, timeout: float, as_json: bool, **
 @handle_errors
 def deployment_verify_cmd(ctx: click.Context, as_json: bool, **options: Any) -> None:
     """Check every node: the head as `ctxmgr verify` does, each headless rank active with no failure
-    since its start and the head's max_model_len. Exit codes as verify: 0 ok, 1 degraded, 2 failed."""
+    since its start and the head's max_model_len. Exit codes as verify: 0 ok, 1 degraded, 2 failed,
+    70 crashed."""
     request = _request(ctx, 0, as_json=as_json, **options)
     data = verify_deployment(request, ctx.find_root().obj["state_dir"])
     if as_json:

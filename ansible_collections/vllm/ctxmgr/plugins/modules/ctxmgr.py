@@ -110,7 +110,8 @@ options:
 notes:
   - Exit codes of ctxmgr are kept in C(exit_code); every non-zero one fails the task, with what happened
     on the host (rolled back and why, infeasible and the largest context that fits, locked, or a failed
-    rollback that needs a human).
+    rollback that needs a human). Only C(verify)'s 1 with result C(degraded) passes (it serves); 70
+    is ctxmgr's crash (an unexpected error) and always fails.
 attributes:
   check_mode:
     description: Runs ctxmgr's dry run (C(--dry-run)); C(changed) then means "would change".
@@ -182,6 +183,8 @@ EXIT_MEANINGS = {
     3: "infeasible: the context does not fit",
     4: "locked by another ctxmgr run",
     5: "the change failed and its rollback failed too: the service needs a human",
+    6: "the plan cannot decide: no memory information",
+    70: "ctxmgr crashed (an unexpected error, a bug): nothing was decided",
 }
 PLAN_FIGURES = (
     "max_model_len",
@@ -313,6 +316,15 @@ def failure_message(params: dict, data: dict) -> str:
     return "; ".join(parts)
 
 
+def passes(command: str, data: dict) -> bool:
+    """Exit 0; for verify also 1, "degraded" (it serves), where ctxmgr's JSON says degraded: a crash
+    (70; 1 from a ctxmgr before 70 had its own code) or any other code is no verdict and fails."""
+    code = data.get("exit_code")
+    if code == 0 and data.get("result") != "error":
+        return True
+    return command == "verify" and code == 1 and data.get("result") == "degraded"
+
+
 def summary(params: dict, data: dict, check_mode: bool) -> dict:
     plan = data.get("plan") or {}
     result = {
@@ -414,8 +426,7 @@ def main() -> None:
         result["diff"] = {"prepared": result["unit_diff"]}
 
     code = result["exit_code"]
-    verify_ok = params["command"] == "verify" and code in (0, 1)  # 1 is "degraded": it serves
-    if code != 0 and not verify_ok:
+    if not passes(params["command"], data):
         # a failure leaves nothing changed except when ctxmgr could not roll back (exit 5)
         result["changed"] = code == 5
         module.fail_json(msg=failure_message(params, data), **result)
