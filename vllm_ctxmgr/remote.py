@@ -35,10 +35,20 @@ class NodeAddress:
     service: str
 
     @classmethod
-    def parse(cls, text: str) -> NodeAddress:
+    def parse(cls, text: str, source: str = "--node") -> NodeAddress:
+        """The one door a node's name comes in by (--node, a deployment file's [[node]]): what would
+        reach ssh as an option (a leading `-`), split into two words, or carry a control is refused.
+        `source` names where it was written, for the message."""
         host, sep, service = text.rpartition(":")
-        if not sep or not host or not service or any(c.isspace() for c in text) or host.startswith("-"):
-            raise UsageError(f"--node {text!r}: expected HOST:UNIT, e.g. gpu-b:vllm-glm5.service")
+        if (
+            not sep
+            or not host
+            or not service
+            or any(c.isspace() or not c.isprintable() for c in text)
+            or host.startswith("-")
+            or service.startswith("-")
+        ):
+            raise UsageError(f"{source} {text!r}: expected HOST:UNIT, e.g. gpu-b:vllm-glm5.service")
         return cls(host, service)
 
     def __str__(self) -> str:

@@ -146,7 +146,7 @@ def _request(
     node_gpus = {}
     per_host: dict[str, tuple[str, ...]] = {}
     for entry in data.get("node", []):
-        address = NodeAddress(str(entry["host"]), str(entry["service"]))
+        address = NodeAddress.parse(f"{entry['host']}:{entry['service']}", f"{deployment_file}: [[node]]")
         if not nodes:
             addresses.append(address)
         if entry.get("ctxmgr"):
@@ -202,9 +202,10 @@ def _read_deployment_file(path: Path) -> dict[str, Any]:
         raise UsageError(f"{path}: unknown key {sorted(unknown)[0]!r} (name, ssh, remote_ctxmgr, node)")
     nodes = data.get("node")
     if not isinstance(nodes, list) or not all(
-        isinstance(n, dict) and n.get("host") and n.get("service") for n in nodes
+        isinstance(n, dict) and isinstance(n.get("host"), str) and isinstance(n.get("service"), str)
+        for n in nodes
     ):
-        raise UsageError(f"{path}: expected [[node]] tables, each with host and service")
+        raise UsageError(f"{path}: expected [[node]] tables, each with host and service (strings)")
     for entry in nodes:
         unknown_keys = set(entry) - {"host", "service", "gpus_from", "ctxmgr"}
         if unknown_keys:
