@@ -172,7 +172,7 @@ ALLOWED = {
     "systemd": {"core", "files", "masking"},
     "vllm_log": {"core"},
     "probe": {"masking"},
-    "nvml": {"core"},
+    "nvml": {"core", "files"},
     "store": {"masking"},
     "service": {"core", "files", "masking", "systemd"},
     "observing": {"core", "nvml", "probe", "service", "store", "systemd", "vllm_log"},

@@ -27,6 +27,7 @@ from vllm_ctxmgr.cli.common import (
 )
 from vllm_ctxmgr.core.hardware import uniform_gpus
 from vllm_ctxmgr.errors import UsageError, VerifyExit
+from vllm_ctxmgr.files import read_regular
 from vllm_ctxmgr.multinode import (
     DeploymentRequest,
     DeploymentResult,
@@ -153,7 +154,7 @@ def _request(
             per_host[address.host] = tuple(entry["ctxmgr"])
         if entry.get("gpus_from"):
             node_gpus[address.host] = gpus_from_file(
-                Path(deployment_file or ".").parent / str(entry["gpus_from"])
+                _beside(Path(deployment_file or "."), entry["gpus_from"])
             )
     if not addresses:
         raise UsageError("name the deployment's nodes: --node HOST:UNIT for each, or --file DEPLOYMENT.toml")
@@ -185,14 +186,23 @@ def _request(
     )
 
 
+def _beside(deployment_file: Path, gpus_from: object) -> Path:
+    """A [[node]]'s gpus_from: beside the deployment file (or absolute), never up through `..`."""
+    name = Path(str(gpus_from))
+    if ".." in name.parts:
+        raise UsageError(
+            f"{deployment_file}: gpus_from {str(gpus_from)!r} goes up through '..': name the file beside "
+            "the deployment file, or by its absolute path"
+        )
+    return deployment_file.parent / name
+
+
 def _read_deployment_file(path: Path) -> dict[str, Any]:
     """A small TOML file: name, ssh, remote_ctxmgr, and [[node]] host / service / gpus_from."""
     try:
-        raw = path.read_bytes()[: MAX_DEPLOYMENT_FILE_BYTES + 1]
-    except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_DEPLOYMENT_FILE_BYTES:
-        raise UsageError(f"{path}: larger than {MAX_DEPLOYMENT_FILE_BYTES} bytes; not a deployment file")
+        raw = read_regular(path, MAX_DEPLOYMENT_FILE_BYTES, what="deployment file")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
     try:
         data = tomllib.loads(raw.decode())
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
