@@ -19,6 +19,7 @@ from vllm_ctxmgr.cli.common import (
     TIMEOUT,
     UTILIZATION,
     VLLM_VERSION,
+    WAIT_LOCK,
     echo,
     emit_json,
     examples,
@@ -106,6 +107,12 @@ def _deployment_options(func: Any) -> Any:
                 default=None,
                 help="Every node's utilisation instead of the planner's choice.",
             ),
+            click.option(
+                "--wait-lock",
+                type=WAIT_LOCK,
+                default=0.0,
+                help="Time to wait for another run on the deployment (as a service's --wait-lock).",
+            ),
             click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
         ]
     ):
@@ -138,6 +145,7 @@ def _request(
     allow_long: bool,
     gpu_memory_utilization: float | None,
     as_json: bool,
+    wait_lock: float = 0.0,
 ) -> DeploymentRequest:
     """The request from the flags and the deployment file (the flags win where both say)."""
     data: dict[str, Any] = {}
@@ -183,6 +191,7 @@ def _request(
         default_gpus=default_gpus,
         planning={k: v for k, v in planning.items() if v not in (None, False)},
         on_step=say,
+        wait_lock=wait_lock,
     )
 
 

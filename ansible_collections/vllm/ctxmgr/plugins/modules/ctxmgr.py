@@ -112,6 +112,9 @@ notes:
     on the host (rolled back and why, infeasible and the largest context that fits, locked, or a failed
     rollback that needs a human). Only C(verify)'s 1 with result C(degraded) passes (it serves); 70
     is ctxmgr's crash (an unexpected error) and always fails.
+  - With O(nodes), every parameter one host's command takes (O(to), O(wait_lock), O(probe_tokens),
+    O(long_probe)) is passed to C(ctxmgr deployment); a ctxmgr whose deployment command does not take
+    one yet refuses it by name and the task fails, never runs without it.
 attributes:
   check_mode:
     description: Runs ctxmgr's dry run (C(--dry-run)); C(changed) then means "would change".
@@ -220,13 +223,23 @@ def deployment_argv(params: dict, check_mode: bool) -> list:
     if command in ("set-context", "plan") and params.get("gpu_memory_utilization") is not None:
         argv += ["--gpu-memory-utilization", str(params["gpu_memory_utilization"])]
     if command == "set-context":
+        if params.get("probe_tokens") is not None:
+            argv += ["--probe-tokens", str(params["probe_tokens"])]
         if params.get("force"):
             argv.append("--force")
         if params.get("edit") == "dropin":
             argv += ["--edit", "dropin"]
+    # every parameter one host's command takes goes to the deployment's too: a ctxmgr whose deployment
+    # command lacks one refuses it by name, rather than `rollback, to: 3` quietly going elsewhere
+    if command == "rollback" and params.get("to") is not None:
+        argv += ["--to", str(params["to"])]
+    if command in ("set-context", "verify") and params.get("long_probe"):
+        argv.append("--long-probe")
     if command in ("set-context", "rollback"):
         if params.get("timeout") is not None:
             argv += ["--timeout", str(params["timeout"])]
+        if params.get("wait_lock") is not None:
+            argv += ["--wait-lock", str(params["wait_lock"])]
         argv.append("--dry-run" if check_mode else "--yes")
     if command in ("set-context", "plan"):
         argv += list(params.get("extra_args") or [])
