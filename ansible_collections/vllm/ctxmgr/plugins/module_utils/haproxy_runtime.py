@@ -134,7 +134,7 @@ class Runtime:
             fields = line.split()
             if len(fields) > 6 and not line.startswith("#") and fields[1] == backend and fields[3] == server:
                 raw = fields[6]
-                if not raw.isdigit() or len(raw) > 6:
+                if not (raw.isascii() and raw.isdigit()) or len(raw) > 6:
                     raise HaproxyError(
                         f"HAProxy's 'show servers state' gives {backend}/{server} admin state "
                         f"{_shown(raw)}, not a number"
