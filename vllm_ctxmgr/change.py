@@ -214,7 +214,8 @@ def roll_back(
         change.enter_or_note(State.ROLLBACK_FAILED, back_reason)
         result.result, result.exit_code = Result.ROLLBACK_FAILED, ExitCode.ROLLBACK_FAILED
         result.reason = rev.reason
-    result.reason = (result.reason or note) + change.unwritten_note()
+    if change.unwritten:
+        result.reason = (result.reason or note) + change.unwritten_note()
 
 
 def describe(rev: Revision) -> str:

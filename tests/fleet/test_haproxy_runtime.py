@@ -135,7 +135,7 @@ def test_the_admin_state_is_read_from_show_servers_state(haproxy, admin: str, st
     )
 
 
-@pytest.mark.parametrize("admin", ["x", "-1", "1e3", "0x8", "99999999999"])
+@pytest.mark.parametrize("admin", ["x", "-1", "1e3", "0x8", "99999999999", "٣", "８"])
 def test_an_admin_state_that_is_not_a_number_is_the_clients_own_error(haproxy, admin: str) -> None:  # type: ignore[no-untyped-def]
     """Issue 29, item 13: a non-integer admin state raised ValueError out of the module."""
     with pytest.raises(HaproxyError, match=r"vllm/h1 admin state .*not a number"):
