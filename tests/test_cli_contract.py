@@ -319,6 +319,15 @@ def test_an_unexpected_error_exits_70_which_no_verdict_uses(monkeypatch: pytest.
         assert code == data["exit_code"] == 70 and data["result"] == "error"
 
 
+def test_a_crash_in_the_groups_own_options_exits_70_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm_ctxmgr.cli.main as cli_main
+
+    monkeypatch.setattr(cli_main, "check_state_dir", crash)
+    result = CliRunner().invoke(main, ["--state-dir", "/x", "history", "--service", "vllm-x", "--json"])
+    assert result.exit_code == 70, result.output
+    assert one_json_object(result.stdout)["exit_code"] == 70
+
+
 def test_exit_70_is_documented_where_exit_codes_are() -> None:
     readme = (REPO / "README.md").read_text()
     assert "| 70 | ctxmgr crashed" in readme

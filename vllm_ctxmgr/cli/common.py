@@ -146,6 +146,11 @@ class CtxmgrGroup(click.Group):
             else:
                 exc.show()
             sys.exit(code)
+        except Exception as exc:  # a bug outside any command (the group's own options): exit 70 too
+            if "--debug" in argv:
+                raise
+            message = f"unexpected error: {type(exc).__name__}: {exc} (run with --debug)"
+            fail(message, ExitCode.INTERNAL, as_json=wants_json(argv), command=command_of(argv))
 
 
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
