@@ -10,6 +10,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from tests.ctxmgr_cli import run_ctxmgr
@@ -71,6 +72,7 @@ def gpus_file(path: Path, service_pids: list[int], others: int) -> str:
     return str(path)
 
 
+@pytest.mark.systemd247
 def test_verify_turns_failed_when_the_service_is_stopped_behind_its_back(  # type: ignore[no-untyped-def]
     sandbox, install_unit, workdir
 ) -> None:

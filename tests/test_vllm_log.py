@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -679,3 +681,27 @@ def test_figures_after_the_ready_line_are_not_the_starts_without_invocations() -
     ready = next(i for i, line in enumerate(journal) if "Starting vLLM server on" in line)
     lines = [*journal[: ready + 1], "Available KV cache memory: 0.01 GiB", *journal[ready + 1 :]]
     assert observe_start(last_invocation_start([(None, line) for line in lines])) == observe_start(journal)
+
+
+def test_the_pattern_table_compiles_on_first_use_not_at_import() -> None:
+    """Every ctxmgr command imports the table's module (via the watcher), few classify a line: its
+    ~80 expressions cost 0.1 s of each start, so each is compiled when a line is first matched."""
+    code = (
+        "import re, sys\n"
+        "compiled = []\n"
+        "plain = re.compile\n"
+        "re.compile = lambda pattern, flags=0: compiled.append(pattern) or plain(pattern, flags)\n"
+        "from vllm_ctxmgr.vllm_log import patterns\n"
+        "at_import = len(compiled)\n"
+        "event = patterns.classify(sys.argv[1])\n"
+        "print(at_import, len(patterns.PATTERNS), len(compiled) - at_import, event and event.name)\n"
+    )
+    line = line_with("startup_ok.log", "Starting vLLM server on")
+    out = subprocess.run(
+        [sys.executable, "-c", code, line], capture_output=True, text=True, check=True
+    ).stdout
+    at_import, table, on_use, name = out.split()
+    assert int(table) > 70
+    assert int(at_import) < 10  # the few line-prefix expressions, not the table
+    assert 0 < int(on_use) <= int(table)
+    assert name == "server_starting"

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_ctxmgr.core.budget import effective_args, is_cpu_deployment
 from vllm_ctxmgr.core.calibration import NodeObservation
@@ -23,10 +23,11 @@ from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
 from vllm_ctxmgr.model_files.load import load_expert_weight_bytes, load_model_facts
 from vllm_ctxmgr.nvml import gpus_from_file, read_nvml
-from vllm_ctxmgr.observing import learn_from_running_instance
-from vllm_ctxmgr.service import ServiceView, read_service, running_argv_mismatch
-from vllm_ctxmgr.store import ServiceStore
-from vllm_ctxmgr.systemd.systemctl import Systemd
+
+if TYPE_CHECKING:  # a service's plan reads the unit, the store and the running vLLM: imported there
+    from vllm_ctxmgr.service import ServiceView
+    from vllm_ctxmgr.store import ServiceStore
+    from vllm_ctxmgr.systemd.systemctl import Systemd
 
 
 def gather_gpus(
@@ -212,14 +213,32 @@ class PlanRequest:
     node_observations: tuple[NodeObservation, ...] = ()
 
 
+def in_managers_root(args: ServeArgs, root: Path) -> ServeArgs:
+    """The model path and HF_HOME as found from here when the unit's manager has a root of its own
+    (--systemd-pid: /proc/PID/root, a container's or another tree's): vLLM under that manager reads
+    them in its root, so ctxmgr reads them through it. The unit's paths are already the manager's view
+    (a docker/podman volume mapped back by service.view_from_unit); a model id stays an id."""
+    if str(root) == "/":
+        return args
+    changes: dict[str, Any] = {}
+    if args.model.startswith("/"):
+        changes["model"] = str(root / args.model.lstrip("/"))
+    hf_home = args.env.get("HF_HOME", "")
+    if hf_home.startswith("/"):
+        changes["env"] = {**args.env, "HF_HOME": str(root / hf_home.lstrip("/"))}
+    return replace(args, **changes) if changes else args
+
+
 def plan_for(
     args: ServeArgs,
     request: PlanRequest,
     service_pids: tuple[int, ...] = (),
     observations: Iterable[Observation] = (),
+    root: Path = Path("/"),
 ) -> Plan:
-    """Model facts + GPUs + earlier starts -> a Plan: the I/O is here, the planner (core.plan) is pure."""
-    args = effective_args(args)
+    """Model facts + GPUs + earlier starts -> a Plan: the I/O is here, the planner (core.plan) is pure.
+    `root`: the unit's manager's root as seen from here (Systemd.root); its paths are read under it."""
+    args = in_managers_root(effective_args(args), root)
     cpu = is_cpu_deployment(args)
     model_facts = load_model_facts(
         args.model, hf_home=args.env.get("HF_HOME"), hf_overrides=args.hf_overrides
@@ -306,16 +325,19 @@ def plan_service(
     the PIDs of its own processes (whose GPU memory a restart frees). `overrides` replaces unit
     arguments (plan's vLLM flags); `argv_check` warns where the running vLLM got other arguments.
     """
+    from vllm_ctxmgr.observing import learn_from_running_instance
+    from vllm_ctxmgr.service import read_service, running_argv_mismatch
+
     view = read_service(systemd, service)
     learned = learn_from_running_instance(systemd, store, service, view, keep_observation)
     observations = observations_from_store([*store.observations(), *unsaved_observations])
     pids = tuple(systemd.unit_processes(view.name))
     args = with_overrides(view.args, overrides) if overrides else view.args
     if request.context == AUTO_CONTEXT:
-        request = replace(
-            request, context=largest_context(args, request, service_pids=pids, observations=observations)
-        )
-    plan = plan_for(args, request, pids, observations)
+        root = systemd.root
+        largest = largest_context(args, request, service_pids=pids, observations=observations, root=root)
+        request = replace(request, context=largest)
+    plan = plan_for(args, request, pids, observations, root=systemd.root)
     mismatch = running_argv_mismatch(systemd, view) if argv_check else None
     if mismatch:
         plan = replace(plan, warnings=(mismatch, *plan.warnings))

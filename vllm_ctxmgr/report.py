@@ -5,13 +5,15 @@ from __future__ import annotations
 import shutil
 from collections import Counter
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_ctxmgr.core.facts import LayerKind, ModelFacts, derived_max_model_len
 from vllm_ctxmgr.core.hardware import GpuState, gib
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
-from vllm_ctxmgr.core.verdict import Verification
 from vllm_ctxmgr.core.vllm_versions import rules_line
+
+if TYPE_CHECKING:  # only verify's text reads one; a plan's text should not load the verdict
+    from vllm_ctxmgr.core.verdict import Verification
 
 
 def _layer_summary(model: ModelFacts) -> list[str]:

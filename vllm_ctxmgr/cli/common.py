@@ -1,4 +1,8 @@
-"""What every command shares: error handling, value types, the systemd to drive, output."""
+"""What every command shares: error handling, value types, the systemd to drive, output.
+
+Light on purpose: `ctxmgr --help`, each command's --help and a completion TAB load this module, so the
+project's heavier modules (the store, systemd, a change) are imported inside the functions that use them.
+"""
 
 from __future__ import annotations
 
@@ -13,22 +17,18 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from vllm_ctxmgr import report
-from vllm_ctxmgr.change import ChangeResult, Result
-from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, human_readable_int, parse_size
-from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError, VerifyExit
 from vllm_ctxmgr.masking import scrub
-from vllm_ctxmgr.observing import StartProgress
-from vllm_ctxmgr.restart import Restarter
-from vllm_ctxmgr.store import ServiceStore
-from vllm_ctxmgr.systemd.log import Priority, send
-from vllm_ctxmgr.systemd.names import canonical_unit, unit_name
-from vllm_ctxmgr.systemd.systemctl import Systemd
+
+if TYPE_CHECKING:
+    from vllm_ctxmgr.change import ChangeResult
+    from vllm_ctxmgr.observing import StartProgress
+    from vllm_ctxmgr.restart import Restarter
+    from vllm_ctxmgr.systemd.systemctl import Systemd
 
 SCHEMA_VERSION = 2  # of every --json object; a field's meaning never changes without a new version
 # 2: plan's `verdict` is its `result` (feasible | infeasible | unknown); the memory text is `memory`
@@ -209,6 +209,8 @@ class ContextArg(click.ParamType):
         self.allow_auto = allow_auto
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, human_readable_int
+
         if isinstance(value, int):
             number = value
         else:
@@ -243,6 +245,8 @@ class ByteSize(click.ParamType):
         self.unit_required = unit_required
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from vllm_ctxmgr.core.serve_args import parse_size
+
         if isinstance(value, int):
             number = value
         else:
@@ -317,6 +321,8 @@ class VllmVersionArg(click.ParamType):
     name = "VERSION"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
+
         text = str(value)
         version = parse_vllm_version(text)
         if version is None:
@@ -338,6 +344,8 @@ class ServiceName(click.ParamType):
     name = "UNIT"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from vllm_ctxmgr.systemd.names import unit_name
+
         try:
             return unit_name(str(value))
         except CtxmgrError as exc:
@@ -352,6 +360,7 @@ def complete_services(ctx: click.Context, param: click.Parameter, incomplete: st
     from click.shell_completion import CompletionItem
 
     from vllm_ctxmgr.status import vllm_units
+    from vllm_ctxmgr.systemd.systemctl import Systemd
 
     root = ctx.find_root().params
     try:
@@ -466,6 +475,8 @@ EXAMPLES = {
 
 
 def systemd_for(ctx: click.Context) -> Systemd:
+    from vllm_ctxmgr.systemd.systemctl import Systemd
+
     obj = ctx.find_root().obj
     systemd = Systemd.for_pid(obj["systemd_pid"]) if obj["systemd_pid"] else Systemd.local()
     if obj["unit_dir"]:
@@ -561,6 +572,10 @@ def gpu_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def restarter_for(ctx: click.Context, service: str, as_json: bool, timeout: float) -> Restarter:
     """The restart path for a service systemd knows, under its canonical name (an alias shares the
     real unit's lock, journal and history); an unknown service stops here, before anything is written."""
+    from vllm_ctxmgr.restart import Restarter
+    from vllm_ctxmgr.store import ServiceStore
+    from vllm_ctxmgr.systemd.names import canonical_unit
+
     systemd = systemd_for(ctx)
     unit = canonical_unit(systemd, service)
     store = ServiceStore(ctx.find_root().obj["state_dir"], unit)
@@ -618,6 +633,8 @@ def confirmation(yes: bool, as_json: bool, unit: str) -> Callable[[ChangeResult]
     under the service's lock, so the diff confirmed is the diff applied, and the diff and the plan are
     on the screen before a restart that may take minutes (--yes: shown, not asked; --json: neither).
     Not a terminal and no --yes: nothing is changed, and the change is printed for the operator."""
+    from vllm_ctxmgr import report
+
     if yes and as_json:
         return None
 
@@ -641,17 +658,6 @@ def confirmation(yes: bool, as_json: bool, unit: str) -> Callable[[ChangeResult]
     return ask
 
 
-# journald priorities of the results of a change: what an operator's alerting should see
-RESULT_PRIORITY = {
-    Result.APPLIED: Priority.INFO,
-    Result.UNCHANGED: Priority.INFO,
-    Result.DRY_RUN: Priority.DEBUG,
-    Result.INFEASIBLE: Priority.NOTICE,
-    Result.ROLLED_BACK: Priority.WARNING,
-    Result.ROLLBACK_FAILED: Priority.CRIT,
-}
-
-
 def finish(
     result: ChangeResult, as_json: bool, *, dry_run: bool = False, systemd: Systemd | None = None
 ) -> None:
@@ -660,6 +666,9 @@ def finish(
     The automation contract: on a dry run `changed` means "would change" and `dry_run` is true, as
     Ansible's check mode reads it.
     """
+    from vllm_ctxmgr import report
+    from vllm_ctxmgr.change import Result
+
     data = result.to_json()
     data = {"command": result.action, **data, "dry_run": dry_run}
     if dry_run:
@@ -675,6 +684,18 @@ def finish(
 
 
 def log_change(systemd: Systemd, result: ChangeResult) -> None:
+    from vllm_ctxmgr.change import Result
+    from vllm_ctxmgr.systemd.log import Priority, send
+
+    # journald priorities of the results of a change: what an operator's alerting should see
+    result_priority = {
+        Result.APPLIED: Priority.INFO,
+        Result.UNCHANGED: Priority.INFO,
+        Result.DRY_RUN: Priority.DEBUG,
+        Result.INFEASIBLE: Priority.NOTICE,
+        Result.ROLLED_BACK: Priority.WARNING,
+        Result.ROLLBACK_FAILED: Priority.CRIT,
+    }
     before, after = result.previous_max_model_len, result.max_model_len
     message = f"{result.service}: {result.action} {result.result}"
     if result.changed or result.result in (Result.ROLLED_BACK, Result.ROLLBACK_FAILED):
@@ -684,7 +705,7 @@ def log_change(systemd: Systemd, result: ChangeResult) -> None:
     send(
         systemd,
         message,
-        RESULT_PRIORITY.get(result.result, Priority.ERR),
+        result_priority.get(result.result, Priority.ERR),
         service=result.service,
         action=result.action,
         result=result.result,
