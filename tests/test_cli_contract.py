@@ -303,11 +303,11 @@ def crash(*_: object, **__: object) -> None:
 
 
 def test_an_unexpected_error_exits_70_which_no_verdict_uses(monkeypatch: pytest.MonkeyPatch) -> None:
-    import vllm_ctxmgr.cli.main as cli_main
+    import vllm_ctxmgr.cli.facts as cli_facts
     import vllm_ctxmgr.cli.ops as cli_ops
 
     monkeypatch.setattr(cli_ops, "systemd_for", crash)
-    monkeypatch.setattr(cli_main, "load_model_facts", crash)
+    monkeypatch.setattr(cli_facts, "load_model_facts", crash)
     verdicts = {int(code) for code in (*ExitCode, *VerifyExit)} - {ExitCode.INTERNAL}
     assert ExitCode.INTERNAL == VerifyExit.INTERNAL == 70 and 70 not in verdicts
     for args in (("verify", "--service", "vllm-x"), ("facts", GLM5)):
