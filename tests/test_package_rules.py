@@ -172,7 +172,7 @@ ALLOWED = {
     "systemd": {"core", "files", "masking"},
     "vllm_log": {"core"},
     "probe": {"masking"},
-    "nvml": {"core"},
+    "nvml": {"core", "files"},
     "store": {"masking"},
     "service": {"core", "files", "masking", "systemd"},
     "observing": {"core", "nvml", "probe", "service", "store", "systemd", "vllm_log"},
@@ -205,7 +205,7 @@ ALLOWED = {
     },
     "schedule": {"metrics", "service", "store", "systemd"},
     "status": {"report", "schedule", "service", "store", "systemd", "verify"},
-    "metrics": {"core"},
+    "metrics": {"core", "store"},
     "report": {"core"},
     "remote": set(),
     "node": {

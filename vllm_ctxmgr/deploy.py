@@ -68,6 +68,10 @@ def apply(restarter: Restarter, change: Change, probe_tokens: int | None, long_p
                 failure = _forward(restarter, change, result, probe_tokens, long_probe)
             except _StoppedBeforeRestart:
                 return result
+            except st.StoreError as exc:
+                if result.revision is None:  # the revision itself could not be written
+                    raise st.StoreError(f"{exc.message}; nothing was changed") from None
+                failure = (f"the change's record could not be written: {exc.message}", "")
             except Interrupted as exc:
                 interrupted = True
                 if rev.state is State.PLANNED:
@@ -96,11 +100,11 @@ class _StoppedBeforeRestart(Exception):
 
 def _stop_before_restart(change: Change, result: ChangeResult, reason: str) -> NoReturn:
     """Record a change that ends before the restart: the unit is as it was and nothing restarted."""
-    change.enter(State.ROLLING_BACK, reason)
+    change.enter_or_note(State.ROLLING_BACK, reason)
     change.rev.reason = reason
-    change.enter(State.ROLLED_BACK, "the previous unit is in place; nothing was restarted")
+    change.enter_or_note(State.ROLLED_BACK, "the previous unit is in place; nothing was restarted")
     result.result, result.exit_code, result.changed = Result.ROLLED_BACK, ExitCode.ERROR, False
-    result.reason = reason
+    result.reason = reason + change.unwritten_note()
     raise _StoppedBeforeRestart
 
 
@@ -114,7 +118,11 @@ def _forward(
         change.enter(State.RECORDED, describe(rev))
     result.revision = rev.number  # recording the revision is what numbers it
     restarter.on_step(f"installing {paths} (revision {rev.number})")
-    change.enter(State.INSTALLED, f"installing {paths}")
+    try:
+        change.enter(State.INSTALLED, f"installing {paths}")
+    except st.StoreError as exc:  # nothing installed yet: no restart to undo
+        reason = f"nothing was installed: the record could not be written: {exc.message}"
+        _stop_before_restart(change, result, reason)
     try:
         restarter.install(change.installs())
     except InstallError as exc:

@@ -120,6 +120,7 @@ class DeploymentRequest:
     start_timeout: float = 1800.0
     confirm: Callable[[DeploymentResult], bool] | None = None
     on_step: Printer = lambda _text: None
+    wait_lock: float = 0.0  # seconds to wait for another run on the deployment's lock
 
 
 def deployment_name(nodes: tuple[NodeAddress, ...], name: str | None) -> str:
@@ -372,7 +373,8 @@ class Coordinator:
     def set_context(self) -> DeploymentResult:
         """Read, plan, confirm, write every node, restart them together, watch, probe; roll all back."""
         request, result = self.request, self.result
-        lock = self.store.read_lock() if request.dry_run else self.store.lock()
+        wait = request.wait_lock
+        lock = self.store.read_lock(wait) if request.dry_run else self.store.lock(wait)
         with lock:
             self.read()
             answer = self.plan()
@@ -417,7 +419,7 @@ class Coordinator:
         node it wrote gets its previous unit back and every node restarts together (_roll_back_all)."""
         result = self.result
         result.action = "recover"
-        with self.store.lock():
+        with self.store.lock(self.request.wait_lock):
             self.read(recovering=True)
             pending = {n.address: n.shown.get("in_progress") or {} for n in self.changing}
             changes = {str(p.get("change")) for p in pending.values() if p}
@@ -444,7 +446,8 @@ class Coordinator:
         the same last change, final), through the same walk as a change."""
         request, result = self.request, self.result
         result.action = "rollback"
-        with self.store.read_lock() if request.dry_run else self.store.lock():
+        wait = request.wait_lock
+        with self.store.read_lock(wait) if request.dry_run else self.store.lock(wait):
             self.read()
             lasts = {n.address: n.shown.get("last_change") or {} for n in self.changing}
             changes = {str(last.get("change")) for last in lasts.values()}

@@ -31,7 +31,7 @@ from vllm_ctxmgr.core.change_policy import flags_to_apply, least_utilization
 from vllm_ctxmgr.errors import CtxmgrError, UnitError, UsageError
 from vllm_ctxmgr.masking import mask, mask_json
 from vllm_ctxmgr.nvml import read_nvml
-from vllm_ctxmgr.observing import observation_record
+from vllm_ctxmgr.observing import last_start_of, observation_record
 from vllm_ctxmgr.planning import PlanRequest, ServicePlan, plan_service
 from vllm_ctxmgr.report import plan_text
 from vllm_ctxmgr.restart import InstallError, Restarter
@@ -149,8 +149,7 @@ def logged_start(restarter: Restarter, view: ServiceView) -> dict[str, Any]:
     """What this node's vLLM logged at its last start (every rank logs its own memory lines): `logged`,
     the figures a per-node plan is held against, and `observation`, that start as an observation record
     (None where the journal holds no start), which the head's plan calibrates this node's ranks from."""
-    entries = restarter.systemd.journal(restarter.unit, lines=LOGGED_LINES)
-    messages = last_start([entry.message for entry in entries])
+    messages = last_start_of(restarter.systemd.journal(restarter.unit, lines=LOGGED_LINES))
     observation = observe_start(messages)
     record = None
     if messages:

@@ -7,16 +7,23 @@ from pathlib import Path
 
 from vllm_ctxmgr.core.hardware import GpuInfo, GpuProcess, GpuState
 from vllm_ctxmgr.errors import CtxmgrError, UsageError
+from vllm_ctxmgr.files import read_regular
+
+MAX_GPUS_FILE = 1 << 20  # `ctxmgr gpus --json` of 1,024 GPUs with their processes is far below
 
 
 def gpus_from_file(path: str | Path) -> GpuState:
-    """Read what `ctxmgr gpus --json` wrote on the target host."""
+    """Read what `ctxmgr gpus --json` wrote on the target host: a regular file, read within a bound
+    (files.read_regular: /dev/zero, a FIFO or a huge file are refused, never read without end)."""
     try:
-        data = json.loads(Path(path).read_text())
+        raw = read_regular(path, MAX_GPUS_FILE, what="GPU file")
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file") from None
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: not a `ctxmgr gpus --json` file ({exc})") from None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise UsageError(f"{path}: not a `ctxmgr gpus --json` file ({reason})") from None
     return gpus_from_json(data, str(path))
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_ctxmgr.errors import CtxmgrError, UsageError
+from vllm_ctxmgr.errors import CtxmgrError, UsageError, documented_exit_code
 
 LOCAL_HOSTS = frozenset({"local", "localhost"})
 DEFAULT_SSH = ("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
@@ -35,10 +35,20 @@ class NodeAddress:
     service: str
 
     @classmethod
-    def parse(cls, text: str) -> NodeAddress:
+    def parse(cls, text: str, source: str = "--node") -> NodeAddress:
+        """The one door a node's name comes in by (--node, a deployment file's [[node]]): what would
+        reach ssh as an option (a leading `-`), split into two words, or carry a control is refused.
+        `source` names where it was written, for the message."""
         host, sep, service = text.rpartition(":")
-        if not sep or not host or not service or any(c.isspace() for c in text) or host.startswith("-"):
-            raise UsageError(f"--node {text!r}: expected HOST:UNIT, e.g. gpu-b:vllm-glm5.service")
+        if (
+            not sep
+            or not host
+            or not service
+            or any(c.isspace() or not c.isprintable() for c in text)
+            or host.startswith("-")
+            or service.startswith("-")
+        ):
+            raise UsageError(f"{source} {text!r}: expected HOST:UNIT, e.g. gpu-b:vllm-glm5.service")
         return cls(host, service)
 
     def __str__(self) -> str:
@@ -94,7 +104,11 @@ class Link:
             why = (answer or {}).get("error") or _last_line(done.stderr) or f"exit status {done.returncode}"
             if answer is None and done.returncode == 255 and host not in LOCAL_HOSTS:
                 why = f"ssh failed: {_last_line(done.stderr) or 'no answer'}"
-            raise NodeError(f"{label}: {why}", exit_code=(answer or {}).get("exit_code") or None)
+            said = (answer or {}).get("exit_code")
+            code = documented_exit_code(said)
+            if said is not None and code is None:
+                why = f"{why} (and an exit code ctxmgr never uses: {str(said)[:40]!r})"
+            raise NodeError(f"{label}: {why}", exit_code=code or None)
         return answer
 
 

@@ -12,6 +12,7 @@ import getpass
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -34,10 +35,25 @@ SCHEMA_VERSION = 2  # of every --json object; a field's meaning never changes wi
 # 2: plan's `verdict` is its `result` (feasible | infeasible | unknown); the memory text is `memory`
 
 
+# C0 controls but tab and newline, DEL, and C1: what a node's answer, a journal line or a unit may
+# carry to move the cursor, recolour or rewrite the line above ("all nodes OK" printed over an error)
+# (a whole escape sequence first, so no "[2K" is left behind: CSI, OSC to its terminator, ESC + one)
+_CONTROLS = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+)
+
+
+def printable(text: str) -> str:
+    """`text` without terminal controls: ctxmgr itself prints none (LiveStatus draws its own line)."""
+    return _CONTROLS.sub("", text)
+
+
 def echo(message: object = "", err: bool = False) -> None:
     """The door every text leaves by (stdout and stderr): every key of every service read is masked
-    here, whichever message quotes it (masking.scrub)."""
-    click.echo(scrub(str(message)), err=err)
+    here, whichever message quotes it (masking.scrub), and every terminal control is taken out, so what
+    a node, a journal or a unit says cannot drive the operator's terminal (printable). JSON escapes its
+    own controls (\u001b), so it passes unchanged."""
+    click.echo(printable(scrub(str(message))), err=err)
 
 
 def emit_json(data: dict[str, Any]) -> None:
@@ -81,7 +97,7 @@ def fail(message: str, exit_code: int, *, as_json: bool, command: str | None) ->
     if as_json:
         emit_json(error_object(command, message, exit_code))
     else:
-        echo(f"ctxmgr: {message}", err=True)
+        echo(f"ctxmgr: {message.replace(chr(9), ' ')}", err=True)
     sys.exit(exit_code)
 
 
@@ -127,6 +143,11 @@ class CtxmgrGroup(click.Group):
             command = command_of(argv)
             code = usage_exit(command) if isinstance(exc, click.UsageError) else exc.exit_code
             fail(click_message(exc), code, as_json=wants_json(argv), command=command)
+        except Exception as exc:  # a bug outside any command (the group's own options): exit 70 too
+            if "--debug" in argv:
+                raise
+            message = f"unexpected error: {type(exc).__name__}: {exc} (run with --debug)"
+            fail(message, ExitCode.INTERNAL, as_json=wants_json(argv), command=command_of(argv))
 
 
 def click_message(exc: click.ClickException) -> str:
@@ -199,7 +220,7 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             if debug:
                 raise
             message = f"unexpected error: {type(exc).__name__}: {exc} (run with --debug)"
-            fail(message, ExitCode.ERROR, as_json=as_json, command=path)
+            fail(message, ExitCode.INTERNAL, as_json=as_json, command=path)
 
     return wrapper
 
@@ -630,7 +651,7 @@ class LiveStatus:
             return
         if self.terminal:
             width = shutil.get_terminal_size((100, 20)).columns - 1
-            sys.stderr.write("\r\x1b[K" + scrub(progress.text())[:width])
+            sys.stderr.write("\r\x1b[K" + printable(scrub(progress.text()))[:width])
             sys.stderr.flush()
             self.shown = True
         elif time.monotonic() - self.last >= self.every:
