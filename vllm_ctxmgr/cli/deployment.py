@@ -15,6 +15,7 @@ import click
 from vllm_ctxmgr import node as node_steps
 from vllm_ctxmgr.cli.common import (
     CONTEXT,
+    PARALLEL,
     SIZE,
     TIMEOUT,
     UTILIZATION,
@@ -88,7 +89,7 @@ def _deployment_options(func: Any) -> Any:
             ),
             click.option(
                 "--gpu-count",
-                type=click.IntRange(1, 1024),
+                type=PARALLEL,
                 default=None,
                 help="GPUs per node (with --gpu-memory).",
             ),

@@ -298,6 +298,11 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
     converts it."""
 
     positionals, flags = split_flags(args)
+    for name, value in flags.items():
+        problem = flag_value_problem(name, value) if name in CHECKED_CONFIG_FLAGS else None
+        if problem and isinstance(value, str):
+            shown = value if len(value) <= 40 else value[:40] + "..."
+            raise UsageError(f"{name} {shown!r}: {problem} (as ctxmgr's own {name} takes it)")
     model = flags.get("--model")
     if positionals:
         model = positionals[0]  # `vllm serve MODEL` (the positional wins, as in vLLM's serve command)
@@ -558,10 +563,28 @@ def config_file_flags(config: object, source: str) -> list[str]:
 # a vLLM flag's name as a YAML key: letters, digits, `-`, `_` and `.` (vLLM's dotted sub-keys), no
 # leading dash (load_config_file adds `--`), nothing a shell or argparse would read otherwise
 _FLAG_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-_BLOCK_SIZES = "vLLM's block sizes are 1, 8 or a multiple of 16 up to 4096"
-_MAX_COUNT = 1 << 24
-_MAX_BYTES = 1 << 50
-_MAX_CONTEXT = 1 << 32
+# The bounds of every size flag ctxmgr reads, whichever door it comes through: its own CLI options
+# (cli/common.py builds its click types from these), a unit's ExecStart and vLLM's --config YAML. A
+# size far beyond any machine (`-pp 100000000`) is refused before it drives a loop or an allocation.
+MAX_PARALLEL = 1024  # ranks of one kind: more GPUs than any one deployment has
+MAX_COUNT = 1 << 24  # sequences, tokens per batch, KV blocks
+MAX_BYTES = 1 << 50  # 1 PiB
+MAX_CONTEXT = 1 << 32  # tokens
+BLOCK_SIZES = "vLLM's block sizes are 1, 8 or a multiple of 16 up to 4096"
+PARALLEL_FLAGS = (
+    "--tensor-parallel-size", "--pipeline-parallel-size", "--decode-context-parallel-size",
+    "--data-parallel-size", "--data-parallel-size-local", "--prefill-context-parallel-size",
+)  # fmt: skip
+COUNT_FLAGS = (
+    "--max-num-seqs", "--max-num-batched-tokens", "--num-gpu-blocks-override", "--max-loras",
+    "--max-lora-rank", "--long-prefill-token-threshold", "--max-num-active-seqs",
+)  # fmt: skip
+
+
+def block_size_ok(number: int) -> bool:
+    """vLLM's --block-size: positive (config/cache.py `gt=0`); its CUDA attention kernels take 1, 8 or
+    multiples of 16."""
+    return number in (1, 8) or (0 < number <= 4096 and number % 16 == 0)
 
 
 def _whole(value: object) -> int | None:
@@ -574,20 +597,20 @@ def _whole(value: object) -> int | None:
         return None
 
 
-# The flags whose YAML value ctxmgr checks as its own CLI options would (the ones it read before the
-# flag table; a flag that takes a mapping, like --hf-overrides, is not among them)
+# The flags whose value ctxmgr checks as its own CLI options would, in a unit and in a YAML file (a
+# flag that takes a mapping, like --hf-overrides, is not among them)
 CHECKED_CONFIG_FLAGS = frozenset(
     {
-        "--tensor-parallel-size", "--pipeline-parallel-size", "--decode-context-parallel-size",
-        "--data-parallel-size", "--kv-cache-dtype", "--dtype", "--block-size", "--max-num-batched-tokens",
-        "--max-num-seqs", "--max-model-len", "--gpu-memory-utilization", "--kv-cache-memory-bytes",
-        "--speculative-config", "--served-model-name", "--quantization",
+        *PARALLEL_FLAGS, *COUNT_FLAGS, "--kv-cache-dtype", "--dtype", "--block-size", "--max-model-len",
+        "--gpu-memory-utilization", "--kv-cache-memory-bytes", "--speculative-config",
+        "--served-model-name", "--quantization",
     }
 )  # fmt: skip
 
 
-def _config_value_problem(flag: str, value: object) -> str | None:
-    """Why ctxmgr's CLI door would refuse this value of a flag it reads (its click types), or None."""
+def flag_value_problem(flag: str, value: object) -> str | None:
+    """Why ctxmgr's CLI door would refuse this value of a flag it reads (its click types), or None:
+    the one place the bounds of a size flag are checked, for the CLI, a unit and a YAML file alike."""
     if isinstance(value, list) and flag != "--served-model-name":
         return "a list where vLLM takes one value"
     if isinstance(value, dict) and flag != "--speculative-config":
@@ -596,35 +619,35 @@ def _config_value_problem(flag: str, value: object) -> str | None:
         return None
     if flag == "--block-size":
         number = _whole(value)
-        if number is None or (number not in (1, 8) and not (0 < number <= 4096 and number % 16 == 0)):
-            return _BLOCK_SIZES
-    elif flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--decode-context-parallel-size",
-                  "--data-parallel-size"):  # fmt: skip
+        if number is None or not block_size_ok(number):
+            return BLOCK_SIZES
+    elif flag in PARALLEL_FLAGS:
         number = _whole(value)
-        if number is None or not 1 <= number <= 1024:
-            return "must be a whole number from 1 to 1024"
-    elif flag in ("--max-num-seqs", "--max-num-batched-tokens"):
+        if number is None or not 1 <= number <= MAX_PARALLEL:
+            return f"must be a whole number from 1 to {MAX_PARALLEL}"
+    elif flag in COUNT_FLAGS:
         try:
             number = human_readable_int(str(value))
         except UsageError:
             number = 0
-        if not 1 <= number <= _MAX_COUNT:
-            return f"must be a whole number from 1 to {_MAX_COUNT:,}"
+        if not 1 <= number <= MAX_COUNT:
+            return f"must be a whole number from 1 to {MAX_COUNT:,}"
     elif flag == "--max-model-len":
         try:
             number = human_readable_int(str(value), allow_auto=True)
         except UsageError:
             number = 0
-        if number != -1 and not 0 < number <= _MAX_CONTEXT:
-            return "must be a positive context length (or auto / -1)"
+        if number != -1 and not 0 < number <= MAX_CONTEXT:
+            return f"must be a positive context length of at most {MAX_CONTEXT:,} tokens (or auto / -1)"
     elif flag == "--kv-cache-memory-bytes":
         try:
             number = human_readable_int(str(value))
         except UsageError:
             number = 0
-        if not 0 < number <= _MAX_BYTES:
+        if not 0 < number <= MAX_BYTES:
             return "must be a positive number of bytes, at most 1 PiB"
     elif flag == "--gpu-memory-utilization":
+        # config/cache.py gpu_memory_utilization: Field(gt=0, le=1), which nan and inf fail
         try:
             fraction = float(str(value))
         except ValueError:
@@ -644,7 +667,7 @@ def check_config_values(config: dict[object, object], source: str) -> None:
             raise UsageError(f"{source}: {shown!r} is not a vLLM flag name (vLLM refuses to start)")
         flag = canonical_flag("--" + key.replace("_", "-"))
         if flag in CHECKED_CONFIG_FLAGS:
-            problem = _config_value_problem(flag, value)
+            problem = flag_value_problem(flag, value)
             if problem:
                 raise UsageError(f"{source}: {key}: {problem}")
 
