@@ -71,3 +71,54 @@ def test_sizes_in_range_still_plan(tmp_path: Path) -> None:
         "plan", "8192", "--unit", str(unit(tmp_path, "--max-num-seqs 256 --block-size 16")), *OFFLINE
     )
     assert code == 0, out
+
+
+# ---- item 9: the unit editor reads the words as vLLM's argparse does ---------------------------
+
+
+def edited(line: str, changes: dict[str, str | None] | None = None) -> str:
+    from vllm_ctxmgr.systemd.unit_edit import edit_unit
+    from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
+
+    text = f"[Service]\nExecStart=/opt/vllm/bin/vllm serve {line}\n"
+    unit = ServiceUnit("vllm-x.service", (UnitFile.parse("/etc/systemd/system/vllm-x.service", text),))
+    new = edit_unit(unit, changes or {"--max-model-len": "16384"}).new_text
+    return new.splitlines()[1].removeprefix("ExecStart=/opt/vllm/bin/vllm serve ")
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ("/m --max-model-len --enforce-eager", "argument --max-model-len: expected one argument"),
+        ("/m --enforce-eager --max-model-len", "argument --max-model-len: expected one argument"),
+        ("/m --max-model-len -- 2048", "argument --max-model-len: expected one argument"),
+        ("/m -- --max-model-len 2048", "unrecognized arguments: --max-model-len 2048"),
+        ("/m --max-model-len 1024 -- --max-model-len 2048", "unrecognized arguments: --max-model-len 2048"),
+    ],
+)
+def test_the_editor_refuses_what_argparse_refuses(line: str, match: str) -> None:
+    from vllm_ctxmgr.errors import UnitError
+
+    with pytest.raises(UnitError, match=match):
+        edited(line)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("/m --max-model-len -1 --enforce-eager", "/m --max-model-len 16384 --enforce-eager"),
+        ("--enforce-eager -- /m", "--enforce-eager --max-model-len 16384 -- /m"),
+        ("--max-model-len 5 -- /m", "--max-model-len 16384 -- /m"),
+        ("/m --enforce-eager", "/m --enforce-eager --max-model-len 16384"),
+    ],
+)
+def test_the_editor_never_drops_a_word(line: str, expected: str) -> None:
+    assert edited(line) == expected
+
+
+def test_the_plan_refuses_a_flag_with_no_value(tmp_path: Path) -> None:
+    # the plan had counted eager mode while --max-model-len took --enforce-eager as its value
+    refused_one_line(
+        tmp_path, "--max-num-seqs --enforce-eager", "argument --max-num-seqs: expected one argument"
+    )
+    refused_one_line(tmp_path, "-- --max-model-len 2048", "unrecognized arguments: --max-model-len 2048")

@@ -130,7 +130,9 @@ _BOOLEAN_FLAGS = {
 _LIST_FLAGS = {"--served-model-name", "--api-key"}
 
 
-def split_flags(args: list[str]) -> tuple[list[str], dict[str, str | bool]]:
+def split_flags(
+    args: list[str], refusals: list[str] | None = None
+) -> tuple[list[str], dict[str, str | bool]]:
     """(positionals, {canonical flag: value}) from vLLM arguments, read as vLLM 0.33's parser reads them.
 
     Later flags win like argparse. A flag vLLM has takes its value by its kind in vLLM's table
@@ -139,14 +141,24 @@ def split_flags(args: list[str]) -> tuple[list[str], dict[str, str | bool]]:
     one (`--hf-token`) takes the next word unless it is a flag. The dotted form `--x.key value` (and
     `--x.key=value`, `--x.key+ a,b`) is merged per flag into one JSON object that replaces any
     `--x '{json}'`, as FlexibleArgumentParser.parse_args appends it after every other word; `-O3`
-    is `--optimization-level 3`. An unknown flag takes the next word unless that word is a flag."""
+    is `--optimization-level 3`. An unknown flag takes the next word unless that word is a flag.
+
+    What argparse refuses goes to `refusals` in its words: a flag that takes a value followed by another
+    flag or by nothing ("argument --max-model-len: expected one argument"), and words after `--` (all
+    positionals to argparse) beyond the one model positional `vllm serve` has."""
 
     positionals: list[str] = []
     flags: dict[str, str | bool] = {}
     dotted: dict[str, dict[str, Any]] = {}
+    problems: list[str] = [] if refusals is None else refusals
     i = 0
     while i < len(args):
         word = args[i]
+        if word == "--":  # argparse: every later word is a positional
+            positionals += args[i + 1 :]
+            if len(positionals) > 1:
+                problems.append(f"unrecognized arguments: {' '.join(positionals[1:])[:80]}")
+            break
         if word.startswith("-O") and not word.startswith("--") and word != "-O":
             flags["--optimization-level"] = word[3:] if word[2:3] == "=" else word[2:]
         elif word.startswith("-") and len(word) > 1 and not _is_number(word):
@@ -170,8 +182,11 @@ def split_flags(args: list[str]) -> tuple[list[str], dict[str, str | bool]]:
                 kind in ("bool", "switch")
                 or name in _BOOLEAN_FLAGS
                 or i + 1 >= len(args)
-                or (args[i + 1].startswith("-") and not _is_number(args[i + 1]))
+                or not takes_as_value(args[i + 1])
             ):
+                if kind in ("value", "json", "list") and name not in _BOOLEAN_FLAGS:
+                    needs = "at least one argument" if kind == "list" else "one argument"
+                    problems.append(f"argument {name}: expected {needs}")
                 flags[name] = True
             else:
                 flags[name] = args[i + 1]
@@ -213,6 +228,12 @@ def _merge_dotted(dotted: dict[str, dict[str, Any]], name: str, value_text: str)
         target = nested
     if keys:
         target[keys[-1]] = value
+
+
+def takes_as_value(word: str) -> bool:
+    """Whether argparse gives this word to the flag before it: not an option string ("--" included),
+    or a negative number (vLLM has no option that looks like one)."""
+    return not word.startswith("-") or _is_number(word)
 
 
 def _is_number(word: str) -> bool:
@@ -297,7 +318,8 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
     Long because it is one table-like read of every flag ServeArgs holds, each converted as vLLM's argparse
     converts it."""
 
-    positionals, flags = split_flags(args)
+    refusals: list[str] = []
+    positionals, flags = split_flags(args, refusals)
     for name, value in flags.items():
         problem = flag_value_problem(name, value) if name in CHECKED_CONFIG_FLAGS else None
         if problem and isinstance(value, str):
@@ -325,8 +347,6 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
     def boolean(on: str) -> bool | None:
         value = flags.get(on)
         return value if isinstance(value, bool) else None
-
-    refusals: list[str] = []
 
     def json_flag(name: str, label: str) -> dict[str, Any] | None:
         """A JSON-valued flag as vLLM's type parses it (engine/arg_utils.py parse_type: json.loads)."""
