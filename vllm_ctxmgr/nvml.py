@@ -42,7 +42,7 @@ def gpus_from_json(data: object, source: str) -> GpuState:
             )
             for g in data["gpus"]
         )
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:  # 1e400 is JSON's inf
         raise UsageError(f"{source}: not a `ctxmgr gpus --json` object ({exc})") from None
     if not gpus:
         raise UsageError(f"{source}: lists no GPUs")

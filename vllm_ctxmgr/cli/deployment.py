@@ -26,6 +26,7 @@ from vllm_ctxmgr.cli.common import (
     handle_errors,
     restarter_for,
 )
+from vllm_ctxmgr.core import nesting
 from vllm_ctxmgr.core.hardware import uniform_gpus
 from vllm_ctxmgr.errors import UsageError, VerifyExit
 from vllm_ctxmgr.multinode import (
@@ -198,6 +199,10 @@ def _read_deployment_file(path: Path) -> dict[str, Any]:
         data = tomllib.loads(raw.decode())
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"{path}: not TOML ({exc})") from None
+    except RecursionError:  # tomllib recurses once per level of an inline array or table
+        raise UsageError(f"{path}: nested deeper than a deployment file can be") from None
+    if not nesting.depth_ok(data):
+        raise UsageError(f"{path}: nested deeper than {nesting.MAX_DEPTH} levels; not a deployment file")
     unknown = set(data) - {"name", "ssh", "remote_ctxmgr", "node"}
     if unknown:
         raise UsageError(f"{path}: unknown key {sorted(unknown)[0]!r} (name, ssh, remote_ctxmgr, node)")

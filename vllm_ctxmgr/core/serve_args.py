@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vllm_ctxmgr.core import nesting
+from vllm_ctxmgr.core.nesting import MAX_DEPTH, TooDeep
 from vllm_ctxmgr.core.vllm_flags import canonical_name
 from vllm_ctxmgr.core.vllm_flags import flag as vllm_flag
 from vllm_ctxmgr.errors import UsageError
@@ -173,7 +175,10 @@ def split_flags(
                     i += 1
                 else:
                     value_text = ""
-                _merge_dotted(dotted, name, value_text)
+                try:
+                    _merge_dotted(dotted, name, value_text)
+                except TooDeep as exc:
+                    raise UsageError(f"argument {name.split('.', 1)[0]}: {exc}{_DEEP}") from None
             elif "=" in word:
                 flags[name] = word.split("=", 1)[1]
             elif name.startswith("--no-") and (kind in (None, "bool") or name in _BOOLEAN_FLAGS):
@@ -205,16 +210,23 @@ def split_flags(
     return positionals, flags
 
 
+_DEEP = " (ctxmgr reads a flag's JSON no deeper; vLLM's own configs nest a few levels)"
+
+
 def _merge_dotted(dotted: dict[str, dict[str, Any]], name: str, value_text: str) -> None:
     """FlexibleArgumentParser's dotted key: JSON, else a human-readable int (`80g`), else the text;
     `key+` splits a comma list; keys nest by their dots and later keys win."""
     head, *keys = name.split(".")
+    if len(keys) >= MAX_DEPTH:
+        raise TooDeep()
     if keys and keys[-1].endswith("+"):
         keys[-1] = keys[-1][:-1]
         value_text = json.dumps(value_text.split(","))
     value: Any
     try:
-        value = json.loads(value_text)
+        value = nesting.loads(value_text, MAX_DEPTH - len(keys))
+    except TooDeep:
+        raise
     except ValueError:
         try:
             value = human_readable_int(value_text)
@@ -354,7 +366,9 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
         if not isinstance(value, str) or value in ("", "None"):
             return None
         try:
-            parsed = json.loads(value)
+            parsed = nesting.loads(value)
+        except TooDeep as exc:
+            raise UsageError(f"argument {label}: {exc}{_DEEP}") from None
         except ValueError:
             refusals.append(
                 f"argument {label}: Value {value} cannot be converted to json.loads "
@@ -394,7 +408,9 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
     num_spec = 0
     try:
         num_spec = int(speculative.get("num_speculative_tokens") or 0)
-    except (TypeError, ValueError):
+        if not 0 <= num_spec <= MAX_COUNT:
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):  # 1e400 is JSON's inf
         refusals.append(
             f"speculative num_speculative_tokens {speculative.get('num_speculative_tokens')!r} "
             "is not an integer (vLLM's config refuses it)"
