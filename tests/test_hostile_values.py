@@ -121,3 +121,50 @@ def test_a_nodes_wrongly_typed_show_fields_are_refused(
     progress = "ctxmgr: reading 2 nodes: local:vllm-x, localhost:vllm-x\n"
     assert out.startswith(progress), out
     one_line_refusal(code, out.removeprefix(progress), match)
+
+
+# ---- item 11: GPU figures no GPU has ----------------------------------------------------------
+
+
+def gpus_file(directory: Path, total: object) -> Path:
+    path = directory / "gpus.json"
+    gpu = {
+        "index": 0,
+        "name": "NVIDIA H100 80GB HBM3",
+        "total_bytes": total,
+        "free_bytes": 0,
+        "used_bytes": 0,
+    }
+    path.write_text(json.dumps({"gpus": [gpu]}))
+    return path
+
+
+@pytest.mark.parametrize("total", [10**24, -(80 << 30), 0, (16 << 40) + 1])
+def test_a_gpu_total_out_of_range_is_refused(tmp_path: Path, total: int) -> None:
+    # 1e24 bytes planned "FEASIBLE at 0.03"; a negative total was accepted
+    code, out = plan_unit(tmp_path, "", "--gpus-from", str(gpus_file(tmp_path, total)))
+    one_line_refusal(code, out, "is no GPU's (a GPU has more than 0 and at most 16 TiB)")
+
+
+def test_a_nodes_nvml_answer_out_of_range_is_refused() -> None:
+    from vllm_ctxmgr.errors import UsageError
+    from vllm_ctxmgr.nvml import gpus_from_json
+
+    answer = {
+        "gpus": [{"index": 0, "name": "NVIDIA H100", "total_bytes": 10**24, "free_bytes": 0, "used_bytes": 0}]
+    }
+    with pytest.raises(UsageError, match="is no GPU's"):
+        gpus_from_json(answer, "NVML on node1")
+
+
+def test_a_real_gpu_total_still_plans(tmp_path: Path) -> None:
+    code, out = plan_unit(tmp_path, "", "--gpus-from", str(gpus_file(tmp_path, 85_520_809_984)))
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "1.5", "-0.5"])
+def test_a_units_utilisation_out_of_range_is_refused(tmp_path: Path, value: str) -> None:
+    # vLLM's config/cache.py gpu_memory_utilization: Field(gt=0, le=1); nan was kept and planned feasible
+    code, out = plan_unit(tmp_path, f"--gpu-memory-utilization {value}")
+    one_line_refusal(code, out, "--gpu-memory-utilization")
+    assert "must be a number in (0, 1]" in out
