@@ -204,9 +204,11 @@ class Platform:
         return 2048
 
     def default_model_dtype(self, config_dtype: str) -> str:
-        """`--dtype auto`: float32 checkpoints are downcast to the platform's preferred dtype."""
+        """`--dtype auto`: float32 checkpoints are downcast to the platform's preferred dtype, and a dtype
+        the platform cannot run a model in (int8, uint8, fp8 ...) is replaced by it, as
+        vllm/config/model.py:2423-2465 (0.33.0, _resolve_auto_dtype) does; the `auto` KV cache follows."""
         preferred = "bfloat16" if self.is_cpu or self.capability_major >= 8 else "float16"
-        if config_dtype == "float32":
+        if config_dtype in ("float32", "float") or config_dtype not in ("bfloat16", "float16", "half"):
             return preferred
         if config_dtype == "bfloat16" and preferred != "bfloat16":
             return preferred
