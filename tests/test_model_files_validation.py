@@ -681,3 +681,29 @@ def test_index_total_size_beside_a_partial_series_is_refused(tmp_path: Path) -> 
         named_shard(directory, f"model-{i:05d}-of-00004.safetensors", 1 << 21)
     (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 1 << 23}}))
     refused(directory, r"safetensors shard missing: .*model-00003-of-00004\.safetensors$")
+
+
+def test_gguf_nested_arrays_are_bounded_by_the_items_walked_not_only_the_bytes(tmp_path: Path) -> None:
+    """Issue 29 item 19: 4M empty arrays nested two deep in a 49 MB file took 16-20 s to walk."""
+    import time
+
+    key = b"x.nested"
+    inner = struct.pack("<IQ", 9, 4096) + struct.pack("<IQ", 0, 0) * 4096
+    value = struct.pack("<I", 9) + struct.pack("<IQ", 9, 1000) + inner * 1000
+    path = raw_gguf(tmp_path / "nested.gguf", struct.pack("<Q", len(key)) + key + value)
+    assert path.stat().st_size > 49_000_000
+    started = time.perf_counter()
+    refused(path, r"nested\.gguf: GGUF header of more than 65536 arrays inside arrays \(at byte \d+\)$")
+    assert time.perf_counter() - started < 3
+
+
+def test_gguf_string_items_walked_are_bounded_over_the_header(tmp_path: Path) -> None:
+    from vllm_ctxmgr.model_files.gguf import MAX_GGUF_VISITED
+
+    # nine arrays of a million empty strings each: every array alone is a vocabulary's size
+    kv = b""
+    for n in range(9):
+        key = f"x.strings{n}".encode()
+        kv += struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, 1 << 20) + bytes(8 << 20)
+    path = raw_gguf(tmp_path / "strings.gguf", kv, kv_count=9)
+    refused(path, rf"strings\.gguf: GGUF header of more than {MAX_GGUF_VISITED} array items \(at byte \d+\)$")
