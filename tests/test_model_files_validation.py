@@ -707,3 +707,26 @@ def test_gguf_string_items_walked_are_bounded_over_the_header(tmp_path: Path) ->
         kv += struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, 1 << 20) + bytes(8 << 20)
     path = raw_gguf(tmp_path / "strings.gguf", kv, kv_count=9)
     refused(path, rf"strings\.gguf: GGUF header of more than {MAX_GGUF_VISITED} array items \(at byte \d+\)$")
+
+
+def _set_tensor_offset(path: Path, name: str, offset: int) -> None:
+    """Rewrite one tensor info's data offset in a GGUF the gguf package wrote (little-endian, v3)."""
+    data = bytearray(path.read_bytes())
+    encoded = name.encode()
+    at = data.index(struct.pack("<Q", len(encoded)) + encoded) + 8 + len(encoded)
+    (n_dims,) = struct.unpack_from("<I", data, at)
+    struct.pack_into("<Q", data, at + 4 + 8 * n_dims + 4, offset)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("name", "offset"), [("blk.0.attn_k.weight", 0), ("blk.1.attn_q.weight", 64)])
+def test_gguf_overlapping_tensor_data_is_refused(tmp_path: Path, name: str, offset: int) -> None:
+    """Issue 29 item 18: overlapping tensors were summed, naming more weight bytes than the file holds."""
+    base = {"block_count": 2, "attention.head_count": 8, "embedding_length": 512, "context_length": 4096}
+    tensors = gguf_builders.block_tensors(2, 512, kv_width=512, ggml_type="F16")
+    (path,) = gguf_builders.write_gguf(tmp_path / "m.gguf", "llama", base, tensors)
+    assert load_model_facts(str(path)).weight_bytes == sum(
+        gguf_builders.tensor_nbytes(shape, kind) for _, shape, kind in tensors
+    )
+    _set_tensor_offset(path, name, offset)
+    refused(path, r"m\.gguf: malformed GGUF header \(tensors '.+' and '.+' overlap\)$")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import itertools
 import math
 import mmap
 import os
@@ -370,6 +371,15 @@ def _parse_gguf(buffer: mmap.mmap, path: Path, file_size: int, constants: Module
     ):
         raise ModelFactsError(f"{path}: general.alignment is {alignment!r}, expected a power of two")
     data_start = -(-cursor.offset // alignment) * alignment
+    # as safetensors.py refuses them: summed, overlapping tensors count the same bytes twice (a header
+    # naming 256,000 bytes of weights in an 89,600-byte file); llama.cpp's gguf.cpp lays each tensor
+    # after the one before, so no GGUF it writes or reads has them
+    ranges = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors)
+    for (_, end, name), (begin, _, other) in itertools.pairwise(ranges):
+        if begin < end:
+            raise ModelFactsError(
+                f"{path}: malformed GGUF header (tensors {name[:60]!r} and {other[:60]!r} overlap)"
+            )
     data_end = data_start + max((t.offset + t.nbytes for t in tensors), default=0)
     if data_end > file_size:
         raise ModelFactsError(
