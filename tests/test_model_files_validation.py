@@ -730,3 +730,33 @@ def test_gguf_overlapping_tensor_data_is_refused(tmp_path: Path, name: str, offs
     )
     _set_tensor_offset(path, name, offset)
     refused(path, r"m\.gguf: malformed GGUF header \(tensors '.+' and '.+' overlap\)$")
+
+
+@pytest.mark.parametrize(
+    ("values", "pattern"),
+    [
+        (
+            {"attention.head_count_kv": [8, 8]},
+            r"llama\.attention\.head_count_kv has 2 per-layer values, expected 4",
+        ),
+        (
+            {"attention.head_count": [8, 8, 8]},
+            r"llama\.attention\.head_count has 3 per-layer values, expected 4",
+        ),
+        ({"attention.head_count_kv": [8] * 5}, r"llama\.attention\.head_count_kv has 5 per-layer values"),
+    ],
+)
+def test_gguf_per_layer_arrays_of_the_wrong_length_are_refused_by_key(
+    tmp_path: Path, values: dict[str, Any], pattern: str
+) -> None:
+    """Issue 29 item 20: these were `unusable GGUF metadata (IndexError: list index out of range)`;
+    llama.cpp refuses them too (llama_model_loader::get_key_or_arr: "wrong array length")."""
+    message = refused(gguf(tmp_path, values), pattern)
+    assert "Error" not in message
+
+
+def test_gguf_per_layer_arrays_without_the_nextn_layers_are_read(tmp_path: Path) -> None:
+    path = gguf(
+        tmp_path, {"block_count": 5, "nextn_predict_layers": 1, "attention.head_count_kv": [8, 8, 4, 4]}
+    )
+    assert [layer.num_kv_heads for layer in load_model_facts(str(path)).layers] == [8, 8, 4, 4]

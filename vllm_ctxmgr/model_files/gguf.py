@@ -456,6 +456,19 @@ def check_gguf_values(meta: dict[str, Any], arch: str, label: str) -> None:
                 raise ModelFactsError(
                     f"{label}: {key} is {_shown(value)}, expected an integer in {low}..{high}"
                 )
+    blocks = meta.get(gguf_key("block_count").format(arch=arch))
+    nextn = meta.get(gguf_key("nextn_predict_layers").format(arch=arch))
+    lengths = {blocks, blocks - nextn} if isinstance(blocks, int) and isinstance(nextn, int) else {blocks}
+    for name in sorted(PER_LAYER_KEYS):
+        key = gguf_key(name).format(arch=arch)
+        value = meta.get(key)
+        # llama.cpp's llama_model_loader::get_key_or_arr refuses a per-layer array whose length is not
+        # its layer count ("wrong array length": block_count, or block_count less the nextn layers
+        # for some architectures); read shorter, a layer would have no value here
+        if isinstance(value, list) and isinstance(blocks, int) and len(value) not in lengths:
+            raise ModelFactsError(
+                f"{label}: {key} has {len(value)} per-layer values, expected {blocks} (block_count)"
+            )
     key = gguf_key("rope.scaling.factor").format(arch=arch)
     factor = meta.get(key)
     if factor is not None and (
