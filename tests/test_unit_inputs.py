@@ -92,11 +92,9 @@ def edited(line: str, changes: dict[str, str | None] | None = None) -> str:
         ("/m --max-model-len --enforce-eager", "argument --max-model-len: expected one argument"),
         ("/m --enforce-eager --max-model-len", "argument --max-model-len: expected one argument"),
         ("/m --max-model-len -- 2048", "argument --max-model-len: expected one argument"),
-        ("/m -- --max-model-len 2048", "unrecognized arguments: --max-model-len 2048"),
-        ("/m --max-model-len 1024 -- --max-model-len 2048", "unrecognized arguments: --max-model-len 2048"),
     ],
 )
-def test_the_editor_refuses_what_argparse_refuses(line: str, match: str) -> None:
+def test_the_editor_refuses_a_flag_left_without_its_value(line: str, match: str) -> None:
     from vllm_ctxmgr.errors import UnitError
 
     with pytest.raises(UnitError, match=match):
@@ -110,6 +108,12 @@ def test_the_editor_refuses_what_argparse_refuses(line: str, match: str) -> None
         ("--enforce-eager -- /m", "--enforce-eager --max-model-len 16384 -- /m"),
         ("--max-model-len 5 -- /m", "--max-model-len 16384 -- /m"),
         ("/m --enforce-eager", "/m --enforce-eager --max-model-len 16384"),
+        # words after `--` are positionals, never flags: kept, and the plan refuses them (below)
+        ("/m -- --max-model-len 2048", "/m --max-model-len 16384 -- --max-model-len 2048"),
+        (
+            "/m --max-model-len 1024 -- --max-model-len 2048",
+            "/m --max-model-len 16384 -- --max-model-len 2048",
+        ),
     ],
 )
 def test_the_editor_never_drops_a_word(line: str, expected: str) -> None:
@@ -122,3 +126,15 @@ def test_the_plan_refuses_a_flag_with_no_value(tmp_path: Path) -> None:
         tmp_path, "--max-num-seqs --enforce-eager", "argument --max-num-seqs: expected one argument"
     )
     refused_one_line(tmp_path, "-- --max-model-len 2048", "unrecognized arguments: --max-model-len 2048")
+
+
+def test_the_plan_refuses_a_word_no_flag_takes_as_argparse_does(tmp_path: Path) -> None:
+    # a switch takes no value: 1024 is a second positional, which `vllm serve` refuses
+    refused_one_line(tmp_path, "--enforce-eager 1024", "unrecognized arguments: 1024")
+
+
+def test_the_editor_leaves_what_an_environment_variable_may_hold_to_the_plan() -> None:
+    assert (
+        edited("${MODEL} $VLLM_ARGS --enforce-eager")
+        == "${MODEL} $VLLM_ARGS --enforce-eager --max-model-len 16384"
+    )

@@ -146,8 +146,8 @@ def split_flags(
     is `--optimization-level 3`. An unknown flag takes the next word unless that word is a flag.
 
     What argparse refuses goes to `refusals` in its words: a flag that takes a value followed by another
-    flag or by nothing ("argument --max-model-len: expected one argument"), and words after `--` (all
-    positionals to argparse) beyond the one model positional `vllm serve` has."""
+    flag or by nothing ("argument --max-model-len: expected one argument"), and positionals (a word no
+    flag takes, every word after `--`) beyond the one model positional `vllm serve` has."""
 
     positionals: list[str] = []
     flags: dict[str, str | bool] = {}
@@ -158,8 +158,6 @@ def split_flags(
         word = args[i]
         if word == "--":  # argparse: every later word is a positional
             positionals += args[i + 1 :]
-            if len(positionals) > 1:
-                problems.append(f"unrecognized arguments: {' '.join(positionals[1:])[:80]}")
             break
         if word.startswith("-O") and not word.startswith("--") and word != "-O":
             flags["--optimization-level"] = word[3:] if word[2:3] == "=" else word[2:]
@@ -205,6 +203,8 @@ def split_flags(
         else:
             positionals.append(word)
         i += 1
+    if len(positionals) > 1:  # `vllm serve` has one positional, the model
+        problems.append(f"unrecognized arguments: {' '.join(positionals[1:])[:80]}")
     for name, value in dotted.items():
         flags[name] = json.dumps(value)
     return positionals, flags

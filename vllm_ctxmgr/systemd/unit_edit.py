@@ -56,6 +56,9 @@ def plan_exec_ops(command: VllmCommand, changes: Mapping[str, str | None]) -> li
     are positionals, never flags, and a missing flag goes before the `--`."""
     refusals: list[str] = []
     split_flags(command.args, refusals)
+    # a flag left without its value makes any edit a guess; extra positionals (`$VLLM_ARGS` may hold
+    # flags until systemd expands it) are the plan's to refuse, and every word is kept here
+    refusals = [r for r in refusals if "expected" in r]
     if refusals:
         raise UnitError(f"ExecStart=: vLLM refuses these arguments ({refusals[0]}); fix the unit first")
     ops: list[WordOp] = []
