@@ -168,3 +168,22 @@ def test_a_units_utilisation_out_of_range_is_refused(tmp_path: Path, value: str)
     code, out = plan_unit(tmp_path, f"--gpu-memory-utilization {value}")
     one_line_refusal(code, out, "--gpu-memory-utilization")
     assert "must be a number in (0, 1]" in out
+
+
+@pytest.mark.parametrize(
+    ("total", "free", "match"),
+    [
+        ("80.5", "0", "total_bytes '80.5' is not a whole number of bytes"),
+        ('"85520809984"', "0", "total_bytes '85520809984' is not a whole number of bytes"),
+        ("true", "0", "total_bytes 'True' is not a whole number of bytes"),
+    ],
+)
+def test_gpu_figures_of_the_wrong_kind_are_refused(tmp_path: Path, total: str, free: str, match: str) -> None:
+    # int() had read 80.5 as 80, "80" as 80 and true as 1 byte, each planned
+    path = tmp_path / "gpus.json"
+    path.write_text(
+        '{"gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "total_bytes": ' + total
+        + ', "free_bytes": ' + free + ', "used_bytes": 0}]}'
+    )  # fmt: skip
+    code, out = plan_unit(tmp_path, "", "--gpus-from", str(path))
+    one_line_refusal(code, out, match)
