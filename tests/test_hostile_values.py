@@ -187,3 +187,33 @@ def test_gpu_figures_of_the_wrong_kind_are_refused(tmp_path: Path, total: str, f
     )  # fmt: skip
     code, out = plan_unit(tmp_path, "", "--gpus-from", str(path))
     one_line_refusal(code, out, match)
+
+
+def test_speculative_tokens_beyond_the_count_bound_are_refused(tmp_path: Path) -> None:
+    flags = """--speculative-config '{"method": "ngram", "num_speculative_tokens": 1000000000000}'"""
+    one_line_refusal(
+        *plan_unit(tmp_path, flags), "num_speculative_tokens 1000000000000: ctxmgr reads 0 to 16,777,216"
+    )
+
+
+def test_a_nodes_unit_with_a_size_beyond_the_bounds_is_refused(tmp_path: Path) -> None:
+    """Item 8 in a deployment: -pp 1e12 on every node was still in the rank loop after 60 s."""
+    node = tmp_path / "node.py"
+    node.write_text(FAKE_NODE)
+    argv = [MODEL, "--max-model-len", "8192", "--nnodes", "2", "--pipeline-parallel-size", "1000000000000"]
+    (tmp_path / "node.py.show").write_text(json.dumps({"argv": argv, "environment": {}}))
+    deployment = tmp_path / "d.toml"
+    deployment.write_text(
+        "".join(
+            f'[[node]]\nhost = "{host}"\nservice = "vllm-x"\nctxmgr = ["{sys.executable}", "{node}"]\n'
+            for host in ("local", "localhost")
+        )
+    )
+    code, out = run(
+        "--state-dir", str(tmp_path / "state"), "deployment", "plan", "8192", "--file", str(deployment),
+        "--gpu-memory", "80GiB", "--gpu-count", "1",
+    )  # fmt: skip
+    progress = "ctxmgr: reading 2 nodes: local:vllm-x, localhost:vllm-x\n"
+    one_line_refusal(
+        code, out.removeprefix(progress), "--pipeline-parallel-size '1000000000000': must be a whole"
+    )

@@ -408,13 +408,14 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
     num_spec = 0
     try:
         num_spec = int(speculative.get("num_speculative_tokens") or 0)
-        if not 0 <= num_spec <= MAX_COUNT:
-            raise ValueError
     except (TypeError, ValueError, OverflowError):  # 1e400 is JSON's inf
         refusals.append(
             f"speculative num_speculative_tokens {speculative.get('num_speculative_tokens')!r} "
             "is not an integer (vLLM's config refuses it)"
         )
+    if not 0 <= num_spec <= MAX_COUNT:
+        refusals.append(f"speculative num_speculative_tokens {num_spec}: ctxmgr reads 0 to {MAX_COUNT:,}")
+        num_spec = 0
     method, spec_model = speculative_method(speculative, refusals)
     hf_overrides = json_flag("--hf-overrides", "--hf-overrides")
     for legacy, key in (("--rope-scaling", "rope_scaling"), ("--rope-theta", "rope_theta")):
