@@ -230,7 +230,7 @@ def test_plan_help_and_completion_import_only_the_plan_command() -> None:
         )
         *shown, modules = run.stdout.splitlines()
         assert ("--max-model-len" in "\n".join(shown)) if args else shown == ["plain,plan"]
-        light = {"cli", "cli.common", "cli.main", "cli.plan", "errors", "masking"}
+        light = {"cli", "cli.common", "cli.main", "cli.plan", "errors", "masking", "core", "core.bounds"}
         assert set(ast.literal_eval(modules)) <= {f"vllm_ctxmgr.{name}" for name in light}, args
 
 

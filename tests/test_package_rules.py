@@ -259,7 +259,11 @@ def test_the_documented_table_is_the_one_the_test_enforces() -> None:
 # What `ctxmgr --help`, a command's --help and a completion TAB may load: click, the group, the light
 # cli/common.py and what it needs to print (errors, masking); no command's module, nothing heavy.
 HEAVY_THIRD_PARTY = ("transformers", "gguf", "jinja2", "requests", "prometheus_client", "pynvml", "numpy")
-LIGHT_MODULES = {"vllm_ctxmgr", "vllm_ctxmgr.errors", "vllm_ctxmgr.masking", "vllm_ctxmgr.cli"}
+# core.bounds: the size flags' bounds the CLI's option types are built from (constants and one function)
+LIGHT_MODULES = {
+    "vllm_ctxmgr", "vllm_ctxmgr.errors", "vllm_ctxmgr.masking", "vllm_ctxmgr.cli", "vllm_ctxmgr.core",
+    "vllm_ctxmgr.core.bounds",
+}  # fmt: skip
 
 
 def modules_loaded(code: str) -> set[str]:

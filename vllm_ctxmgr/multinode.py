@@ -137,6 +137,37 @@ def _role_name(role: NodeRole | None) -> str:
     return "headless" if role is not None and role.headless else "head"
 
 
+# the types of the `node show` fields the coordinator reads; any other type is the node's fault
+_SHOWN_TYPES: dict[str, tuple[type, ...]] = {
+    "in_progress": (dict,), "last_change": (dict,), "logged": (dict,), "observation": (dict,),
+    "gpus": (dict,), "unit_digest": (str,), "ray_worker": (bool,),
+}  # fmt: skip
+
+
+def checked_show(answer: dict[str, Any], address: NodeAddress) -> dict[str, Any]:
+    """A node's `show` answer, its fields of the types the coordinator reads (argv a list of words,
+    environment a mapping of names to text, the records mappings); a wrongly typed field is refused in
+    one line naming it, before anything reads it."""
+
+    def wrong(key: str, expected: str) -> UsageError:
+        return UsageError(
+            f"{address}: `node show` answered {key} that is not {expected}; nothing was changed"
+        )
+
+    argv = answer.get("argv")
+    if argv is not None and not (isinstance(argv, list) and all(isinstance(w, str) for w in argv)):
+        raise wrong("argv", "a list of words")
+    environment = answer.get("environment")
+    if environment is not None and not (
+        isinstance(environment, dict) and all(isinstance(v, str) for v in environment.values())
+    ):
+        raise wrong("environment", "a mapping of names to text")
+    for key, types in _SHOWN_TYPES.items():
+        if answer.get(key) is not None and not isinstance(answer[key], types):
+            raise wrong(key, "a " + ("mapping" if types == (dict,) else types[0].__name__))
+    return answer
+
+
 @dataclass
 class _Node:
     address: NodeAddress
@@ -200,7 +231,7 @@ class Coordinator:
             raise NodeError(f"cannot read every node, nothing was changed: {failed[0].message}")
         for node, answer in zip(probes, answers, strict=True):
             assert isinstance(answer, dict)
-            node.shown = answer
+            node.shown = checked_show(answer, node.address)
             pending = answer.get("in_progress")
             if pending and not recovering:
                 raise UsageError(
@@ -586,8 +617,12 @@ class Coordinator:
         """What every rank logged at the start just made (each node's own memory lines)."""
         shown = self._each(self.changing, lambda n: self._call(n, "show", timeout=SHOW_TIMEOUT))
         for node, answer in zip(self.changing, shown, strict=True):
-            if isinstance(answer, dict) and node.outcome is not None:
-                node.outcome.logged = dict(answer.get("logged") or {})
+            if (
+                isinstance(answer, dict)
+                and isinstance(answer.get("logged"), dict)
+                and node.outcome is not None
+            ):
+                node.outcome.logged = dict(answer["logged"])
 
     def _put_back_unrestarted(self, written: list[_Node], reason: str) -> DeploymentResult:
         """A write failed before anything restarted: the nodes already written get their unit back."""

@@ -22,6 +22,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from vllm_ctxmgr.core.bounds import (
+    BLOCK_SIZES,
+    MAX_BYTES,
+    MAX_CONTEXT,
+    MAX_COUNT,
+    MAX_PARALLEL,
+    block_size_ok,
+)
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError, VerifyExit
 from vllm_ctxmgr.masking import scrub
 
@@ -259,9 +267,6 @@ class ContextArg(click.ParamType):
         return number
 
 
-MAX_CONTEXT = 1 << 32
-
-
 class ByteSize(click.ParamType):
     """A size in ctxmgr's one grammar (core.serve_args.parse_size, vLLM's where vLLM has the flag):
     95.6GiB, 80G and 80GiB = 80 x 2^30, 80GB and 80g = 80 x 10^9, 81920MiB. A GPU's memory or the
@@ -285,9 +290,6 @@ class ByteSize(click.ParamType):
         if not 0 < number <= MAX_BYTES:
             self.fail(f"{value!r}: a size must be positive and at most 1 PiB", param, ctx)
         return number
-
-
-MAX_BYTES = 1 << 50
 
 
 class VllmBytes(ByteSize):
@@ -338,8 +340,8 @@ class BlockSize(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         number = click.INT.convert(value, param, ctx)
-        if number not in (1, 8) and not (number > 0 and number % 16 == 0 and number <= 4096):
-            self.fail(f"{value!r}: vLLM's block sizes are 1, 8 or a multiple of 16 up to 4096", param, ctx)
+        if not block_size_ok(number):
+            self.fail(f"{value!r}: {BLOCK_SIZES}", param, ctx)
         return number
 
 
@@ -460,8 +462,8 @@ SERVICE = ServiceName()
 UTILIZATION = Finite(0.0, 1.0, min_open=True)
 TIMEOUT = TimeSpan(0.0, 7 * 24 * 3600.0)  # a start may take minutes, never "for ever"
 WAIT_LOCK = TimeSpan(0.0, 24 * 3600.0, allow_zero=True)
-PARALLEL = click.IntRange(1, 1024)
-COUNT = click.IntRange(1, 1 << 24)
+PARALLEL = click.IntRange(1, MAX_PARALLEL)  # the same bounds as a unit's or a YAML file's flags
+COUNT = click.IntRange(1, MAX_COUNT)
 
 
 def examples(*lines: str) -> str:
@@ -550,7 +552,7 @@ def gpu_options(func: Callable[..., Any]) -> Callable[..., Any]:
             ),
             click.option(
                 "--gpu-count",
-                type=click.IntRange(1, 1024),
+                type=click.IntRange(1, MAX_PARALLEL),
                 default=None,
                 help="Plan offline: number of GPUs.",
             ),

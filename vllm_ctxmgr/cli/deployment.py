@@ -15,6 +15,7 @@ import click
 from vllm_ctxmgr import node as node_steps
 from vllm_ctxmgr.cli.common import (
     CONTEXT,
+    PARALLEL,
     SIZE,
     TIMEOUT,
     UTILIZATION,
@@ -27,6 +28,7 @@ from vllm_ctxmgr.cli.common import (
     refuse_old_rules,
     restarter_for,
 )
+from vllm_ctxmgr.core import nesting
 from vllm_ctxmgr.core.hardware import uniform_gpus
 from vllm_ctxmgr.errors import UsageError, VerifyExit
 from vllm_ctxmgr.files import read_regular
@@ -91,7 +93,7 @@ def _deployment_options(func: Any) -> Any:
             ),
             click.option(
                 "--gpu-count",
-                type=click.IntRange(1, 1024),
+                type=PARALLEL,
                 default=None,
                 help="GPUs per node (with --gpu-memory).",
             ),
@@ -217,6 +219,10 @@ def _read_deployment_file(path: Path) -> dict[str, Any]:
         data = tomllib.loads(raw.decode())
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"{path}: not TOML ({exc})") from None
+    except RecursionError:  # tomllib recurses once per level of an inline array or table
+        raise UsageError(f"{path}: nested deeper than a deployment file can be") from None
+    if not nesting.depth_ok(data):
+        raise UsageError(f"{path}: nested deeper than {nesting.MAX_DEPTH} levels; not a deployment file")
     unknown = set(data) - {"name", "ssh", "remote_ctxmgr", "node"}
     if unknown:
         raise UsageError(f"{path}: unknown key {sorted(unknown)[0]!r} (name, ssh, remote_ctxmgr, node)")
