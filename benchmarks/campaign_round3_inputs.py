@@ -26,7 +26,6 @@ import argparse
 import itertools
 import json
 import math
-import multiprocessing
 import os
 import random
 import shutil
@@ -40,7 +39,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from vllm_ctxmgr.errors import CtxmgrError  # noqa: E402
 
 WORK = REPO / ".cache" / "campaign-round3" / str(os.getpid())
 MODEL = REPO / "examples" / "models" / "qwen3-32b"
@@ -51,59 +49,7 @@ TIB = 1 << 40
 # ---- running one trial ------------------------------------------------------------------------
 
 
-def isolated(fn: Callable[[], Any], timeout: float) -> tuple[str, Any]:
-    """("ok", result) | ("refused", message) | ("unhandled", repr) | ("hang", ...), from a fork."""
-
-    def child(conn: Any) -> None:
-        try:
-            conn.send(("ok", fn()))
-        except CtxmgrError as exc:
-            conn.send(("refused", str(exc)))
-        except BaseException as exc:
-            conn.send(("unhandled", f"{type(exc).__name__}: {str(exc)[:200]}"))
-
-    ctx = multiprocessing.get_context("fork")
-    parent, conn = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=child, args=(conn,))
-    process.start()
-    conn.close()
-    if parent.poll(timeout):
-        try:
-            outcome = parent.recv()
-        except EOFError:
-            outcome = ("unhandled", "child died")
-        process.join(5)
-        return outcome
-    process.kill()
-    process.join()
-    return ("hang", f"over {timeout:g} s")
-
-
-class Tally:
-    def __init__(self, name: str, show: int) -> None:
-        self.name, self.show, self.tried, self.failures = name, show, 0, []  # type: ignore[var-annotated]
-        self.started = time.perf_counter()
-
-    def add(self, label: str, problem: str | None) -> None:
-        self.tried += 1
-        if problem:
-            self.failures.append(f"{label[:120]}: {problem[:300]}")
-
-    def report(self) -> int:
-        seconds = time.perf_counter() - self.started
-        print(f"{self.name:<10} tried {self.tried:>5}  failed {len(self.failures):>3}  ({seconds:.1f} s)")
-        for line in self.failures[: self.show]:
-            print(f"    {line}")
-        return len(self.failures)
-
-
-def outcome_problem(outcome: tuple[str, Any]) -> str | None:
-    kind, value = outcome
-    if kind in ("unhandled", "hang"):
-        return f"{kind}: {value}"
-    if kind == "refused" and "\n" in value.strip():
-        return f"an error of more than one line: {value[:120]!r}"
-    return None
+from trials import Tally, isolated, outcome_problem  # noqa: E402  (benchmarks/trials.py)
 
 
 def cli(*args: str) -> tuple[int, str]:

@@ -22,7 +22,6 @@ import contextlib
 import io
 import itertools
 import json
-import multiprocessing
 import os
 import random
 import resource
@@ -32,7 +31,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from contextlib import redirect_stdout
 from dataclasses import replace
 from pathlib import Path
@@ -52,59 +50,7 @@ LOGS = [REPO / "tests" / "data" / "vllm-logs", Path("/work/shared/vllm-logs")]
 # ---- running one trial ------------------------------------------------------------------------
 
 
-def isolated(fn: Callable[[], Any], timeout: float) -> tuple[str, Any]:
-    """("ok", result) | ("refused", message) | ("unhandled", repr) | ("hang", ...), from a fork."""
-
-    def child(conn: Any) -> None:
-        try:
-            conn.send(("ok", fn()))
-        except CtxmgrError as exc:
-            conn.send(("refused", str(exc)))
-        except BaseException as exc:
-            conn.send(("unhandled", f"{type(exc).__name__}: {str(exc)[:200]}"))
-
-    ctx = multiprocessing.get_context("fork")
-    parent, conn = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=child, args=(conn,))
-    process.start()
-    conn.close()
-    if parent.poll(timeout):
-        try:
-            outcome = parent.recv()
-        except EOFError:
-            outcome = ("unhandled", "child died")
-        process.join(5)
-        return outcome
-    process.kill()
-    process.join()
-    return ("hang", f"over {timeout:g} s")
-
-
-class Tally:
-    def __init__(self, name: str, show: int) -> None:
-        self.name, self.show, self.tried, self.failures = name, show, 0, []  # type: ignore[var-annotated]
-        self.started = time.perf_counter()
-
-    def add(self, label: str, problem: str | None) -> None:
-        self.tried += 1
-        if problem:
-            self.failures.append(f"{label}: {problem}")
-
-    def report(self) -> int:
-        seconds = time.perf_counter() - self.started
-        print(f"{self.name:<16} tried {self.tried:>5}  failed {len(self.failures):>3}  ({seconds:.1f} s)")
-        for line in self.failures[: self.show]:
-            print(f"    {line}")
-        return len(self.failures)
-
-
-def outcome_problem(outcome: tuple[str, Any]) -> str | None:
-    kind, value = outcome
-    if kind in ("unhandled", "hang"):
-        return f"{kind}: {value}"
-    if kind == "refused" and "\n" in value:
-        return f"an error of more than one line: {value[:120]!r}"
-    return None
+from trials import Tally, isolated, outcome_problem  # noqa: E402  (benchmarks/trials.py)
 
 
 def needs_root(name: str) -> bool:
