@@ -75,22 +75,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     item.user_properties.append(("worker", os.environ.get("PYTEST_XDIST_WORKER", "main")))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        path = Path(str(item.path))
-        if "fleet" in path.relative_to(REPO).parts[:2]:
-            item.add_marker(pytest.mark.fleet)
-        if "multinode" in path.stem or path.stem in MULTINODE_MODULES:
-            item.add_marker(pytest.mark.multinode)
-        if "require_vllm" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.vllm)
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        if item.get_closest_marker("vllm") is not None:
-            item.add_marker(pytest.mark.xdist_group("vllm"))
-        elif group := _module_scoped_params(item):
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """The tier markers and the xdist group, as each test is collected: before any plugin's
+    pytest_collection_modifyitems, xdist's among them, which reads the groups there (a modifyitems
+    hook of this conftest, even tryfirst, was seen to run after it on the workers)."""
+    path = Path(str(item.path))
+    if "fleet" in path.relative_to(REPO).parts[:2]:
+        item.add_marker(pytest.mark.fleet)
+    if "multinode" in path.stem or path.stem in MULTINODE_MODULES:
+        item.add_marker(pytest.mark.multinode)
+    if "require_vllm" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.vllm)
+    if item.get_closest_marker("xdist_group") is not None:
+        return
+    if item.get_closest_marker("vllm") is not None:
+        item.add_marker(pytest.mark.xdist_group("vllm"))
+    elif group := _module_scoped_params(item):
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
