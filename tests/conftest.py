@@ -10,9 +10,10 @@ Tiers (markers, set here from what a test uses, so no test can forget its own):
 
 Parallel runs (pytest-xdist, `--dist loadgroup`): a test that shares a bed with others (a fixture of
 module scope: a fleet bed, a two-node bed, a stand-in booted once) runs on the worker that holds its
-module's bed, grouped by module and bed parameter, so each bed boots once; every real-vLLM test runs in
-one group, one start at a time, since a vLLM CPU start takes every core it can. Everything else is
-spread over the workers.
+module's bed, grouped by module and bed parameter, so each bed boots once; every other real-vLLM test
+runs in one group, one start at a time, since a vLLM CPU start takes every core it can (the two-node
+real-vLLM bed is a bed of its own: at most two vLLM workloads at once). Everything else is spread over
+the workers.
 """
 
 from __future__ import annotations
@@ -88,10 +89,10 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.vllm)
     if item.get_closest_marker("xdist_group") is not None:
         return
-    if item.get_closest_marker("vllm") is not None:
-        item.add_marker(pytest.mark.xdist_group("vllm"))
-    elif group := _module_scoped_params(item):
+    if group := _module_scoped_params(item):
         item.add_marker(pytest.mark.xdist_group(group))
+    elif item.get_closest_marker("vllm") is not None:
+        item.add_marker(pytest.mark.xdist_group("vllm"))
 
 
 @pytest.fixture
