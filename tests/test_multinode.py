@@ -32,6 +32,7 @@ from tests.support.standin import free_port
 from vllm_ctxmgr.multinode import Coordinator, DeploymentRequest
 from vllm_ctxmgr.remote import Link, NodeAddress
 from vllm_ctxmgr.store import ServiceStore, State
+from vllm_ctxmgr.wire import PlanningOptions
 
 HEAD, RANK1 = "vllm-mn-head", "vllm-mn-rank1"
 # TP 8 x PP 2 over two 8-GPU nodes: each node one pipeline stage, the weights split over 16 GPUs
@@ -277,7 +278,7 @@ def test_a_node_edited_between_the_plan_and_the_write_stops_the_change_before_an
         nodes=(NodeAddress("local", HEAD), NodeAddress("local", RANK1)),
         link=link,
         default_gpus=uniform_gpus(SEED_GPU_COUNT, int(SEED_GPU_GIB * GIB)),
-        planning={"weights_bytes": int(SEED_WEIGHTS_GIB_PER_GPU * SEED_GPU_COUNT * GIB)},
+        planning=PlanningOptions(weights_bytes=int(SEED_WEIGHTS_GIB_PER_GPU * SEED_GPU_COUNT * GIB)),
     )
     result = Coordinator(request, state).set_context()
     assert str(result.result) == "rolled-back" and result.exit_code == 1

@@ -76,7 +76,7 @@ def test_an_unreachable_host_is_an_ssh_failure_with_the_host_first() -> None:
 @pytest.mark.parametrize(
     ("body", "why"),
     [
-        ("import sys; sys.stdout.buffer.write(b'{\"ok\": \"\\xff\\xfe\"}')", "its answer is not UTF-8"),
+        ('import sys; sys.stdout.buffer.write(b\'{"ok": "\\xff\\xfe"}\')', "its answer is not UTF-8"),
         ("print('[' * 100000 + ']' * 100000)", "its answer is JSON nested too deeply"),
         ("print('{\"a\":' * 100000 + '1' + '}' * 100000)", "its answer is JSON nested too deeply"),
         ("print('[1, 2]')", "its answer is not a JSON object"),

@@ -28,6 +28,7 @@ MAX_ITEMS = 1 << 16  # one list or object (argv words, GPU lines, environment it
 MAX_INT = 1 << 62
 MAX_MODEL_LEN = 1 << 32  # as observations.LIMITS
 MAX_KV_CACHE_MEMORY_BYTES = 1 << 50
+MAX_CHANGES_SHOWN = 256  # a node's deployment revisions `node show` lists, the newest
 
 # what a context change may write on a node, and nothing else: a head's plan that names another flag
 # (a --worker-extension-cls, a --model) is refused at both ends
@@ -63,7 +64,12 @@ class Message:
                 "install the same ctxmgr on every node"
             )
         message = _decode(cls, data, what)
-        message.check(what)
+        try:
+            message.check(what)
+        except WireError:
+            raise
+        except UsageError as exc:  # another door's refusal (an observation's bounds): the wire's
+            raise WireError(exc.message) from None
         return message
 
     def check(self, what: str) -> None:
@@ -281,18 +287,24 @@ class ShowAnswer(Message):
     gpus: object | None = None  # NVML's GPUs there (nvml.gpus_from_json's door, at planning)
     in_progress: InProgress | None = None
     last_change: LastChange | None = None
+    # its revisions made by deployment changes, oldest first (the newest MAX_CHANGES_SHOWN)
+    deployment_changes: tuple[LastChange, ...] = ()
     logged: Logged | None = None
     observation: object | None = None  # the last start as an observation record
 
     def check(self, what: str) -> None:
         if not _DIGEST.fullmatch(self.unit_digest):
             raise WireError(f"{what}: unit_digest is not a SHA-256 digest")
-        for name, number in (("in_progress", self.in_progress), ("last_change", self.last_change)):
-            if number is not None:
-                _in_range(what, f"{name}.revision", number.revision, 0, MAX_INT)
-        if self.last_change is not None:
+        if self.in_progress is not None:
+            _in_range(what, "in_progress.revision", self.in_progress.revision, 0, MAX_INT)
+        changes = [("last_change", self.last_change)]
+        changes += [(f"deployment_changes[{i}]", c) for i, c in enumerate(self.deployment_changes)]
+        for name, change in changes:
+            if change is None:
+                continue
+            _in_range(what, f"{name}.revision", change.revision, 0, MAX_INT)
             for key in ("max_model_len", "previous_max_model_len"):
-                _in_range(what, f"last_change.{key}", getattr(self.last_change, key), 1, MAX_MODEL_LEN)
+                _in_range(what, f"{name}.{key}", getattr(change, key), 1, MAX_MODEL_LEN)
         if self.logged is not None:
             ObservationRecord.from_json(asdict(self.logged), f"{what}: logged")
         if self.observation is not None:
