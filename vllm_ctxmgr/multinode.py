@@ -24,11 +24,12 @@ in the state directory) says which node reached which step; each node's own revi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -65,6 +66,7 @@ T = TypeVar("T", bound=Message)
 Printer = Callable[[str], None]
 
 SHOW_TIMEOUT = 120.0
+WATCH_INTERVAL = 3.0  # s between looks at every headless rank while the head starts
 STEP_TIMEOUT = 300.0  # a node's write, stop or check (a headless rank's stop took ~12 s)
 
 
@@ -668,8 +670,9 @@ class Coordinator:
                     node.outcome.step = "final"
             result.result, result.changed = Result.APPLIED, True
             self._read_logged()
+            found = f"found {self.drift}; " if self.drift else ""
             result.reason = (
-                f"every node runs max_model_len {context}; the head served the context-sized probe"
+                f"{found}every node runs max_model_len {context}; the head served the context-sized probe"
             )
             self._record("final")
             result.timings["total_s"] = round(time.monotonic() - t0, 3)
@@ -737,36 +740,35 @@ class Coordinator:
             cursors[node.address] = answer.cursor
             assert node.outcome is not None
             node.outcome.step = "started"
-        self.say(f"starting the head {head.address}; following its journal")
-        try:
-            answer = self._call(
-                head,
-                StartAnswer,
-                "start",
-                "--change",
-                change,
-                "--head",
-                *extra,
-                timeout=self.request.start_timeout + STEP_TIMEOUT,
-            )
-        except NodeError as exc:
-            answer = StartAnswer(head.address.service, False, reason=exc.message)
+        self.say(f"starting the head {head.address}; following its journal and every node's unit")
+        expected = str(self._expected(back))
+
+        def check(node: _Node) -> CheckAnswer:
+            cursor = cursors[node.address]
+            return self._call(node, CheckAnswer, "check", "--cursor", cursor, "--max-model-len", expected)
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            head_start = pool.submit(self._start_head, head, change, extra)
+            first = self._watch(workers, check, head_start)
+            if first is not None:  # the deployment failed there: the head would wait for it in vain
+                self.say(f"{first[0]}: stopping the head")
+                with contextlib.suppress(NodeError):
+                    self._call(head, StopAnswer, "stop")
+            answer = head_start.result()
         assert head.outcome is not None
         head.outcome.step = "started"
-        expected = str(self._expected(back))
-        checks = self._each(
-            workers,
-            lambda n: self._call(
-                n, CheckAnswer, "check", "--cursor", cursors[n.address], "--max-model-len", expected
-            ),
-        )
-        failures: list[tuple[str, str]] = []  # (node: reason, vLLM's decisive line), the head first
+        checks = self._each(workers, check)
+        failures: list[tuple[str, str]] = []  # (node: reason, vLLM's decisive line), the first failed first
+        if first is not None:
+            failures.append((first[0], first[1]))
         if not answer.ok:
             head.outcome.ok, head.outcome.reason = False, answer.reason
             failures.append((f"{head.address}: {answer.reason}", answer.decisive_line))
         for node, checked in zip(workers, checks, strict=True):
             assert node.outcome is not None
-            if isinstance(checked, NodeError):
+            if first is not None and node is first[2]:
+                node.outcome.ok, node.outcome.reason = False, first[0].removeprefix(f"{node.address}: ")
+            elif isinstance(checked, NodeError):
                 node.outcome.ok, node.outcome.reason = False, checked.message
                 failures.append((checked.message, ""))
             elif not checked.ok:
@@ -778,6 +780,41 @@ class Coordinator:
         # in its journal); the first decisive line vLLM printed is the one quoted
         line = next((line for _, line in failures if line), "")
         return "; ".join(reason for reason, _ in failures), line
+
+    def _start_head(self, head: _Node, change: str, extra: list[str]) -> StartAnswer:
+        """The head's start, watched until it serves and probed (its failure, as any, an answer)."""
+        try:
+            return self._call(
+                head,
+                StartAnswer,
+                "start",
+                "--change",
+                change,
+                "--head",
+                *extra,
+                timeout=self.request.start_timeout + STEP_TIMEOUT,
+            )
+        except NodeError as exc:  # its own words: the reason is put after the head's name
+            return StartAnswer(
+                head.address.service, False, reason=exc.message.removeprefix(f"{head.address}: ")
+            )
+
+    def _watch(
+        self, workers: list[_Node], check: Callable[[_Node], CheckAnswer], head_start: Future[StartAnswer]
+    ) -> tuple[str, str, _Node] | None:
+        """Every headless rank's unit and journal while the head starts: the first that failed (its unit
+        failed or stopped, or its journal holds vLLM's failure) as (node: reason, decisive line, node),
+        at once, rather than after the head gave up waiting for it; None once the head's start ended."""
+        while workers and not head_start.done():
+            wait([head_start], timeout=WATCH_INTERVAL)
+            if head_start.done():
+                return None
+            for node, checked in zip(workers, self._each(workers, check), strict=True):
+                if isinstance(checked, NodeError) or checked.ok:
+                    continue  # a check that could not be made is made again; the final one decides
+                if checked.active_state == "failed" or checked.decisive_line:
+                    return f"{node.address}: {checked.reason}", checked.decisive_line, node
+        return None
 
     def _expected(self, back: bool) -> int:
         return int((self.result.previous_max_model_len if back else self.result.max_model_len) or 0)

@@ -348,8 +348,10 @@ def start(restarter: Restarter, change_id: str, head: bool, back: bool = False) 
     probed at the revision's context (a rank that fails elsewhere fails the head's start too); a
     headless rank is only started here, and judged by `finish` once the head has served."""
     with restarter.store.lock():
-        if back and not _written(restarter, change_id):
-            return _start_as_is(restarter, head)  # an interrupted change never wrote this node
+        if not _written(restarter, change_id):
+            # an interrupted change never wrote this node, or a reconciling one had nothing to write
+            # here (its unit already at the target): restarted as it is, with the others
+            return _start_as_is(restarter, head)
         change = _change_of(restarter, change_id)
         rev = change.rev
         if back:
@@ -426,7 +428,9 @@ def check(restarter: Restarter, cursor: str | None, expected_max_model_len: int 
 
 def finish(restarter: Restarter, change_id: str) -> StepAnswer:
     """The deployment served, the head passed its probe and every headless rank was checked (`check`):
-    this node's revision is final."""
+    this node's revision is final (a node the change did not write has nothing to finish)."""
+    if not _written(restarter, change_id):
+        return StepAnswer(restarter.unit, True, None, "not written")
     with restarter.store.lock():
         change = _change_of(restarter, change_id)
         rev = change.rev
