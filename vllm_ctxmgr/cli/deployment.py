@@ -54,7 +54,8 @@ DEPLOYMENT_EXAMPLES = {
         "ctxmgr deployment set-context 200000 --file glm5.toml --yes --json",
     ),
     "rollback": examples(
-        "ctxmgr deployment rollback --file glm5.toml      # every node to before its last change"
+        "ctxmgr deployment rollback --file glm5.toml      # every node to before its last good change",
+        "ctxmgr deployment rollback --file glm5.toml --to glm5-20260101T120000-1a2b   # as it left them",
     ),
     "recover": examples("ctxmgr deployment recover --file glm5.toml       # after a killed coordinator"),
     "verify": examples(f"ctxmgr deployment verify {NODES}"),
@@ -420,6 +421,8 @@ def _stdin(kind: type[T]) -> T:
     raw = sys.stdin.buffer.read(MAX_STDIN_BYTES + 1) if not sys.stdin.isatty() else b""
     if len(raw) > MAX_STDIN_BYTES:
         raise UsageError("the request on stdin is too large")
+    if not raw.strip():  # none (a step run by hand): the message's defaults
+        return kind.from_json({"wire": WIRE_VERSION}, f"the `node {kind.step}` request")
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
