@@ -543,6 +543,7 @@ def test_a_worker_that_fails_to_start_is_the_deployments_failure_at_once(
     run = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
                      "--timeout", "10min", "--yes", "--json", timeout=400)  # fmt: skip
     took = time.monotonic() - started
+    print(f"set-context with a worker that cannot start ended after {took:.0f} s")
     assert run.code == 5 and run.data["result"] == "rollback-failed", run.stdout + run.stderr
     assert took < 180, took  # two head starts waiting out torch's timeout would be an hour
     assert run.data["reason"].startswith(f"local:{RANK1}: "), run.data["reason"]
