@@ -546,7 +546,10 @@ def test_a_worker_that_fails_to_start_is_the_deployments_failure_at_once(
     print(f"set-context with a worker that cannot start ended after {took:.0f} s")
     assert run.code == 5 and run.data["result"] == "rollback-failed", run.stdout + run.stderr
     assert took < 180, took  # two head starts waiting out torch's timeout would be an hour
-    assert run.data["reason"].startswith(f"local:{RANK1}: "), run.data["reason"]
+    # node 1's own cause first, as systemd reports it, with the file that sets it
+    assert run.data["reason"].startswith(
+        f"local:{RANK1}: ExecStartPre=/bin/false in 50-fault.conf exited 1"
+    ), run.data["reason"]
     rank1 = run.data["nodes"][1]
     assert not rank1["ok"] and rank1["reason"]
     states = [sandbox.systemd.show(f"{n}.service", "ActiveState")["ActiveState"] for n in (HEAD, RANK1)]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -416,6 +417,10 @@ def check(restarter: Restarter, cursor: str | None, expected_max_model_len: int 
     elif state.get("ActiveState") != "active":
         why = f"{restarter.unit} is {state.get('ActiveState')}, not active"
         answer = replace(answer, ok=False, reason=why)
+    if not answer.ok and state.get("ActiveState") == "failed":
+        cause = _failed_command(restarter)
+        if cause:  # the unit's own cause first: vLLM never ran, whatever its journal says
+            answer = replace(answer, reason=f"{cause}; {answer.reason}")
     elif expected_max_model_len and observation.max_model_len not in (None, expected_max_model_len):
         answer = replace(
             answer,
@@ -424,6 +429,40 @@ def check(restarter: Restarter, cursor: str | None, expected_max_model_len: int 
             f"not {expected_max_model_len}",
         )
     return answer
+
+
+_EXEC_STATUS = re.compile(
+    r"\{ path=[^;]* ; argv\[\]=(?P<argv>[^;]*) ;[^}]*?code=(?P<code>\w+) ; status=(?P<status>\d+)"
+)
+
+
+def _failed_command(restarter: Restarter) -> str:
+    """Which of the unit's ExecStartPre= commands failed, and in which file it is set (a drop-in the
+    operator may not remember), as systemd reports it; "" where none did."""
+    systemd = restarter.systemd
+    props = systemd.show(restarter.unit, "ExecStartPre", "FragmentPath", "DropInPaths")
+    for found in _EXEC_STATUS.finditer(props.get("ExecStartPre", "")):
+        if found["code"] == "exited" and found["status"] == "0":
+            continue
+        argv = found["argv"].strip()
+        program = (argv.split() or [""])[0]
+        where = ""
+        with contextlib.suppress(CtxmgrError, OSError):
+            dropins = [p for p in props.get("DropInPaths", "").split() if p.endswith(".conf")]
+            unit = ServiceUnit.load(restarter.unit, props["FragmentPath"], dropins, root=systemd.root)
+            where = next(
+                (
+                    f" in {Path(f.path).name}"
+                    for f in reversed(unit.files)
+                    if any(
+                        line.startswith("ExecStartPre=") and program in line for line in f.text.splitlines()
+                    )
+                ),
+                "",
+            )
+        how = f"exited {found['status']}" if found["code"] == "exited" else f"was {found['code']}"
+        return f"ExecStartPre={argv}{where} {how}"
+    return ""
 
 
 def finish(restarter: Restarter, change_id: str) -> StepAnswer:
