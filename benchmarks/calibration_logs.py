@@ -309,22 +309,31 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:+7.1f}%"
 
 
+def errors(rows: list[Row]) -> tuple[list[float], list[float]]:
+    """The uncalibrated KV budget's error per complete start, and the calibrated KV tokens' error: the
+    bands a plan states as its confidence (vllm_ctxmgr/core/confidence.py)."""
+    budget_errors: list[float] = []
+    token_errors: list[float] = []
+    for row in rows:
+        uncal_err = _error(_budget(row.uncal), row.logged_budget)
+        if uncal_err is not None and row.case.incomplete is None:
+            budget_errors.append(uncal_err)
+        tok_err = _error(row.cal.kv_cache_tokens, row.logged_tokens)
+        if tok_err is not None:
+            token_errors.append(tok_err)
+    return budget_errors, token_errors
+
+
 def main() -> int:
     rows = [run_case(case) for case in cases()]
     print(
         f"{'start':50} {'logged':>8} {'uncal':>8} {'err':>8} {'cal':>8} {'err':>8} "
         f"{'KV need':>10} {'tok log':>10} {'tok uncal':>10} {'tok cal':>10}"
     )
-    budget_errors: list[float] = []
-    token_errors: list[float] = []
+    budget_errors, token_errors = errors(rows)
     for row in rows:
         uncal_err = _error(_budget(row.uncal), row.logged_budget)
         cal_err = _error(_budget(row.cal), row.logged_budget)
-        if uncal_err is not None and row.case.incomplete is None:
-            budget_errors.append(uncal_err)
-        tok_err = _error(row.cal.kv_cache_tokens, row.logged_tokens)
-        if tok_err is not None:
-            token_errors.append(tok_err)
         print(
             f"{row.name:50} {_gib(row.logged_budget)} {_gib(_budget(row.uncal))} {_pct(uncal_err)} "
             f"{_gib(_budget(row.cal))} {_pct(cal_err)} {_needed(row.cal):>10} "

@@ -69,7 +69,7 @@ def test_the_context_the_unit_has_moves_nothing_and_says_why() -> None:
     plan = plan_of(args, 131072)
     assert "--gpu-memory-utilization" in plan.flag_changes
     applied = flags_to_apply(args, plan, 131072)
-    assert applied.flag_changes == {"--max-model-len": "131072"}
+    assert applied.flag_changes == {}  # issue 28: a value the unit already has is not a change
     assert "pass --gpu-memory-utilization" in applied.suggestion
 
 
@@ -107,13 +107,16 @@ def test_plan_of_a_unit_says_what_set_context_writes_and_the_least_that_fits(lla
     """Issue 17 item 2: a unit at 0.92 was told "0.55" by plan, while set-context kept 0.92."""
     code, data, text = plan_unit(llama_unit, "65536", *GPUS)
     assert code == 0 and data["result"] == "feasible"
-    least = data["gpu_memory_utilization"]
+    # issue 28: the plan is at what set-context runs (0.92); the least that fits is one more figure
+    assert data["gpu_memory_utilization"] == 0.92
+    least = data["least_gpu_memory_utilization"]
     assert least < 0.92
     assert data["set_context"] == {
         "flag_changes": {"--max-model-len": "65536"},
         "gpu_memory_utilization": 0.92,
         "kept_utilization": True,
         "least_gpu_memory_utilization": least,
+        "refused": None,  # set-context can edit this unit
     }
     assert (
         "set-context would write: --max-model-len 65536 (the unit's gpu_memory_utilization 0.92 stays" in text

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -58,7 +62,8 @@ def test_plan_human_output_shows_a_table_and_bars() -> None:
     code, out, _ = plan_glm5("200000")
     assert code == 0
     assert "KV needed" in out and "18.66 GiB" in out
-    assert out.count("[") >= 8  # one bar per GPU
+    # eight identical GPUs: one row and one bar, labelled with their range (issue 28 item 2)
+    assert re.search(r"^ 0-7 \[[#WnKmk.]+\]$", out, re.M)
     assert "FEASIBLE" in out
 
 
@@ -174,3 +179,83 @@ def test_help_is_fast_enough_to_not_import_heavy_modules() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "HEAVY:"
+
+
+def test_the_command_table_says_what_each_command_says() -> None:
+    """`ctxmgr --help` and completion list the commands from COMMANDS without importing them: each
+    entry must name its command and carry that command's own short help, so the two cannot drift."""
+    from vllm_ctxmgr.cli.main import COMMANDS
+
+    ctx = click.Context(main)
+    for name, entry in COMMANDS.items():
+        command = main.get_command(ctx, name)
+        assert command is not None and command.name == name
+        assert entry.short_help == command.get_short_help_str(limit=1 << 20), name
+    assert sorted(main.commands) == sorted(COMMANDS)
+
+
+def test_help_from_the_table_is_the_help_of_the_loaded_commands() -> None:
+    """A fresh `ctxmgr --help` (no command imported) prints what it prints with every command loaded."""
+    code = (
+        "import sys, click; from vllm_ctxmgr.cli.main import COMMANDS, main\n"
+        "if sys.argv[1] == 'loaded':\n"
+        "    [main.get_command(click.Context(main), name) for name in COMMANDS]\n"
+        "print(main.get_help(click.Context(main, info_name='ctxmgr')))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('vllm_ctxmgr.cli.')))\n"
+    )
+
+    def help_text(mode: str) -> list[str]:
+        run = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, check=True)
+        return run.stdout.splitlines()
+
+    lazy, loaded = help_text("lazy"), help_text("loaded")
+    assert lazy[:-1] == loaded[:-1]
+    assert any(line.split()[:3] == ["plan", "Plan", "CONTEXT"] for line in lazy)
+    assert lazy[-1] == "['vllm_ctxmgr.cli.common', 'vllm_ctxmgr.cli.main']"
+    assert "vllm_ctxmgr.cli.plan" in loaded[-1]
+
+
+def test_plan_help_and_completion_import_only_the_plan_command() -> None:
+    """`ctxmgr plan --help` and `ctxmgr pl<TAB>` are answered by click and the option types: the planner,
+    the model readers and systemd are imported when a plan runs."""
+    code = (
+        "import os, sys; from vllm_ctxmgr.cli.main import main\n"
+        "try:\n    main(sys.argv[1:], prog_name='ctxmgr')\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('vllm_ctxmgr.')))\n"
+    )
+    completion = {"_CTXMGR_COMPLETE": "bash_complete", "COMP_WORDS": "ctxmgr pl", "COMP_CWORD": "1"}
+    for args, env in ((["plan", "--help"], {}), ([], completion)):
+        run = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, env={**os.environ, **env}
+        )
+        *shown, modules = run.stdout.splitlines()
+        assert ("--max-model-len" in "\n".join(shown)) if args else shown == ["plain,plan"]
+        light = {"cli", "cli.common", "cli.main", "cli.plan", "errors", "masking", "core", "core.bounds"}
+        assert set(ast.literal_eval(modules)) <= {f"vllm_ctxmgr.{name}" for name in light}, args
+
+
+def test_plan_on_a_local_model_reads_no_unit_store_or_log() -> None:
+    """`ctxmgr plan --model DIR` plans from the model's files and the GPUs given: the modules that read
+    a unit, the revision store, systemd, vLLM's log or a GGUF are not imported for it."""
+    code = (
+        "import sys; from vllm_ctxmgr.cli.main import main\n"
+        "try:\n    main(sys.argv[1:], prog_name='ctxmgr')\nexcept SystemExit as exit:\n"
+        "    sys.exit(f'exit {exit.code}')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('vllm_ctxmgr.')))\n"
+    )
+    args = ["plan", "8192", "--model", LLAMA70B, "-tp", "4", "--gpu-memory", "80GiB", "--gpu-count", "4"]
+    run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+    *shown, modules = run.stdout.splitlines()  # a plan that fits returns from main (exit 0)
+    assert any(line.startswith("FEASIBLE") for line in shown)
+    loaded = set(ast.literal_eval(modules))
+    assert "vllm_ctxmgr.planning" in loaded
+    for room in ("service", "store", "observing", "systemd.systemctl", "vllm_log.watcher", "model_files.gguf",
+                 "core.verdict", "deploy", "change", "restart"):  # fmt: skip
+        assert f"vllm_ctxmgr.{room}" not in loaded, room
+
+
+@pytest.mark.skipif(not hasattr(click.exceptions, "NoSuchCommand"), reason="click < 8.4 suggests nothing")
+def test_a_mistyped_command_is_offered_the_closest_one_not_yet_imported() -> None:
+    code, _, err = run("plann", "200000")
+    assert code == 2
+    assert "No such command 'plann'. Did you mean 'plan'?" in err

@@ -11,7 +11,6 @@ import ast
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,11 +19,15 @@ import pytest
 import yaml
 
 from tests.fleet.bed import ansible_venv
+from tests.support import ansible_tools
+from tests.support.ansible_tools import ANSIBLE_TEST, tool_env
 from tests.support.require import require
 
 REPO = Path(__file__).resolve().parent.parent
 COLLECTION = REPO / "ansible_collections" / "vllm" / "ctxmgr"
 MODULES = sorted((COLLECTION / "plugins" / "modules").glob("*.py"))
+# the tests that run ansible-core's own tools use the fleet tier's venvs (make fleet-deps): that tier's
+FLEET_TOOLS = pytest.mark.fleet
 ANSIBLE_DOC = ansible_venv() / "bin" / "ansible-doc"  # the newest ansible-core the collection claims
 # ansible-test's validate-modules schema.author_line
 AUTHOR_LINE = re.compile(r"^\w.*(\(@([\w-]+)\)|!UNKNOWN)(?![\w.])")
@@ -112,6 +115,7 @@ ARGS_ONLY_PLAY = """
 """
 
 
+@FLEET_TOOLS
 @pytest.mark.parametrize("version", ["2.15", "2.19"])
 @pytest.mark.parametrize(
     ("extra_vars", "error"),
@@ -152,6 +156,7 @@ def test_ansible_core_checks_the_rolling_context_arguments_before_the_role_runs(
         assert "Validation of arguments failed" in output and error in output, output[-3000:]
 
 
+@FLEET_TOOLS
 @pytest.mark.parametrize("plugin", ["vllm.ctxmgr.ctxmgr", "vllm.ctxmgr.haproxy_server"])
 def test_ansible_doc_renders_the_modules_without_a_warning_or_a_null(plugin: str) -> None:
     require(None if ANSIBLE_DOC.exists() else f"no {ANSIBLE_DOC} (make fleet-deps)", "ansible-doc")
@@ -163,25 +168,9 @@ def test_ansible_doc_renders_the_modules_without_a_warning_or_a_null(plugin: str
 
 
 ANSIBLE_LINT = Path(os.environ.get("CTXMGR_ANSIBLE_LINT", ansible_venv() / "bin" / "ansible-lint"))
-ANSIBLE_TEST = ansible_venv() / "bin" / "ansible-test"
-# ansible-test's pip bootstrap, saved where ansible-test looks before it downloads one (see the file)
-GET_PIP = REPO / "tests" / "support" / "ansible_test_get_pip.py"
-# HOME for ansible-lint and ansible-test: their caches and ansible-test's per-test venvs stay in the
-# checkout (kept between runs: a venv is reused while ansible-test's pinned requirements are the same)
-TOOL_HOME = REPO / ".cache" / "ansible-tools-home"
 
 
-def tool_env(venv: Path) -> dict[str, str]:
-    """The environment the Ansible tools run in: a private HOME and TMPDIR under .cache, the venv's
-    tools first on the PATH; pip's own configuration (index, certificates) kept from the real HOME."""
-    real_config = os.environ.get("XDG_CONFIG_HOME", str(Path.home() / ".config"))
-    tmp = TOOL_HOME / "tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    return {**os.environ, "HOME": str(TOOL_HOME), "TMPDIR": str(tmp), "XDG_CONFIG_HOME": real_config,
-            "ANSIBLE_COLLECTIONS_PATH": str(REPO), "NO_COLOR": "1", "ANSIBLE_NOCOLOR": "1",
-            "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}  # fmt: skip
-
-
+@FLEET_TOOLS
 def test_the_collection_passes_ansible_lints_production_profile() -> None:
     require(None if ANSIBLE_LINT.exists() else f"no {ANSIBLE_LINT} (make fleet-deps)", "ansible-lint")
     done = subprocess.run(
@@ -193,44 +182,14 @@ def test_the_collection_passes_ansible_lints_production_profile() -> None:
     assert "0 failure(s), 0 warning(s)" in done.stdout + done.stderr  # warnings are findings too
 
 
-def collection_copy(root: Path) -> Path:
-    """The collection where ansible-test needs it: in a tree ansible_collections/NAMESPACE/NAME, which
-    the checkout has, but ansible-test writes tests/output inside it; a copy keeps the checkout clean.
-    The copy is its own git repository: ansible-test lists a collection's files with git when it lies
-    in a repository, and in the checkout's, where .cache is ignored, it would find none to test."""
-    copy = root / "ansible_collections" / "vllm" / "ctxmgr"
-    shutil.copytree(COLLECTION, copy, ignore=shutil.ignore_patterns("output", "__pycache__", "*.pyc"))
-    subprocess.run(["git", "init", "-q", str(copy)], check=True, timeout=60)
-    return copy
-
-
-def save_pip_bootstrap(venv: Path) -> None:
-    """ansible-test creates each sanity test's venv without pip and runs get-pip.py in it, downloaded
-    from ci-files.testing.ansible.com, which CI cannot reach (it reaches package indexes only), unless
-    ~/.ansible/test/cache/get_pip_<PIP VERSION>.py exists. Ours is saved there, under that version."""
-    version = subprocess.run(
-        [str(venv / "bin" / "python"), "-c",
-         "import types; from ansible_test._internal.python_requirements import get_venv_packages; "
-         "print(get_venv_packages(types.SimpleNamespace(version='3.11'))['pip'])"],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout.strip()  # fmt: skip
-    cache = TOOL_HOME / ".ansible" / "test" / "cache"
-    cache.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(GET_PIP, cache / f"get_pip_{version.replace('.', '_')}.py")
-
-
+@FLEET_TOOLS
 def test_the_collection_passes_ansible_test_sanity(workdir: Path) -> None:
     """Every sanity test ansible-test has (validate-modules, pep8, yamllint, pylint, import, compile,
     ansible-doc, ...) on the controller's Python 3.11, each in the venv ansible-test makes for it with
-    its own pinned checkers from the package index; tests/sanity/ignore-X.Y.txt holds the exceptions."""
+    its own pinned checkers from the package index (built in `make test`'s setup: `python -m
+    tests.support.ansible_tools prime`); tests/sanity/ignore-X.Y.txt holds the exceptions."""
     require(None if ANSIBLE_TEST.exists() else f"no {ANSIBLE_TEST} (make fleet-deps)", "ansible-test")
-    venv = ANSIBLE_TEST.parent.parent
-    save_pip_bootstrap(venv)
-    copy = collection_copy(workdir)
-    done = subprocess.run(
-        [str(ANSIBLE_TEST), "sanity", "--local", "--python", "3.11", "--color", "no"],
-        capture_output=True, text=True, env=tool_env(venv), cwd=copy, timeout=1800,
-    )  # fmt: skip
+    done = ansible_tools.sanity(workdir)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
     for test in ("validate-modules", "pep8", "yamllint", "pylint", "import"):

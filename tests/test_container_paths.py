@@ -5,12 +5,16 @@ the container cannot see); an absolute symlink inside the volume was followed on
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.ctxmgr_cli import run_ctxmgr
+from tests.support.demo import GLM5_CONFIG_DIR, make_vllm_wrapper, offline_gpu_args, standin_unit
+from tests.support.standin import free_port
 from vllm_ctxmgr.errors import CtxmgrError, UnitError
 from vllm_ctxmgr.service import view_from_unit
 from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
@@ -82,3 +86,29 @@ def test_the_view_refuses_a_model_that_escapes_its_volume(root: Path) -> None:
     unit = ServiceUnit("t.service", (UnitFile.parse("/etc/systemd/system/t.service", text),))
     with pytest.raises(CtxmgrError, match="no -v/--mount maps it"):
         view_from_unit(unit, root)
+
+
+def test_a_manager_in_another_root_has_the_model_read_from_its_root(  # type: ignore[no-untyped-def]
+    debian11_sandbox, workdir: Path
+) -> None:
+    """Issue 26 item 4: the Debian 11 sandbox is a manager with a root of its own (an overlay of its
+    tree). A model at /srv/models/glm-5 exists only there, as it does for the vLLM that manager starts:
+    `ctxmgr plan --service` reads it through /proc/PID/root, not at the host's /srv/models/glm-5."""
+    box = debian11_sandbox
+    inside = "/srv/models/ctxmgr-root-check/glm-5"
+    assert not Path(inside).exists()  # not on the host
+    shutil.copytree(GLM5_CONFIG_DIR, box.systemd.host_path(inside))
+    unit = "vllm-own-root.service"
+    (box.systemd.host_unit_dir / unit).write_text(
+        standin_unit(make_vllm_wrapper(workdir), port=free_port(), model=Path(inside))
+    )
+    box.systemd.daemon_reload()
+    try:
+        run = run_ctxmgr(box.pid, workdir / "state", "plan", "100000", "--service", unit,
+                         *offline_gpu_args(), "--json")  # fmt: skip
+        assert run.code == 0, run.stdout + run.stderr
+        assert run.data["feasible"] is True and run.data["max_context"] > 100000
+    finally:
+        (box.systemd.host_unit_dir / unit).unlink()
+        box.systemd.daemon_reload()
+        shutil.rmtree(box.systemd.host_path("/srv/models/ctxmgr-root-check"))

@@ -56,6 +56,7 @@ def start_service(
     return unit, port, sandbox.systemd.host_unit_dir / unit
 
 
+@pytest.mark.systemd247
 def test_set_context_applies_and_is_idempotent(sandbox, install_unit, workdir) -> None:  # type: ignore[no-untyped-def]
     name = "vllm-it-ok"
     unit, port, path = start_service(sandbox, install_unit, workdir, name)
@@ -100,6 +101,7 @@ def test_set_context_applies_and_is_idempotent(sandbox, install_unit, workdir) -
     assert models["data"][0]["max_model_len"] == 8192
 
 
+@pytest.mark.systemd247
 def test_a_start_vllm_rejects_is_rolled_back_by_itself(sandbox, install_unit, workdir) -> None:  # type: ignore[no-untyped-def]
     name = "vllm-it-kv"
     # the real start has room for 150,000 tokens: more activation memory than the planner's estimate
@@ -136,6 +138,7 @@ def test_a_start_vllm_rejects_is_rolled_back_by_itself(sandbox, install_unit, wo
     assert last["state"] == "rolled-back" and "KV cache" in last["reason"]
 
 
+@pytest.mark.systemd247
 def test_the_first_restart_is_the_right_one_on_a_service_ctxmgr_did_not_start(  # type: ignore[no-untyped-def]
     sandbox, install_unit, workdir
 ) -> None:
@@ -255,6 +258,7 @@ def test_a_crash_loop_under_restart_always_is_seen_and_rolled_back(sandbox, inst
     )
 
 
+@pytest.mark.systemd247
 def test_ctxmgr_killed_mid_restart_is_recovered_by_the_next_run(sandbox, install_unit, workdir) -> None:  # type: ignore[no-untyped-def]
     import signal
     import time
@@ -415,6 +419,7 @@ def test_the_diff_the_operator_confirms_is_the_diff_applied(sandbox, install_uni
     assert served_max_model_len(port) == 100000
 
 
+@pytest.mark.systemd247
 def test_dropin_mode_leaves_the_unit_file_alone_and_rolls_back_by_removing_its_dropin(  # type: ignore[no-untyped-def]
     sandbox, install_unit, workdir, monkeypatch
 ) -> None:

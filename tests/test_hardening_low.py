@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from vllm_ctxmgr.cli.main import main
-from vllm_ctxmgr.errors import ExitCode, UnsafePathError
+from vllm_ctxmgr.errors import UnsafePathError
 
 REPO = Path(__file__).resolve().parent.parent
 PLAN = ["plan", "4096", "--model", str(REPO / "examples" / "models" / "qwen3-32b"), "--gpu-memory", "80G",
@@ -22,10 +22,14 @@ PLAN = ["plan", "4096", "--model", str(REPO / "examples" / "models" / "qwen3-32b
 
 
 @pytest.mark.parametrize("version", ["0.0.0", "0.9.2"])
-def test_a_vllm_version_older_than_any_known_is_refused(version: str) -> None:
+def test_a_vllm_version_older_than_any_known_is_planned_by_the_oldest_rules(version: str) -> None:
+    """Issue 28 item 5: plan is read-only: it plans by 0.10's rules and says so (set-context refuses)."""
     result = CliRunner().invoke(main, [*PLAN, "--vllm-version", version])
-    assert result.exit_code == ExitCode.USAGE and "Traceback" not in result.output  # click's usage error
-    assert f"vLLM {version} is older than 0.10.0, the oldest release" in result.output
+    assert result.exit_code == 0 and "Traceback" not in result.output
+    assert (
+        f"vLLM {version} is older than the oldest release ctxmgr knows; planned by vLLM 0.10.0's rules"
+        in (result.output)
+    )
 
 
 def test_a_vllm_version_newer_than_any_known_says_whose_rules_plan_it() -> None:

@@ -522,3 +522,46 @@ def test_unmodelled_kv_dtype_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="not modelled"):
         # int8_per_token_head is planned now (tests/test_layer_geometry.py); turboquant is still refused
         kv_cache_layout(tiny_llama(), ServeArgs("tiny", kv_cache_dtype="turboquant_k8v4"), H200)
+
+
+@pytest.mark.parametrize("config_dtype", ["int8", "uint8", "fp8", "fp8_e4m3", "torch.int8"])
+def test_a_non_float_config_dtype_runs_in_the_platforms_dtype_and_so_does_the_auto_kv_cache(
+    tmp_path, config_dtype: str
+) -> None:
+    """vllm/config/model.py _resolve_auto_dtype: a config dtype the platform cannot run a model in is
+    replaced by the platform's preferred one (bfloat16 on an H100), which the `auto` KV cache follows;
+    int8 here had halved the planned KV (131,072 B per token where vLLM allocates 262,144)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from vllm_ctxmgr.cli.main import main
+
+    source = Path(__file__).resolve().parent.parent / "examples" / "models" / "qwen3-32b"
+    model = tmp_path / "model"
+    shutil.copytree(source, model)
+    config = json.loads((model / "config.json").read_text())
+    config["torch_dtype"] = config_dtype
+    (model / "config.json").write_text(json.dumps(config))
+    offline = ["--gpu-memory", "80GiB", "--gpu-count", "1", "--gpu-name", "NVIDIA H100 80GB HBM3", "--json"]
+    result = CliRunner().invoke(main, ["plan", "8192", "--model", str(model), *offline])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    # Qwen3-32B: 64 layers x 8 KV heads x 128 x (K and V) x 2 bytes
+    assert (plan["kv_bytes_per_token_per_gpu"], plan["layout"]["model_dtype"]) == (262144, "bfloat16")
+    explicit = CliRunner().invoke(
+        main, ["plan", "8192", "--model", str(model), *offline, "--kv-cache-dtype", "fp8"]
+    )
+    assert (
+        json.loads(explicit.stdout)["kv_bytes_per_token_per_gpu"] == 131072
+    )  # a KV dtype given still counts
+
+
+def test_a_v100_runs_a_non_float_config_dtype_in_float16() -> None:
+    v100 = GpuState(
+        (GpuInfo(0, "Tesla V100-SXM2-32GB", 32 * GIB, 32 * GIB, 0, compute_capability=(7, 0)),), "t"
+    )
+    assert platform_for(v100).default_model_dtype("int8") == "float16"
+    assert platform_for(v100).default_model_dtype("bfloat16") == "float16"

@@ -3,13 +3,14 @@ replaced whole (never rewritten in place) so node_exporter cannot read half of i
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_ctxmgr.core.verdict import DEGRADED, OK, Verification
-from vllm_ctxmgr.errors import UsageError
+from vllm_ctxmgr.errors import CtxmgrError, UnsafePathError, UsageError
 from vllm_ctxmgr.metrics import write_textfile
 
 GIB = 1 << 30
@@ -86,3 +87,100 @@ def test_paths_the_collector_would_never_read_are_refused(tmp_path: Path) -> Non
         write_textfile(tmp_path / "metrics.txt", verification())
     with pytest.raises(UsageError, match="no such directory"):
         write_textfile(tmp_path / "missing" / "x.prom", verification())
+
+
+# ---- a textfile directory another user may write (node_exporter's, often 0777) --------------------
+# The writer runs as root from `schedule`; a planted symbolic link must never turn a root-only file
+# world-readable, and a temporary file is never opened through a link.
+
+NOBODY = 65534
+
+
+def victim_in(tmp_path: Path) -> Path:
+    """A root-only file elsewhere: what an attacker would like to read."""
+    secrets = tmp_path / "secrets"
+    secrets.mkdir(mode=0o700)
+    victim = secrets / "shadow"
+    victim.write_text("root:secret\n")
+    victim.chmod(0o600)
+    return victim
+
+
+def shared_dir(tmp_path: Path, mode: int) -> Path:
+    directory = tmp_path / "textfile"
+    directory.mkdir()
+    directory.chmod(mode)
+    return directory
+
+
+def plant_link(link: Path, target: Path) -> None:
+    """As the other user would: the link is theirs."""
+    link.symlink_to(target)
+    os.chown(link, NOBODY, NOBODY, follow_symlinks=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives a file to another uid")
+def test_a_link_in_a_world_writable_directory_without_the_sticky_bit_is_refused(tmp_path: Path) -> None:
+    victim = victim_in(tmp_path)
+    directory = shared_dir(tmp_path, 0o777)
+    plant_link(directory / "F.prom", victim)
+    with pytest.raises(UnsafePathError, match=r"textfile: writable by group or others \(mode 0777\).*chmod"):
+        write_textfile(directory / "F.prom", verification())
+    assert victim.stat().st_mode & 0o7777 == 0o600
+    assert victim.read_text() == "root:secret\n"
+    assert [p.name for p in directory.iterdir()] == ["F.prom"]  # nothing written
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives a file to another uid")
+def test_a_link_planted_in_a_sticky_directory_is_refused_and_never_followed(tmp_path: Path) -> None:
+    victim = victim_in(tmp_path)
+    directory = shared_dir(tmp_path, 0o1777)
+    plant_link(directory / "F.prom", victim)
+    with pytest.raises(UnsafePathError, match=r"F\.prom: a symbolic link.*rm "):
+        write_textfile(directory / "F.prom", verification())
+    assert victim.stat().st_mode & 0o7777 == 0o600
+    assert victim.read_text() == "root:secret\n"
+    assert (directory / "F.prom").is_symlink()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives a file to another uid")
+def test_another_users_file_in_a_sticky_directory_is_refused(tmp_path: Path) -> None:
+    directory = shared_dir(tmp_path, 0o1777)
+    theirs = directory / "F.prom"
+    theirs.write_text("# theirs\n")
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(UnsafePathError, match=r"F\.prom: owned by uid 65534"):
+        write_textfile(theirs, verification())
+    assert theirs.read_text() == "# theirs\n"
+
+
+def test_a_sticky_directory_with_our_own_file_is_written_0644(tmp_path: Path) -> None:
+    directory = shared_dir(tmp_path, 0o1777)
+    path = write_textfile(directory / "F.prom", verification())
+    path = write_textfile(directory / "F.prom", verification(max_model_len=4096))  # over our own file
+    assert path.stat().st_mode & 0o7777 == 0o644
+    assert samples(path)[("ctxmgr_verify_max_model_len", None)][0] == 4096.0
+
+
+def test_a_link_planted_at_the_temporary_name_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    victim = victim_in(tmp_path)
+    directory = shared_dir(tmp_path, 0o755)
+    monkeypatch.setattr(os, "urandom", lambda n: b"\x00" * n)  # the name a guesser would have to hit
+    (directory / f".F.prom.{'00' * 6}.ctxmgr-tmp").symlink_to(victim)
+    with pytest.raises(CtxmgrError, match=r"\.F\.prom\.000000000000\.ctxmgr-tmp: File exists"):
+        write_textfile(directory / "F.prom", verification())
+    assert victim.stat().st_mode & 0o7777 == 0o600
+    assert victim.read_text() == "root:secret\n"
+    assert not (directory / "F.prom").exists()
+
+
+def test_an_ordinary_write_is_0644_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        path = write_textfile(tmp_path / "F.prom", verification())
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o7777 == 0o644
+    assert samples(path)[("ctxmgr_verify_success", None)][0] == 1.0

@@ -681,3 +681,82 @@ def test_index_total_size_beside_a_partial_series_is_refused(tmp_path: Path) -> 
         named_shard(directory, f"model-{i:05d}-of-00004.safetensors", 1 << 21)
     (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 1 << 23}}))
     refused(directory, r"safetensors shard missing: .*model-00003-of-00004\.safetensors$")
+
+
+def test_gguf_nested_arrays_are_bounded_by_the_items_walked_not_only_the_bytes(tmp_path: Path) -> None:
+    """Issue 29 item 19: 4M empty arrays nested two deep in a 49 MB file took 16-20 s to walk."""
+    import time
+
+    key = b"x.nested"
+    inner = struct.pack("<IQ", 9, 4096) + struct.pack("<IQ", 0, 0) * 4096
+    value = struct.pack("<I", 9) + struct.pack("<IQ", 9, 1000) + inner * 1000
+    path = raw_gguf(tmp_path / "nested.gguf", struct.pack("<Q", len(key)) + key + value)
+    assert path.stat().st_size > 49_000_000
+    started = time.perf_counter()
+    refused(path, r"nested\.gguf: GGUF header of more than 65536 arrays inside arrays \(at byte \d+\)$")
+    assert time.perf_counter() - started < 3
+
+
+def test_gguf_string_items_walked_are_bounded_over_the_header(tmp_path: Path) -> None:
+    from vllm_ctxmgr.model_files.gguf import MAX_GGUF_VISITED
+
+    # nine arrays of a million empty strings each: every array alone is a vocabulary's size
+    kv = b""
+    for n in range(9):
+        key = f"x.strings{n}".encode()
+        kv += struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, 1 << 20) + bytes(8 << 20)
+    path = raw_gguf(tmp_path / "strings.gguf", kv, kv_count=9)
+    refused(path, rf"strings\.gguf: GGUF header of more than {MAX_GGUF_VISITED} array items \(at byte \d+\)$")
+
+
+def _set_tensor_offset(path: Path, name: str, offset: int) -> None:
+    """Rewrite one tensor info's data offset in a GGUF the gguf package wrote (little-endian, v3)."""
+    data = bytearray(path.read_bytes())
+    encoded = name.encode()
+    at = data.index(struct.pack("<Q", len(encoded)) + encoded) + 8 + len(encoded)
+    (n_dims,) = struct.unpack_from("<I", data, at)
+    struct.pack_into("<Q", data, at + 4 + 8 * n_dims + 4, offset)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("name", "offset"), [("blk.0.attn_k.weight", 0), ("blk.1.attn_q.weight", 64)])
+def test_gguf_overlapping_tensor_data_is_refused(tmp_path: Path, name: str, offset: int) -> None:
+    """Issue 29 item 18: overlapping tensors were summed, naming more weight bytes than the file holds."""
+    base = {"block_count": 2, "attention.head_count": 8, "embedding_length": 512, "context_length": 4096}
+    tensors = gguf_builders.block_tensors(2, 512, kv_width=512, ggml_type="F16")
+    (path,) = gguf_builders.write_gguf(tmp_path / "m.gguf", "llama", base, tensors)
+    assert load_model_facts(str(path)).weight_bytes == sum(
+        gguf_builders.tensor_nbytes(shape, kind) for _, shape, kind in tensors
+    )
+    _set_tensor_offset(path, name, offset)
+    refused(path, r"m\.gguf: malformed GGUF header \(tensors '.+' and '.+' overlap\)$")
+
+
+@pytest.mark.parametrize(
+    ("values", "pattern"),
+    [
+        (
+            {"attention.head_count_kv": [8, 8]},
+            r"llama\.attention\.head_count_kv has 2 per-layer values, expected 4",
+        ),
+        (
+            {"attention.head_count": [8, 8, 8]},
+            r"llama\.attention\.head_count has 3 per-layer values, expected 4",
+        ),
+        ({"attention.head_count_kv": [8] * 5}, r"llama\.attention\.head_count_kv has 5 per-layer values"),
+    ],
+)
+def test_gguf_per_layer_arrays_of_the_wrong_length_are_refused_by_key(
+    tmp_path: Path, values: dict[str, Any], pattern: str
+) -> None:
+    """Issue 29 item 20: these were `unusable GGUF metadata (IndexError: list index out of range)`;
+    llama.cpp refuses them too (llama_model_loader::get_key_or_arr: "wrong array length")."""
+    message = refused(gguf(tmp_path, values), pattern)
+    assert "Error" not in message
+
+
+def test_gguf_per_layer_arrays_without_the_nextn_layers_are_read(tmp_path: Path) -> None:
+    path = gguf(
+        tmp_path, {"block_count": 5, "nextn_predict_layers": 1, "attention.head_count_kv": [8, 8, 4, 4]}
+    )
+    assert [layer.num_kv_heads for layer in load_model_facts(str(path)).layers] == [8, 8, 4, 4]

@@ -172,7 +172,7 @@ ALLOWED = {
     "systemd": {"core", "files", "masking"},
     "vllm_log": {"core"},
     "probe": {"masking"},
-    "nvml": {"core"},
+    "nvml": {"core", "files"},
     "store": {"masking"},
     "service": {"core", "files", "masking", "systemd"},
     "observing": {"core", "nvml", "probe", "service", "store", "systemd", "vllm_log"},
@@ -205,7 +205,7 @@ ALLOWED = {
     },
     "schedule": {"metrics", "service", "store", "systemd"},
     "status": {"report", "schedule", "service", "store", "systemd", "verify"},
-    "metrics": {"core"},
+    "metrics": {"core", "store"},
     "report": {"core"},
     "wire": {"core"},
     "remote": {"wire"},
@@ -256,3 +256,32 @@ def test_the_documented_table_is_the_one_the_test_enforces() -> None:
                 set() if allowed == "nothing" else {a.strip() for a in allowed.split(",")}
             )
     assert rows == ALLOWED
+
+
+# What `ctxmgr --help`, a command's --help and a completion TAB may load: click, the group, the light
+# cli/common.py and what it needs to print (errors, masking); no command's module, nothing heavy.
+HEAVY_THIRD_PARTY = ("transformers", "gguf", "jinja2", "requests", "prometheus_client", "pynvml", "numpy")
+# core.bounds: the size flags' bounds the CLI's option types are built from (constants and one function)
+LIGHT_MODULES = {
+    "vllm_ctxmgr", "vllm_ctxmgr.errors", "vllm_ctxmgr.masking", "vllm_ctxmgr.cli", "vllm_ctxmgr.core",
+    "vllm_ctxmgr.core.bounds",
+}  # fmt: skip
+
+
+def modules_loaded(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running code (as a console script would)."""
+    script = f"import sys\n{code}\nprint(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    return set(out.stdout.split("\n")[-2].split())
+
+
+def test_importing_the_cli_loads_no_command_and_nothing_heavy() -> None:
+    from vllm_ctxmgr.cli.main import COMMANDS
+
+    loaded = modules_loaded("import vllm_ctxmgr.cli.main")
+    assert "vllm_ctxmgr.cli.main" in loaded
+    assert [m for m in HEAVY_THIRD_PARTY if m in loaded or any(n.startswith(f"{m}.") for n in loaded)] == []
+    ours = {m for m in loaded if m.startswith("vllm_ctxmgr")}
+    commands = {entry.module for entry in COMMANDS.values()}
+    assert ours & commands == set()
+    assert {m for m in ours - LIGHT_MODULES if not m.startswith("vllm_ctxmgr.cli.")} == set()

@@ -542,3 +542,23 @@ def test_kv_cache_memory_bytes_wins_over_free_memory_for_max_context() -> None:
     layout = kv_cache_layout(glm5(), args, platform_for(eight_gpus()))
     assert offline.max_context == no_gpus.max_context == layout.max_model_len_for(10 * GIB, DERIVED)
     assert offline.max_context < TARGET  # 10 GiB holds ~107k tokens, not the target the GPUs could
+
+
+@pytest.mark.parametrize(
+    "figures",
+    [
+        {"available_kv_gib": 9999.0},  # a client's text echoed to the log (issue 29, item 1)
+        {"model_loading_gib": 96.0},
+        {"cuda_graph_gib": 100.0},
+        {"model_loading_gib": 60.0, "available_kv_gib": 40.0},  # each fits, together they do not
+    ],
+)
+def test_a_start_whose_figures_exceed_its_gpu_is_ignored(figures: dict[str, float]) -> None:
+    estimated = make_plan(glm5(), SERVICE, eight_gpus(), options())
+    impossible = replace(OBSERVED, **figures)
+    plan = make_plan(glm5(), SERVICE, eight_gpus(), options(), [impossible])
+    assert plan.to_json() | {"notes": []} == estimated.to_json() | {"notes": []}
+    assert any("exceed the 95.60 GiB of the GPU" in note for note in plan.notes)
+    # the real start before it still counts
+    both = make_plan(glm5(), SERVICE, eight_gpus(), options(), [OBSERVED, impossible])
+    assert both.gpus[0].kv_budget.source == "vllm log"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import time
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ctxmgr.errors import UsageError
+from vllm_ctxmgr.errors import ExitCode, UsageError
 from vllm_ctxmgr.remote import Link, NodeAddress, NodeError
 
 
@@ -120,3 +121,66 @@ def test_the_request_reaches_the_node_and_a_silent_node_times_out(workdir: Path)
     with pytest.raises(NodeError, match=r"did not answer within 2 s"):
         silent.call("local", ["node", "stop", "u"], timeout=2)
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("said", [256, 512, -1, 7, True, "2", 1.5, None])
+def test_a_node_exit_code_outside_ctxmgrs_documented_set_is_a_plain_failure(
+    workdir: Path, said: object
+) -> None:
+    """Issue 29, item 7: a node answering exit_code 256 made a failed `deployment verify` exit 0
+    (256 mod 256). Only ctxmgr's own codes pass through; anything else is the node's failure (1)."""
+    link = Link(
+        local_ctxmgr=_script(
+            workdir,
+            "import json\n"
+            f"print(json.dumps({{'error': 'the probe failed', 'exit_code': {said!r}}}))\n"
+            "raise SystemExit(1)",
+        )
+    )
+    with pytest.raises(NodeError, match=r"^local: the probe failed") as caught:
+        link.call("local", ["node", "verify", "u"], timeout=30)
+    assert caught.value.exit_code == ExitCode.ERROR
+    if said is not None:
+        assert "an exit code ctxmgr never uses" in caught.value.message
+
+
+@pytest.mark.parametrize("said", [2, 3, 4, 5, 6, 70])
+def test_a_node_exit_code_of_ctxmgrs_own_passes_through(workdir: Path, said: int) -> None:
+    link = Link(
+        local_ctxmgr=_script(
+            workdir,
+            f"import json\nprint(json.dumps({{'error': 'x', 'exit_code': {said}}}))\nraise SystemExit(1)",
+        )
+    )
+    with pytest.raises(NodeError) as caught:
+        link.call("local", ["node", "verify", "u"], timeout=30)
+    assert caught.value.exit_code == said
+
+
+def test_a_nodes_terminal_controls_never_reach_the_operators_terminal(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29, item 14: escape codes and a carriage return in a node's error printed a green "all
+    nodes OK" over the error line. The door every text leaves by (cli.common.echo) takes them out."""
+    from vllm_ctxmgr.cli.common import echo, fail
+
+    hostile = "the probe failed\x1b[2K\r\x1b[32mall nodes OK\x1b[0m\x07\x1b]0;owned\x07\x9b2J\x7f\tend"
+    link = Link(
+        local_ctxmgr=_script(
+            workdir,
+            f"import json\nprint(json.dumps({{'error': {hostile!r}, 'exit_code': 2}}))\nraise SystemExit(2)",
+        )
+    )
+    with pytest.raises(NodeError) as caught:
+        link.call("local", ["node", "verify", "u"], timeout=30)
+    with pytest.raises(SystemExit):
+        fail(caught.value.message, caught.value.exit_code, as_json=False, command="deployment verify")
+    err = capsys.readouterr().err
+    assert err == "ctxmgr: local: the probe failedall nodes OK2J end\n"
+    with pytest.raises(SystemExit):
+        fail(caught.value.message, caught.value.exit_code, as_json=True, command="deployment verify")
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out
+    assert json.loads(out)["error"].startswith("local: the probe failed\x1b[2K\r")  # JSON keeps it, escaped
+    echo("a journal line\x1b[1A\x1b[2K rewritten\r\nnext line\tkept")
+    assert capsys.readouterr().out == "a journal line rewritten\nnext line\tkept\n"

@@ -19,7 +19,7 @@ from tests.support.sandbox import (
     _Hierarchy,
     sweep_stale_cgroups,
 )
-from tests.systemd_fixtures import require_sandbox
+from tests.systemd_fixtures import DEBIAN11_ROOTFS, require_sandbox
 
 THIRTY_DAYS_S = 30 * 24 * 3600
 
@@ -149,3 +149,36 @@ def test_a_killed_caller_takes_its_sandbox_along() -> None:
     assert not _alive(pid)  # gone, or a zombie until the host's init reaps it
     sweep_stale_cgroups()  # (a concurrent test run's start may have swept them already)
     assert not any(d.exists() for d in dirs)
+
+
+def test_the_debian11_sandbox_is_systemd_247_with_its_own_tools_and_the_hosts_paths(
+    debian11_sandbox: Sandbox,
+) -> None:
+    """The bed for the floor (issue 26): its PID 1, systemctl and systemd-analyze are Debian 11's 247,
+    the repository is at the same path inside, the Python the tests run works there (through the host's
+    loader), and what the overlay takes is in memory, never in the cached tree."""
+    box = debian11_sandbox
+    assert box.systemd.version == 247
+    assert box.run("systemctl", "--version").stdout.startswith("systemd 247 ")
+    assert "--recursive-errors" not in box.run("systemd-analyze", "--help").stdout
+    pid1 = Path(f"/proc/{box.pid}/exe").read_bytes()  # the tree's own binary, not the host's
+    assert (
+        pid1
+        == (DEBIAN11_ROOTFS / "lib/systemd/systemd").read_bytes()
+        != Path("/lib/systemd/systemd").read_bytes()
+    )
+    inside = box.run(sys.executable, "-c", "import sys, click; print(sys.executable)").stdout.strip()
+    assert inside == sys.executable
+    here = Path(__file__).resolve()
+    assert box.run("cat", str(here)).stdout == here.read_text()
+    marker = box.systemd.host_path("/etc/ctxmgr-overlay-check")
+    marker.write_text("in memory")
+    assert not (DEBIAN11_ROOTFS / "etc/ctxmgr-overlay-check").exists()
+    marker.unlink()
+
+
+def test_the_managers_version_is_read_from_the_manager(sandbox: Sandbox) -> None:
+    """`Systemd.version` asks the manager (its Version property) through its own namespaces: the host
+    sandbox's is the host's systemd."""
+    host = subprocess.run(["systemctl", "--version"], capture_output=True, text=True, check=True).stdout
+    assert sandbox.systemd.version == int(host.split()[1])

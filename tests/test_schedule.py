@@ -143,6 +143,7 @@ def verify_journal(sandbox: Sandbox, name: str) -> list[str]:
     return [json.loads(line)["MESSAGE"] for line in out.splitlines() if line.strip()]
 
 
+@pytest.mark.systemd247
 def test_a_timer_verifies_every_few_seconds_into_the_journal_and_a_textfile(  # type: ignore[no-untyped-def]
     sandbox, install_unit, workdir
 ) -> None:
@@ -205,6 +206,33 @@ def test_a_timer_verifies_every_few_seconds_into_the_journal_and_a_textfile(  # 
         ctxmgr(sandbox, state, "unschedule", "--service", name)
 
 
+@pytest.mark.systemd247
+def test_a_calendar_timer_says_when_it_runs_next_and_status_shows_it(  # type: ignore[no-untyped-def]
+    sandbox, install_unit, workdir
+) -> None:
+    """Issue 26: `systemctl show` prints a timer's next elapse as a date on 247 and on 252 alike (252
+    ignores --timestamp=unix there): read as UTC, the next run of a daily 03:00 timer is that moment."""
+    name = "vllm-sched-cal"
+    install_unit(f"{name}.service", standin_unit(make_vllm_wrapper(workdir), port=free_port()))
+    state = workdir / "state"
+    try:
+        every = "*-*-* 03:00:00 UTC"
+        code, data, out = ctxmgr(sandbox, state, "schedule", "--service", name, "--every", every,
+                                 "--randomized-delay", "0", "--json")  # fmt: skip
+        assert code == 0, out
+        now = time.time()
+        three_am = now - now % 86400 + 3 * 3600
+        expected = three_am if three_am > now else three_am + 86400
+        assert data["next_run"] == expected, out
+        code, _, out = ctxmgr(sandbox, state, "status", "--json")
+        assert code == 0, out
+        row = {r["service"]: r for r in json.loads(out)["services"]}[name]
+        assert row["scheduled"] is True and row["next_verify_time"] == expected
+    finally:
+        ctxmgr(sandbox, state, "unschedule", "--service", name)
+
+
+@pytest.mark.systemd247
 def test_schedule_refuses_what_it_cannot_verify_and_times_systemd_cannot_read(  # type: ignore[no-untyped-def]
     sandbox, install_unit, workdir
 ) -> None:

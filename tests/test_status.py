@@ -6,6 +6,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.ctxmgr_cli import run_ctxmgr
 from tests.support.demo import make_vllm_wrapper, standin_unit
 from tests.support.sandbox import Sandbox
@@ -42,6 +44,7 @@ def ctxmgr(sandbox: Sandbox, state: Path, *args: str) -> tuple[int, str]:
     return run.code, run.stdout + run.stderr
 
 
+@pytest.mark.systemd247
 def test_status_lists_vllm_services_with_their_last_verification(sandbox, install_unit, workdir) -> None:  # type: ignore[no-untyped-def]
     from vllm_ctxmgr.probe import wait_until_serving
 

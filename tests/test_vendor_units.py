@@ -102,6 +102,9 @@ def test_plan_unit_refuses_a_fifo_and_an_oversized_file_without_hanging(workdir:
 # Issue 8 item 4: a package's unit is changed through a drop-in, never in place
 
 VENDOR_DIR = Path("/usr/lib/systemd/system")
+# the oldest release whose `systemd-analyze verify` is known to flag MemoryLimit= as deprecated: 252
+# does (the build machine's), Debian 11's 247 does not; NEWS does not say when it began
+MEMORYLIMIT_FLAGGED_SINCE = 252
 
 
 @pytest.fixture
@@ -159,6 +162,7 @@ def _served(port: int) -> int:
     return requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()["data"][0]["max_model_len"]
 
 
+@pytest.mark.systemd247
 def test_a_package_unit_is_changed_by_a_dropin_and_rolled_back_by_removing_it(  # type: ignore[no-untyped-def]
     sandbox, vendor_dir, workdir
 ) -> None:
@@ -173,7 +177,9 @@ def test_a_package_unit_is_changed_by_a_dropin_and_rolled_back_by_removing_it(  
     assert run.code == 0, run.stdout + run.stderr
     dropin = f"/run/systemd/system/{unit}.d/50-ctxmgr.conf"
     assert run.data["result"] == "applied" and run.data["unit_path"] == dropin
-    assert any("MemoryLimit=" in w for w in run.data["warnings"])
+    # 252's verify calls MemoryLimit= deprecated; Debian 11's 247 says nothing of it (seen on both)
+    flagged = sandbox.systemd.version >= MEMORYLIMIT_FLAGGED_SINCE
+    assert any("MemoryLimit=" in w for w in run.data["warnings"]) == flagged
     assert fragment.read_bytes() == before  # the package's file is untouched
     text = sandbox.systemd.host_path(dropin).read_text()
     assert text.startswith("# Written by ctxmgr") and "ctxmgr rollback --service vllm-vendor" in text
@@ -218,6 +224,7 @@ def test_a_dropin_ctxmgr_created_is_removed_by_recover_after_a_kill(
 # Issue 8 item 5: verify blocks only on what the change adds
 
 
+@pytest.mark.systemd247
 def test_findings_the_unit_already_had_do_not_block_a_change_new_ones_do(  # type: ignore[no-untyped-def]
     sandbox, install_unit, workdir
 ) -> None:
@@ -234,7 +241,9 @@ def test_findings_the_unit_already_had_do_not_block_a_change_new_ones_do(  # typ
     assert run.code == 0, run.stdout + run.stderr
     assert run.data["result"] == "dry-run" and run.data["changed"] is True
     warnings = " ".join(run.data["warnings"])
-    assert "MemoryLimit=" in warnings and "/opt/ctxmgr-absent/check-gpus is not executable" in warnings
+    flagged = sandbox.systemd.version >= MEMORYLIMIT_FLAGGED_SINCE  # 247 does not flag MemoryLimit=
+    assert ("MemoryLimit=" in warnings) == flagged
+    assert "/opt/ctxmgr-absent/check-gpus is not executable" in warnings
     assert path.read_bytes() == before
 
     view = read_service(sandbox.systemd, unit)
@@ -242,7 +251,7 @@ def test_findings_the_unit_already_had_do_not_block_a_change_new_ones_do(  # typ
     worse = fragment.text.replace("Restart=", "ExecStopPost=/opt/ctxmgr-absent/cleanup\nRestart=", 1)
     added, inherited = verify_candidate(sandbox.systemd, view, fragment.path, worse)
     assert len(added) == 1 and "/opt/ctxmgr-absent/cleanup is not executable" in added[0]
-    assert len(inherited) == 2
+    assert len(inherited) == (2 if flagged else 1)
 
 
 def test_a_package_dropin_holding_execstart_is_masked_by_a_copy_and_never_edited(  # type: ignore[no-untyped-def]

@@ -329,7 +329,9 @@ def test_nothing_moved_is_ok_with_the_margin_left(plan_200k: dict[str, Any]) -> 
 
 
 def test_another_process_taking_the_memory_a_restart_needs_is_degraded(plan_200k: dict[str, Any]) -> None:
-    result = decide(make_facts(plan_200k, gpus=gpu_state(VLLM_HOLDS, others=10 * GIB)))
+    # 10 GiB beside a vLLM that holds 2 GiB less than its whole budget (NVML never reports more used than
+    # the GPU has: with the full budget held, such a neighbour could not start)
+    result = decide(make_facts(plan_200k, gpus=gpu_state(VLLM_HOLDS - 2 * GIB, others=10 * GIB)))
     assert result.result == DEGRADED and result.exit_code == 1
     assert result.margin_bytes is not None and result.margin_bytes < 0
     assert len(result.reasons) == SEED_GPU_COUNT  # every GPU says so

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,15 @@ from vllm_ctxmgr.vllm_log.patterns import (
     journal_message,
     parse_line,
 )
-from vllm_ctxmgr.vllm_log.watcher import StartWatcher, last_start, observe_start, split_starts, watch
+from vllm_ctxmgr.vllm_log.watcher import (
+    StartWatcher,
+    last_invocation_start,
+    last_start,
+    observe_start,
+    split_starts,
+    up_to_ready,
+    watch,
+)
 
 LOGS = Path(__file__).parent / "data" / "vllm-logs"
 
@@ -615,3 +625,83 @@ def test_split_starts_without_systemd_lines_uses_the_banner() -> None:
     assert starts[0][-1] == second[0]  # a line printed before vLLM's logger starts cannot be told apart
     assert observe_start(starts[-1]).ready is True
     assert observe_start(starts[0]).failure == "max_model_len_exceeds_derived"
+
+
+# ---- a start is one invocation of the unit, up to its ready line (issue 29, item 1) -------------------
+# What a serving vLLM echoes to its log (a client's prompt logged by --enable-log-requests, a user's
+# text) can hold a banner and memory lines; from the same MainPID and invocation they are no start.
+
+ECHOED = [
+    "2026-11-30T00:29:40+0000 vm vllm[87]: vLLM API server version 0.32.0",
+    "2026-11-30T00:29:40+0000 vm vllm[87]: Model loading took 1.00 GiB and 0.5 seconds",
+    "2026-11-30T00:29:40+0000 vm vllm[87]: Available KV cache memory: 9999.00 GiB",
+    "2026-11-30T00:29:40+0000 vm vllm[87]: GPU KV cache size: 9,999,999 tokens",
+    "2026-11-30T00:29:40+0000 vm vllm[87]: Starting vLLM server on http://0.0.0.0:9999",
+]
+
+
+def invocations(journal: list[str], first: str = "a") -> list[tuple[str | None, str]]:
+    """A journal's lines with the invocation systemd gives each run: a new one at each `Started`."""
+    out: list[tuple[str | None, str]] = []
+    number = ord(first) - 1
+    for line in journal:
+        if "systemd[1]: Started " in line:
+            number += 1
+        out.append((chr(max(number, ord(first))) * 32, line))
+    return out
+
+
+def test_an_echoed_banner_inside_one_invocation_is_not_a_new_start() -> None:
+    journal = lines_of("systemd_vllm-ok_journal.log")
+    ready = next(i for i, line in enumerate(journal) if "Application startup complete" in line)
+    serving = journal[: ready + 3] + ECHOED  # the server is up, answers, and a client's text is logged
+    real = observe_start(last_start(journal))
+    assert real.available_kv_gib == 1.0 and real.ready
+    # cut by banners alone (what the journal paths did), the echo was the last start
+    assert observe_start(last_start(serving)).available_kv_gib == 9999.0
+    learned = observe_start(last_invocation_start(invocations(serving)))
+    assert learned == real
+    assert learned.model_loading_gib is None and learned.kv_cache_tokens == 1_048_576
+
+
+def test_the_last_invocation_is_the_start_after_a_crash_loop() -> None:
+    crash_loop = invocations(lines_of("systemd_vllm-bad_journal.log"), "a")
+    served = invocations(lines_of("systemd_vllm-ok_journal.log") + ECHOED, "x")
+    last = last_invocation_start(crash_loop + served)
+    assert "Started vllm-ok.service" in last[0]
+    assert "Application startup complete" in last[-1] or "Starting vLLM server on" in last[-1]
+    assert observe_start(last).available_kv_gib == 1.0
+    # the crash loop's own last invocation is its third start, as split_starts cut it
+    assert last_invocation_start(crash_loop) == up_to_ready(split_starts([m for _, m in crash_loop])[-1])
+
+
+def test_figures_after_the_ready_line_are_not_the_starts_without_invocations() -> None:
+    """A log file (no invocation ids): still cut at the ready line."""
+    journal = lines_of("startup_ok.log")
+    ready = next(i for i, line in enumerate(journal) if "Starting vLLM server on" in line)
+    lines = [*journal[: ready + 1], "Available KV cache memory: 0.01 GiB", *journal[ready + 1 :]]
+    assert observe_start(last_invocation_start([(None, line) for line in lines])) == observe_start(journal)
+
+
+def test_the_pattern_table_compiles_on_first_use_not_at_import() -> None:
+    """Every ctxmgr command imports the table's module (via the watcher), few classify a line: its
+    ~80 expressions cost 0.1 s of each start, so each is compiled when a line is first matched."""
+    code = (
+        "import re, sys\n"
+        "compiled = []\n"
+        "plain = re.compile\n"
+        "re.compile = lambda pattern, flags=0: compiled.append(pattern) or plain(pattern, flags)\n"
+        "from vllm_ctxmgr.vllm_log import patterns\n"
+        "at_import = len(compiled)\n"
+        "event = patterns.classify(sys.argv[1])\n"
+        "print(at_import, len(patterns.PATTERNS), len(compiled) - at_import, event and event.name)\n"
+    )
+    line = line_with("startup_ok.log", "Starting vLLM server on")
+    out = subprocess.run(
+        [sys.executable, "-c", code, line], capture_output=True, text=True, check=True
+    ).stdout
+    at_import, table, on_use, name = out.split()
+    assert int(table) > 70
+    assert int(at_import) < 10  # the few line-prefix expressions, not the table
+    assert 0 < int(on_use) <= int(table)
+    assert name == "server_starting"

@@ -109,6 +109,7 @@ class Change:
     rev: Revision
     files: list[FileChange]  # in the order written; None bytes: the file is (or was) absent
     command: str = ""  # the ctxmgr command walking it: set-context | rollback | recover
+    unwritten: list[str] = field(default_factory=list)  # records the way back could not write (ENOSPC)
 
     def installs(self) -> list[tuple[Path, bytes | None]]:
         """What the forward walk writes, in order."""
@@ -128,6 +129,23 @@ class Change:
         else:
             self.store.save(self.rev)
         crash_point(str(state), self.command)
+
+    def enter_or_note(self, state: State, note: str = "") -> None:
+        """`enter` on the way back: a record that cannot be written (a full state directory) must not
+        stop the previous unit from being put back; what was not written is said at the end."""
+        try:
+            self.enter(state, note)
+        except st.StoreError as exc:
+            self.unwritten.append(exc.message)
+
+    def unwritten_note(self) -> str:
+        """What the result says when the record could not follow the way back."""
+        if not self.unwritten:
+            return ""
+        return (
+            f"; the record of revision {self.rev.number} could not be written ({self.unwritten[0]}): once "
+            f"the state directory has room, run `ctxmgr recover --service {self.rev.service}`"
+        )
 
 
 class Interrupted(BaseException):
@@ -186,16 +204,18 @@ def roll_back(
         restarter.let_failed_start_exit()
     restarter.on_step(f"rolling back to the previous unit of {restarter.service}")
     rev.reason, rev.decisive_line = result.reason or note, result.decisive_line or rev.decisive_line
-    change.enter(State.ROLLING_BACK, f"putting the previous unit back: {note}")
+    change.enter_or_note(State.ROLLING_BACK, f"putting the previous unit back: {note}")
     back_ok, back_reason = restarter.restore(change.files, rev.previous_max_model_len)
     if back_ok:
-        change.enter(State.ROLLED_BACK, "the previous unit serves again and passed its probe")
+        change.enter_or_note(State.ROLLED_BACK, "the previous unit serves again and passed its probe")
         result.result, result.exit_code = Result.ROLLED_BACK, ExitCode.ERROR
     else:
         rev.reason += f"; and the rollback failed too: {back_reason}"
-        change.enter(State.ROLLBACK_FAILED, back_reason)
+        change.enter_or_note(State.ROLLBACK_FAILED, back_reason)
         result.result, result.exit_code = Result.ROLLBACK_FAILED, ExitCode.ROLLBACK_FAILED
         result.reason = rev.reason
+    if change.unwritten:
+        result.reason = (result.reason or note) + change.unwritten_note()
 
 
 def describe(rev: Revision) -> str:

@@ -36,7 +36,7 @@ from vllm_ctxmgr.change import (
 from vllm_ctxmgr.core.budget import default_gpu_memory_utilization
 from vllm_ctxmgr.core.change_policy import flags_to_apply
 from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, multi_node_flag
-from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
+from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UnitError, UsageError
 from vllm_ctxmgr.observing import calibration, capacity
 from vllm_ctxmgr.planning import PlanRequest, plan_service
@@ -44,7 +44,7 @@ from vllm_ctxmgr.recovery import recover_if_needed
 from vllm_ctxmgr.restart import InstallError, Restarter
 from vllm_ctxmgr.service import ServiceView, read_service
 from vllm_ctxmgr.store import FileChange, Revision, ServiceStore, State, Step
-from vllm_ctxmgr.systemd.systemctl import Systemd, new_problems
+from vllm_ctxmgr.systemd.systemctl import Systemd, new_problems, verify_did_not_run
 from vllm_ctxmgr.systemd.unit_edit import edit_unit, unified_diff
 
 # Shown the change (its diff, plan and reason) before anything is written; False: nothing is changed.
@@ -68,6 +68,10 @@ def apply(restarter: Restarter, change: Change, probe_tokens: int | None, long_p
                 failure = _forward(restarter, change, result, probe_tokens, long_probe)
             except _StoppedBeforeRestart:
                 return result
+            except st.StoreError as exc:
+                if result.revision is None:  # the revision itself could not be written
+                    raise st.StoreError(f"{exc.message}; nothing was changed") from None
+                failure = (f"the change's record could not be written: {exc.message}", "")
             except Interrupted as exc:
                 interrupted = True
                 if rev.state is State.PLANNED:
@@ -96,11 +100,11 @@ class _StoppedBeforeRestart(Exception):
 
 def _stop_before_restart(change: Change, result: ChangeResult, reason: str) -> NoReturn:
     """Record a change that ends before the restart: the unit is as it was and nothing restarted."""
-    change.enter(State.ROLLING_BACK, reason)
+    change.enter_or_note(State.ROLLING_BACK, reason)
     change.rev.reason = reason
-    change.enter(State.ROLLED_BACK, "the previous unit is in place; nothing was restarted")
+    change.enter_or_note(State.ROLLED_BACK, "the previous unit is in place; nothing was restarted")
     result.result, result.exit_code, result.changed = Result.ROLLED_BACK, ExitCode.ERROR, False
-    result.reason = reason
+    result.reason = reason + change.unwritten_note()
     raise _StoppedBeforeRestart
 
 
@@ -114,7 +118,11 @@ def _forward(
         change.enter(State.RECORDED, describe(rev))
     result.revision = rev.number  # recording the revision is what numbers it
     restarter.on_step(f"installing {paths} (revision {rev.number})")
-    change.enter(State.INSTALLED, f"installing {paths}")
+    try:
+        change.enter(State.INSTALLED, f"installing {paths}")
+    except st.StoreError as exc:  # nothing installed yet: no restart to undo
+        reason = f"nothing was installed: the record could not be written: {exc.message}"
+        _stop_before_restart(change, result, reason)
     try:
         restarter.install(change.installs())
     except InstallError as exc:
@@ -267,6 +275,14 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
         restarter.unsaved_observations, argv_check=False,
     )  # fmt: skip
     view, plan = service_plan.view, service_plan.plan
+    if tuple(plan.vllm_version) < OLDEST_VLLM:
+        # planned by the oldest known release's rules (plan says what they do not model): not applied
+        version, oldest = ".".join(map(str, plan.vllm_version)), ".".join(map(str, OLDEST_VLLM))
+        raise UsageError(
+            f"{restarter.service} runs vLLM {version}, older than {oldest}, the oldest release ctxmgr knows "
+            f"the rules of: set-context changes a service and refuses it (`ctxmgr plan --service "
+            f"{restarter.service}` plans it read-only by {oldest}'s rules)"
+        )
     node_flag = multi_node_flag(view.args)
     if node_flag is not None:
         raise UsageError(
@@ -328,7 +344,7 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
         )
         return result
     problems, inherited = verify_candidate(systemd, view, edit.path, edit.new_text)
-    result.warnings = [f"systemd-analyze verify (the unit had it before): {p}" for p in inherited]
+    result.warnings = verify_warnings(inherited)
     if problems:
         raise UnitError(f"the new unit does not pass systemd-analyze verify: {problems[0]}")
     if request.dry_run:
@@ -423,6 +439,18 @@ def _pending_recovery(restarter: Restarter, action: str) -> ChangeResult | None:
 
 def _text(data: bytes | None) -> str:
     return "" if data is None else data.decode()
+
+
+def verify_warnings(inherited: list[str]) -> list[str]:
+    """What the operator is told of verify problems the unit already had. A verify that could not check
+    the unit at all fails alike for the current unit and the candidate: that is said as such, never as
+    a finding the unit had (issue 26: on systemd < 250 every candidate passed so, unchecked)."""
+    return [
+        f"systemd-analyze verify could not check the new unit on this systemd: {p}"
+        if verify_did_not_run(p)
+        else f"systemd-analyze verify (the unit had it before): {p}"
+        for p in inherited
+    ]
 
 
 def verify_candidate(

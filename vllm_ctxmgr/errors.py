@@ -20,6 +20,7 @@ class ExitCode(IntEnum):
     LOCKED = 4  # another ctxmgr run holds the service
     ROLLBACK_FAILED = 5  # a change failed and its rollback failed too: the service needs a human
     UNKNOWN = 6  # the plan cannot decide: no memory information (no NVML, no --gpu-memory)
+    INTERNAL = 70  # a bug (an unexpected exception, traceback behind --debug), every command's, verify's too
 
 
 class VerifyExit(IntEnum):
@@ -30,6 +31,18 @@ class VerifyExit(IntEnum):
     FAILED = 2  # not active, or the probe fails (CRITICAL)
     UNKNOWN = 3  # the check could not run: bad arguments, unreadable unit (UNKNOWN)
     LOCKED = 4  # another ctxmgr run holds the service
+    INTERNAL = ExitCode.INTERNAL  # a bug: no verdict (sysexits' EX_SOFTWARE; 1 would read "degraded")
+
+
+# every exit code ctxmgr documents: what a node's answer may carry (anything else is not ctxmgr's)
+DOCUMENTED_EXIT_CODES = frozenset(int(code) for code in (*ExitCode, *VerifyExit))
+
+
+def documented_exit_code(value: object) -> int | None:
+    """`value` where it is one of ctxmgr's exit codes, else None (a node answering 256 would exit 0)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value in DOCUMENTED_EXIT_CODES:
+        return value
+    return None
 
 
 class CtxmgrError(Exception):

@@ -1,8 +1,9 @@
 """A verification as Prometheus metrics, for node_exporter's textfile collector.
 
-One file per service (the collector reads every *.prom file in its directory), written with
-prometheus_client's `write_to_textfile`: into a temporary file next to it, then renamed, so the
-collector never reads half a file. Every series carries a `service` label.
+One file per service (the collector reads every *.prom file in its directory), rendered by
+prometheus_client and written into a temporary file next to it, then renamed, so the collector never
+reads half a file (see write_textfile for the directory others may write). Every series carries a
+`service` label.
 
     ctxmgr_verify_success{service}                 1 when the result is ok, else 0
     ctxmgr_verify_result{service,result}           1 on the last result's series (ok, degraded, failed), 0 on
@@ -20,11 +21,13 @@ A value that is not known (no GPU information, the probe did not run) is left ou
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_ctxmgr.core.verdict import RESULTS
 from vllm_ctxmgr.errors import UsageError
+from vllm_ctxmgr.store import StoreError, atomic_write_at, check_ours_at, open_checked_dir
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -71,20 +74,35 @@ def registry_for(verification: Verification) -> CollectorRegistry:
 
 
 def check_textfile_path(path: str | Path) -> Path:
-    """The collector only reads *.prom files, and the directory must exist."""
+    """The collector only reads *.prom files, and the directory must exist and be one ctxmgr may write
+    into (see write_textfile)."""
     target = Path(path)
     if target.suffix != ".prom":
         raise UsageError(f"{target}: node_exporter's textfile collector reads only files ending in .prom")
     if not target.parent.is_dir():
         raise UsageError(f"{target.parent}: no such directory (the textfile collector's directory)")
+    os.close(open_checked_dir(target.parent, sticky_ok=True))  # refused before the run, not after it
     return target
 
 
 def write_textfile(path: str | Path, verification: Verification) -> Path:
-    """Write the verification's metrics to `path` atomically (prometheus_client's textfile writer)."""
-    from prometheus_client import write_to_textfile
+    """Write the verification's metrics to `path` atomically, as the state directory is written: from
+    the checked directory's descriptor, a new temporary (O_EXCL, O_NOFOLLOW) made 0644 on its own
+    descriptor, renamed over `path`. node_exporter's directory is often one others may write: it
+    must then be sticky, and what is at `path` already must be a regular file of ours, so a link
+    planted there is never followed (a root-only file would become world-readable)."""
+    from prometheus_client import generate_latest
 
     target = check_textfile_path(path)
-    write_to_textfile(str(target), registry_for(verification))
-    target.chmod(0o644)
+    data = generate_latest(registry_for(verification))
+    dir_fd = open_checked_dir(target.parent, sticky_ok=True)
+    try:
+        if os.fstat(dir_fd).st_mode & 0o022:
+            check_ours_at(dir_fd, target.name, target)
+        atomic_write_at(dir_fd, target.name, data, mode=0o644)
+    except OSError as exc:
+        where = target.parent / exc.filename if isinstance(exc.filename, str) else target
+        raise StoreError(f"{where}: {exc.strerror or exc}") from None
+    finally:
+        os.close(dir_fd)
     return target

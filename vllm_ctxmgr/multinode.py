@@ -142,6 +142,7 @@ class DeploymentRequest:
     start_timeout: float = 1800.0
     confirm: Callable[[DeploymentResult], bool] | None = None
     on_step: Printer = lambda _text: None
+    wait_lock: float = 0.0  # seconds to wait for another run on the deployment's lock
 
 
 def deployment_name(nodes: tuple[NodeAddress, ...], name: str | None) -> str:
@@ -212,8 +213,8 @@ class Coordinator:
         )
         try:
             return kind.from_json(answer)
-        except UsageError as exc:
-            raise NodeError(f"{address}: {exc.message}") from None
+        except UsageError as exc:  # refused at the door: nothing that node said is used
+            raise NodeError(f"{address}: {exc.message}", exit_code=ExitCode.USAGE) from None
 
     def _each(self, nodes: list[_Node], step: Callable[[_Node], T]) -> list[T | NodeError]:
         """`step` on every node at once (stops and reads take seconds each; nodes are independent)."""
@@ -240,7 +241,10 @@ class Coordinator:
         answers = self._each(probes, lambda n: self._call(n, ShowAnswer, "show", timeout=SHOW_TIMEOUT))
         for node, answer in zip(probes, answers, strict=True):
             if isinstance(answer, NodeError):
-                raise NodeError(f"cannot read every node, nothing was changed: {answer.message}")
+                raise NodeError(
+                    f"cannot read every node, nothing was changed: {answer.message}",
+                    exit_code=answer.exit_code,
+                )
             node.shown = answer
             pending = answer.in_progress
             if pending and not recovering:
@@ -443,7 +447,8 @@ class Coordinator:
         A deployment whose nodes run different lengths (one edited by hand) is reconciled: every node
         is written to the context asked for and the deployment restarts once."""
         request, result = self.request, self.result
-        lock = self.store.read_lock() if request.dry_run else self.store.lock()
+        wait = request.wait_lock
+        lock = self.store.read_lock(wait) if request.dry_run else self.store.lock(wait)
         with lock:
             self.read()
             if self.drift:
@@ -458,8 +463,10 @@ class Coordinator:
                 result.suggestion = f"largest context that fits: {planned.max_context}"
                 return result
             flags, env = answer.flag_changes, answer.env_changes
-            if self.drift and "--max-model-len" not in flags:
-                flags = {**flags, "--max-model-len": str(context)}
+            # the head leaves out a length its own unit has; every node gets it (a node's own edit of a
+            # value it already has changes nothing; a node left at another length is written to it)
+            flags = {**flags}
+            flags.setdefault("--max-model-len", str(context))
             if not self._diffs(flags, env, context):
                 result.result = Result.UNCHANGED
                 result.reason = (
@@ -490,7 +497,7 @@ class Coordinator:
         node it wrote gets its previous unit back and every node restarts together (_roll_back_all)."""
         result = self.result
         result.action = "recover"
-        with self.store.lock():
+        with self.store.lock(self.request.wait_lock):
             self.read(recovering=True)
             pending = {n.address: n.show.in_progress for n in self.changing}
             changes = {p.change for p in pending.values() if p is not None}
@@ -527,7 +534,8 @@ class Coordinator:
         `to` left; through the same walk as a change."""
         request, result = self.request, self.result
         result.action = "rollback"
-        with self.store.read_lock() if request.dry_run else self.store.lock():
+        wait = request.wait_lock
+        with self.store.read_lock(wait) if request.dry_run else self.store.lock(wait):
             self.read()
             if self.drift:
                 raise UsageError(

@@ -28,11 +28,11 @@ from typing import Any
 
 from vllm_ctxmgr import store as st
 from vllm_ctxmgr.change import Change
-from vllm_ctxmgr.core.change_policy import flags_to_apply
+from vllm_ctxmgr.core.change_policy import flags_to_apply, least_utilization
 from vllm_ctxmgr.errors import CtxmgrError, UnitError, UsageError
 from vllm_ctxmgr.masking import mask, mask_json
 from vllm_ctxmgr.nvml import read_nvml
-from vllm_ctxmgr.observing import observation_record
+from vllm_ctxmgr.observing import last_start_of, observation_record
 from vllm_ctxmgr.planning import PlanRequest, ServicePlan, plan_service
 from vllm_ctxmgr.report import plan_text
 from vllm_ctxmgr.restart import InstallError, Restarter
@@ -161,8 +161,7 @@ def logged_start(restarter: Restarter, view: ServiceView) -> tuple[Logged, dict[
     """What this node's vLLM logged at its last start (every rank logs its own memory lines): `logged`,
     the figures a per-node plan is held against, and `observation`, that start as an observation record
     (None where the journal holds no start), which the head's plan calibrates this node's ranks from."""
-    entries = restarter.systemd.journal(restarter.unit, lines=LOGGED_LINES)
-    messages = last_start([entry.message for entry in entries])
+    messages = last_start_of(restarter.systemd.journal(restarter.unit, lines=LOGGED_LINES))
     observation = observe_start(messages)
     record = None
     if messages:
@@ -552,27 +551,22 @@ def plan(restarter: Restarter, request: PlanRequest, gpu_memory_utilization: flo
             argv_check=False,
         )
 
+    # plan_service plans at what each node will run: the unit's utilisation where it holds the target
+    # and stays, the least that fits one more figure
     service_plan = planned(gpu_memory_utilization)
-    view, made = service_plan.view, service_plan.plan
-    applied = flags_to_apply(view.args, made, made.max_model_len, gpu_memory_utilization)
-    least = made.gpu_memory_utilization
-    shown = made
-    if applied.kept_utilization and applied.gpu_memory_utilization not in (None, least):
-        # every node keeps its unit's utilisation (it holds the target): the per-node figures the
-        # coordinator holds against each node's logged lines are those of that utilisation, not of
-        # the least that fits, which stays one more figure
-        shown = planned(applied.gpu_memory_utilization).plan
+    view, shown = service_plan.view, service_plan.plan
+    applied = flags_to_apply(view.args, shown, shown.max_model_len, gpu_memory_utilization)
     return PlanAnswer(
         service=restarter.unit,
         plan=mask_json(shown.to_json(), view.secrets),
-        text=mask(plan_text(shown, applied.text(made)), view.secrets),
-        result=made.result,
-        max_model_len=made.max_model_len,
+        text=mask(plan_text(shown, applied.text(shown)), view.secrets),
+        result=shown.result,
+        max_model_len=shown.max_model_len,
         flag_changes=applied.flag_changes,
-        env_changes=dict(made.env_changes),
+        env_changes=dict(shown.env_changes),
         gpu_memory_utilization=applied.gpu_memory_utilization,
-        least_gpu_memory_utilization=least,
-        applies=applied.text(made),
+        least_gpu_memory_utilization=least_utilization(shown),
+        applies=applied.text(shown),
         learned=service_plan.learned,
     )
 

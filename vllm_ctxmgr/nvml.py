@@ -7,16 +7,23 @@ from pathlib import Path
 
 from vllm_ctxmgr.core.hardware import GpuInfo, GpuProcess, GpuState
 from vllm_ctxmgr.errors import CtxmgrError, UsageError
+from vllm_ctxmgr.files import read_regular
+
+MAX_GPUS_FILE = 1 << 20  # `ctxmgr gpus --json` of 1,024 GPUs with their processes is far below
 
 
 def gpus_from_file(path: str | Path) -> GpuState:
-    """Read what `ctxmgr gpus --json` wrote on the target host."""
+    """Read what `ctxmgr gpus --json` wrote on the target host: a regular file, read within a bound
+    (files.read_regular: /dev/zero, a FIFO or a huge file are refused, never read without end)."""
     try:
-        data = json.loads(Path(path).read_text())
+        raw = read_regular(path, MAX_GPUS_FILE, what="GPU file")
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file") from None
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: not a `ctxmgr gpus --json` file ({exc})") from None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise UsageError(f"{path}: not a `ctxmgr gpus --json` file ({reason})") from None
     return gpus_from_json(data, str(path))
 
 
@@ -24,25 +31,33 @@ def gpus_from_json(data: object, source: str) -> GpuState:
     """`ctxmgr gpus --json`'s object, from a file or from a node of a multi-node deployment."""
     if not isinstance(data, dict):
         raise UsageError(f"{source}: not a `ctxmgr gpus --json` object")
+
+    def whole(g: dict, key: str) -> int:
+        """A byte count as `gpus --json` writes it: a JSON integer, never 80.5, "80" or true."""
+        value = g[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{key} {str(value)[:40]!r} is not a whole number of bytes")
+        return value
+
     try:
         gpus = tuple(
             GpuInfo(
                 index=int(g["index"]),
                 name=str(g["name"]),
-                total_bytes=int(g["total_bytes"]),
-                free_bytes=int(g["free_bytes"]),
-                used_bytes=int(g["used_bytes"]),
+                total_bytes=whole(g, "total_bytes"),
+                free_bytes=whole(g, "free_bytes"),
+                used_bytes=whole(g, "used_bytes"),
                 uuid=str(g.get("uuid", "")),
                 compute_capability=tuple(g["compute_capability"]) if g.get("compute_capability") else None,
                 processes=tuple(
                     GpuProcess(int(p["pid"]), str(p.get("name", "")), p.get("used_bytes"))
                     for p in g.get("processes", [])
                 ),
-                reserved_bytes=int(g.get("reserved_bytes", 0)),
+                reserved_bytes=whole({"reserved_bytes": 0, **g}, "reserved_bytes"),
             )
             for g in data["gpus"]
         )
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:  # 1e400 is JSON's inf
         raise UsageError(f"{source}: not a `ctxmgr gpus --json` object ({exc})") from None
     if not gpus:
         raise UsageError(f"{source}: lists no GPUs")

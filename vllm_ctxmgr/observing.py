@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -24,9 +24,10 @@ from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.probe import cache_config_info
 from vllm_ctxmgr.service import ServiceView, read_service
 from vllm_ctxmgr.store import ServiceStore
+from vllm_ctxmgr.systemd.journal import JournalEntry
 from vllm_ctxmgr.systemd.names import unit_name
 from vllm_ctxmgr.systemd.systemctl import Systemd
-from vllm_ctxmgr.vllm_log.watcher import StartVerdict, StartWatcher, last_start, observe_start
+from vllm_ctxmgr.vllm_log.watcher import StartVerdict, StartWatcher, last_invocation_start, observe_start
 
 Printer = Callable[[str], None]
 
@@ -166,13 +167,18 @@ def observation_record(
     )
 
 
+def last_start_of(entries: Sequence[JournalEntry]) -> list[str]:
+    """The messages of the last start in a unit's journal: its last invocation, up to the ready line
+    (vllm_log.watcher.last_invocation_start)."""
+    return last_invocation_start([(entry.invocation_id, entry.message) for entry in entries])
+
+
 def observe_last_start(systemd: Systemd, service: str) -> tuple[ObservationRecord, dict[str, Any], int]:
     """The last start of a unit from its journal (made by ctxmgr or not): (the record to keep,
     vLLM's figures as read, how many journal lines that start had)."""
     unit = unit_name(service)
     view = read_service(systemd, service)
-    entries = systemd.journal(unit, lines=20000)
-    messages = last_start([entry.message for entry in entries])
+    messages = last_start_of(systemd.journal(unit, lines=20000))
     if not messages:
         raise CtxmgrError(f"{unit}: the journal holds no start of vLLM")
     observation = observe_start(messages)

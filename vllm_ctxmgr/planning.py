@@ -10,11 +10,19 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_ctxmgr.core.budget import effective_args, is_cpu_deployment
 from vllm_ctxmgr.core.calibration import NodeObservation
-from vllm_ctxmgr.core.hardware import GpuInfo, GpuState, platform_for, uniform_gpus
+from vllm_ctxmgr.core.change_policy import kept_utilization
+from vllm_ctxmgr.core.hardware import (
+    GpuInfo,
+    GpuState,
+    capability_for_name,
+    known_gpu_names,
+    platform_for,
+    uniform_gpus,
+)
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.observations import Observation, ObservationError, ObservationRecord
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
@@ -23,10 +31,11 @@ from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
 from vllm_ctxmgr.model_files.load import load_expert_weight_bytes, load_model_facts
 from vllm_ctxmgr.nvml import gpus_from_file, read_nvml
-from vllm_ctxmgr.observing import learn_from_running_instance
-from vllm_ctxmgr.service import ServiceView, read_service, running_argv_mismatch
-from vllm_ctxmgr.store import ServiceStore
-from vllm_ctxmgr.systemd.systemctl import Systemd
+
+if TYPE_CHECKING:  # a service's plan reads the unit, the store and the running vLLM: imported there
+    from vllm_ctxmgr.service import ServiceView
+    from vllm_ctxmgr.store import ServiceStore
+    from vllm_ctxmgr.systemd.systemctl import Systemd
 
 
 def gather_gpus(
@@ -40,6 +49,12 @@ def gather_gpus(
     """(GPU state, note) from flags, a file, or NVML; None with a note when none can be had."""
     if gpus_from:
         return gpus_from_file(gpus_from).select(visible_devices), None
+    if gpu_name is not None and capability_for_name(gpu_name) is None:
+        # the name decides backends and defaults: one ctxmgr does not know would be planned as no GPU
+        raise UsageError(
+            f"--gpu-name {gpu_name!r}: not a GPU ctxmgr knows; known: {', '.join(known_gpu_names())} "
+            "(as NVML names them, e.g. 'NVIDIA H200'); leave --gpu-name out to plan without one"
+        )
     if gpu_memory is not None or gpu_count is not None:
         if gpu_memory is None:
             raise UsageError("--gpu-count needs --gpu-memory SIZE")
@@ -212,14 +227,34 @@ class PlanRequest:
     node_observations: tuple[NodeObservation, ...] = ()
 
 
+def in_managers_root(args: ServeArgs, root: Path) -> ServeArgs:
+    """The model path and HF_HOME as found from here when the unit's manager has a root of its own
+    (--systemd-pid: /proc/PID/root, a container's or another tree's): vLLM under that manager reads
+    them in its root, so ctxmgr reads them through it. The unit's paths are already the manager's view
+    (a docker/podman volume mapped back by service.view_from_unit); a model id stays an id."""
+    if str(root) == "/":
+        return args
+    changes: dict[str, Any] = {}
+    if args.model.startswith("/"):
+        changes["model"] = str(root / args.model.lstrip("/"))
+    hf_home = args.env.get("HF_HOME", "")
+    if hf_home.startswith("/"):
+        changes["env"] = {**args.env, "HF_HOME": str(root / hf_home.lstrip("/"))}
+    return replace(args, **changes) if changes else args
+
+
 def plan_for(
     args: ServeArgs,
     request: PlanRequest,
     service_pids: tuple[int, ...] = (),
     observations: Iterable[Observation] = (),
+    root: Path = Path("/"),
+    whose: str = "the chosen",
 ) -> Plan:
-    """Model facts + GPUs + earlier starts -> a Plan: the I/O is here, the planner (core.plan) is pure."""
-    args = effective_args(args)
+    """Model facts + GPUs + earlier starts -> a Plan: the I/O is here, the planner (core.plan) is pure.
+    `root`: the unit's manager's root as seen from here (Systemd.root); its paths are read under it.
+    `whose`: whose a fixed utilisation is, as the verdict says it."""
+    args = in_managers_root(effective_args(args), root)
     cpu = is_cpu_deployment(args)
     model_facts = load_model_facts(
         args.model, hf_home=args.env.get("HF_HOME"), hf_overrides=args.hf_overrides
@@ -245,6 +280,7 @@ def plan_for(
         max_gpu_memory_utilization=request.max_gpu_memory_utilization,
         weights_bytes=request.weights_bytes,
         fixed_gpu_memory_utilization=request.fixed_gpu_memory_utilization,
+        fixed_gpu_memory_utilization_is=whose,
         concurrency=request.concurrency,
         service_pids=service_pids,
         cpu=cpu,
@@ -258,6 +294,26 @@ def plan_for(
         platform = platform_for(gpu_state, cpu)
         options = replace(options, platform=replace(platform, cuda_runtime_major=cuda_runtime_major(cuda)))
     return make_plan(model_facts, args, gpu_state, options, tuple(observations), request.node_observations)
+
+
+def plan_as_run(
+    args: ServeArgs,
+    request: PlanRequest,
+    service_pids: tuple[int, ...] = (),
+    observations: Iterable[Observation] = (),
+    root: Path = Path("/"),
+) -> Plan:
+    """A unit's plan at the utilisation set-context would run it with: where the unit's own holds the
+    target and stays (core.change_policy), the plan is made again at it, the least that fits one more
+    figure (Plan.least_gpu_memory_utilization), so its table and capacity are what vLLM will report."""
+    observations = tuple(observations)
+    plan = plan_for(args, request, service_pids, observations, root=root)
+    kept = kept_utilization(args, plan, request.fixed_gpu_memory_utilization)
+    if kept is None:
+        return plan
+    at_kept = replace(request, context=plan.max_model_len, fixed_gpu_memory_utilization=kept)
+    as_run = plan_for(args, at_kept, service_pids, observations, root=root, whose="the unit's")
+    return replace(as_run, least_gpu_memory_utilization=plan.gpu_memory_utilization)
 
 
 def cuda_runtime_major(version: str) -> int:
@@ -306,16 +362,19 @@ def plan_service(
     the PIDs of its own processes (whose GPU memory a restart frees). `overrides` replaces unit
     arguments (plan's vLLM flags); `argv_check` warns where the running vLLM got other arguments.
     """
+    from vllm_ctxmgr.observing import learn_from_running_instance
+    from vllm_ctxmgr.service import read_service, running_argv_mismatch
+
     view = read_service(systemd, service)
     learned = learn_from_running_instance(systemd, store, service, view, keep_observation)
     observations = observations_from_store([*store.observations(), *unsaved_observations])
     pids = tuple(systemd.unit_processes(view.name))
     args = with_overrides(view.args, overrides) if overrides else view.args
     if request.context == AUTO_CONTEXT:
-        request = replace(
-            request, context=largest_context(args, request, service_pids=pids, observations=observations)
-        )
-    plan = plan_for(args, request, pids, observations)
+        root = systemd.root
+        largest = largest_context(args, request, service_pids=pids, observations=observations, root=root)
+        request = replace(request, context=largest)
+    plan = plan_as_run(args, request, pids, observations, root=systemd.root)
     mismatch = running_argv_mismatch(systemd, view) if argv_check else None
     if mismatch:
         plan = replace(plan, warnings=(mismatch, *plan.warnings))

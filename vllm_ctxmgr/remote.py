@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from vllm_ctxmgr.errors import CtxmgrError, UsageError
+from vllm_ctxmgr.errors import CtxmgrError, UsageError, documented_exit_code
 from vllm_ctxmgr.wire import ErrorAnswer
 
 LOCAL_HOSTS = frozenset({"local", "localhost"})
@@ -41,10 +41,20 @@ class NodeAddress:
     service: str
 
     @classmethod
-    def parse(cls, text: str) -> NodeAddress:
+    def parse(cls, text: str, source: str = "--node") -> NodeAddress:
+        """The one door a node's name comes in by (--node, a deployment file's [[node]]): what would
+        reach ssh as an option (a leading `-`), split into two words, or carry a control is refused.
+        `source` names where it was written, for the message."""
         host, sep, service = text.rpartition(":")
-        if not sep or not host or not service or any(c.isspace() for c in text) or host.startswith("-"):
-            raise UsageError(f"--node {text!r}: expected HOST:UNIT, e.g. gpu-b:vllm-glm5.service")
+        if (
+            not sep
+            or not host
+            or not service
+            or any(c.isspace() or not c.isprintable() for c in text)
+            or host.startswith("-")
+            or service.startswith("-")
+        ):
+            raise UsageError(f"{source} {text!r}: expected HOST:UNIT, e.g. gpu-b:vllm-glm5.service")
         return cls(host, service)
 
     def __str__(self) -> str:
@@ -97,7 +107,11 @@ class Link:
             why = (error.error if error else "") or _last_line(stderr) or fault or f"exit status {code}"
             if answer is None and code == 255 and host not in LOCAL_HOSTS:
                 why = f"ssh failed: {_last_line(stderr) or 'no answer'}"
-            raise NodeError(f"{label}: {why}", exit_code=(error.exit_code if error else None) or None)
+            said = error.exit_code if error else None
+            documented = documented_exit_code(said)
+            if said is not None and documented is None:
+                why = f"{why} (and an exit code ctxmgr never uses: {str(said)[:40]!r})"
+            raise NodeError(f"{label}: {why}", exit_code=documented or None)
         return answer
 
 

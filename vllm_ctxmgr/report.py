@@ -5,13 +5,16 @@ from __future__ import annotations
 import shutil
 from collections import Counter
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from vllm_ctxmgr.core.budget import DEFAULT_MARGIN_FRACTION, DEFAULT_MARGIN_MIN_BYTES, margin_bytes
 from vllm_ctxmgr.core.facts import LayerKind, ModelFacts, derived_max_model_len
 from vllm_ctxmgr.core.hardware import GpuState, gib
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
-from vllm_ctxmgr.core.verdict import Verification
 from vllm_ctxmgr.core.vllm_versions import rules_line
+
+if TYPE_CHECKING:  # only verify's text reads one; a plan's text should not load the verdict
+    from vllm_ctxmgr.core.verdict import Verification
 
 
 def _layer_summary(model: ModelFacts) -> list[str]:
@@ -136,41 +139,18 @@ def plan_text(plan: Any, command_change: str = "") -> str:
         )
     out.append(rules_line(plan.vllm_version))
     if plan.gpus:
-        out.append("")
-        header = (
-            f"{'GPU':>4} {'total':>11} {'others':>10} {'weights':>10} {'non-KV':>10} "
-            f"{'KV budget':>11} {'KV needed':>11} {'headroom':>11}"
-        )
-        out.append(header)
-        for g in plan.gpus:
-            out.append(
-                f"{g.index:>4} {_fig(g.total):>11} {_fig(g.used_by_others):>10} {_fig(g.weights):>10} "
-                f"{_fig(g.non_kv):>10} {_fig(g.kv_budget):>11} {_fig(g.kv_needed):>11} {_fig(g.headroom):>11}"
-            )
-        out.append("")
-        legend = "o other processes  # startup overhead  W weights  n non-KV  K KV needed  k KV spare  . free"
-        for g in plan.gpus:
-            total = g.total.bytes or 1
-            weights = g.weights.bytes or 0
-            parts = [
-                ("o", g.used_by_others.bytes or 0),
-                ("#", g.startup_overhead.bytes or 0),
-                ("W", weights),
-                ("n", max((g.non_kv.bytes or 0) - weights, 0)),
-                ("K", g.kv_needed.bytes or 0),
-                ("k", max((g.kv_budget.bytes or 0) - (g.kv_needed.bytes or 0), 0)),
-            ]
-            out.append(f"{g.index:>4} {bar(parts, total)}")
-        out.append(f"     {legend}")
-        sources = sorted(
-            {f"{name}: {getattr(plan.gpus[0], name).source}" for name in ("weights", "non_kv", "kv_budget")}
-        )
-        out.append("     sources: " + "; ".join(sources))
+        out.extend(_gpu_table(plan))
     out.append("")
     out.append(f"{HEADLINE[plan.result]}: {plan.reason}")
+    if plan.confidence is not None and plan.gpus:
+        out += _wrapped(_confidence_line(plan), "")
     if plan.verdict not in plan.reason:
         out.append(f"memory: {plan.verdict}")
-    out.append(f"largest context that fits: {plan.max_context:,}")
+    out.append(f"largest context that fits: {plan.max_context:,}{_context_limit(plan)}")
+    least, runs = plan.least_gpu_memory_utilization, plan.gpu_memory_utilization
+    if least is not None and runs is not None and abs(least - runs) > 1e-9:
+        why = "" if least < runs or not plan.feasible else "; the unit's holds the target, not the margin"
+        out.append(f"least gpu_memory_utilization that fits: {least:.2f} (planned at {runs:.2f}{why})")
     if plan.concurrency > 1:
         out.append(f"sized for {plan.concurrency} requests of {plan.max_model_len:,} tokens at once")
     for capacity in plan.capacity:
@@ -204,6 +184,138 @@ def plan_text(plan: Any, command_change: str = "") -> str:
     return "\n".join(out)
 
 
+def _gpu_rows(plan: Any) -> list[tuple[str, list[Any]]]:
+    """GPUs whose every figure is the same, one row ("0-7"): eight identical lines hide the one that
+    differs. Consecutive GPUs only, so a row's label reads as a range."""
+    rows: list[tuple[list[int], tuple[Any, ...], list[Any]]] = []
+    for g in plan.gpus:
+        key = tuple(
+            getattr(g, name).bytes
+            for name in ("total", "used_by_others", "startup_overhead", "weights", "non_kv", "kv_budget",
+                         "kv_needed", "margin", "headroom")
+        )  # fmt: skip
+        if rows and rows[-1][1] == key and rows[-1][0][-1] + 1 == g.index:
+            rows[-1][0].append(g.index)
+            rows[-1][2].append(g)
+        else:
+            rows.append(([g.index], key, [g]))
+    return [(f"{idx[0]}-{idx[-1]}" if len(idx) > 1 else str(idx[0]), gpus) for idx, _key, gpus in rows]
+
+
+def _gpu_table(plan: Any) -> list[str]:
+    """The memory table: weights apart from the rest of the non-KV memory, the margin in its own column
+    (headroom = KV budget - KV needed - margin), identical GPUs as one row, and a bar per row."""
+    rows = _gpu_rows(plan)
+    width = max(4, *(len(label) for label, _ in rows))
+    out = [
+        "",
+        f"{'GPU':>{width}} {'total':>11} {'others':>10} {'weights':>10} {'other non-KV':>13} "
+        f"{'KV budget':>11} {'KV needed':>11} {'margin':>10} {'headroom':>10}",
+    ]
+    for label, gpus in rows:
+        g = gpus[0]
+        weights = g.weights.bytes
+        other = (
+            None if g.non_kv.bytes is None else max(g.non_kv.bytes - (weights or 0), 0)
+        )  # the non-KV memory besides the weights: activation peak, non-torch, CUDA graphs
+        out.append(
+            f"{label:>{width}} {_fig(g.total):>11} {_fig(g.used_by_others):>10} {_fig(g.weights):>10} "
+            f"{gib(other):>13} {_fig(g.kv_budget):>11} {_fig(g.kv_needed):>11} {_fig(g.margin):>10} "
+            f"{_fig(g.headroom):>10}"
+        )
+    out.append("")
+    for label, gpus in rows:
+        g = gpus[0]
+        total = g.total.bytes or 1
+        weights = g.weights.bytes or 0
+        parts = [
+            ("o", g.used_by_others.bytes or 0),
+            ("#", g.startup_overhead.bytes or 0),
+            ("W", weights),
+            ("n", max((g.non_kv.bytes or 0) - weights, 0)),
+            ("K", g.kv_needed.bytes or 0),
+            ("m", min(g.margin.bytes or 0, max((g.kv_budget.bytes or 0) - (g.kv_needed.bytes or 0), 0))),
+            ("k", max((g.headroom.bytes or 0), 0)),
+        ]
+        out.append(f"{label:>{width}} {bar(parts, total)}")
+    pad = " " * (width + 1)
+    out.append(
+        f"{pad}o other processes  # startup overhead  W weights  n other non-KV  K KV needed  m margin  "
+        "k KV spare  . free"
+    )
+    out += _wrapped(_margin_line(plan.gpus[0]), pad)
+    sources = sorted(
+        {f"{name}: {getattr(plan.gpus[0], name).source}" for name in ("weights", "non_kv", "kv_budget")}
+    )
+    out.append(f"{pad}sources: " + "; ".join(sources))
+    return out
+
+
+def _wrapped(text: str, indent: str, width: int = 110) -> list[str]:
+    """A sentence of the table's notes as lines a terminal shows whole, continued two columns in."""
+    import textwrap
+
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ")
+
+
+def _margin_line(g: Any) -> str:
+    """What the margin is and what it is for, in the GPU's own figures."""
+    margin = g.margin.bytes or 0
+    if not margin:
+        return "margin: none in the KV budget (an explicit budget: vLLM's check is exact)"
+    total = g.total.bytes or 0
+    base = margin_bytes(total, DEFAULT_MARGIN_FRACTION, DEFAULT_MARGIN_MIN_BYTES)
+    text = (
+        f"margin: {gib(margin)} of KV budget kept spare beyond what the requests need: "
+        f"{gib(min(base, margin))} (max(512 MiB, 2% of the GPU)) for allocator fragmentation and "
+        "the rounding of logged figures"
+    )
+    if margin > base:
+        text += (
+            f", + {gib(margin - base)} widened for what is not known exactly (the spread of the estimated "
+            "terms, flags not modelled: the notes and warnings name them)"
+        )
+    return text
+
+
+def _confidence_line(plan: Any, now: float | None = None) -> str:
+    """calibrated (from which start, how old) or estimated, with the error band in this plan's GiB."""
+    import time
+
+    c = plan.confidence
+    line = f"confidence: {c.level}: {c.basis}"
+    if c.started_at is not None:
+        age_h = max(0.0, ((now if now is not None else time.time()) - c.started_at) / 3600)
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(c.started_at))
+        age = f"{age_h:.1f} h" if age_h < 48 else f"{age_h / 24:.0f} days"
+        line += f" (vLLM {c.vllm_version or '?'}, recorded {when}, {age} old)"
+    if c.band is not None:
+        line += f"; {c.band.text()}"
+        budget = min((g.kv_budget.bytes or 0 for g in plan.gpus), default=0)
+        margin = min((g.margin.bytes or 0 for g in plan.gpus), default=0)
+        guessed = any("without weights" in g.kv_budget.source for g in plan.gpus)
+        if c.level != "calibrated" and budget > 0 and not guessed:
+            miss = abs(c.band.worst) * budget
+            within = "inside" if miss <= margin else "MORE than"
+            line += (
+                f": {abs(c.band.worst):.1%} of this plan's {gib(budget)} is {gib(miss)}, {within} its "
+                f"{gib(margin)} margin"
+            )
+    return line
+
+
+def _context_limit(plan: Any) -> str:
+    """What sets the largest context: the model's limit, the target (no limit known), or memory."""
+    limit = getattr(plan, "max_context_limit", None)
+    if limit == "model":
+        return f" (the model's limit: {plan.derived_max_model_len_key})"
+    if limit == "target":
+        return " (the target: the model states no limit)"
+    if limit == "memory":
+        return " (memory: the KV budget at the most utilisation the GPUs allow holds no more)"
+    return ""
+
+
 def change_text(result: Any, shown_before: bool = False) -> str:
     """What a set-context / rollback / recover did, in plain words. `shown_before`: the diff and the plan
     were printed before the restart (as "planned"), so a change that went ahead is not shown twice.
@@ -217,9 +329,13 @@ def change_text(result: Any, shown_before: bool = False) -> str:
         out.append(result.diff.rstrip("\n"))
     if result.plan and result.result in ("infeasible", "dry-run", "planned"):
         plan = result.plan
-        least = plan["gpu_memory_utilization"]
-        applied = result.gpu_memory_utilization if result.result != "infeasible" else least
-        kept = f" (the least that fits: {least})" if applied != least and least is not None else ""
+        # the plan is at the utilisation the unit runs with; the least that fits is one more figure (a
+        # plan stored before it was, is at the least)
+        least = plan.get("least_gpu_memory_utilization", plan["gpu_memory_utilization"])
+        applied = (
+            result.gpu_memory_utilization if result.result != "infeasible" else plan["gpu_memory_utilization"]
+        )
+        kept = f" (the least that fits: {least:g})" if applied != least and least is not None else ""
         out.append(
             f"plan: max_model_len {plan['max_model_len']:,}, gpu_memory_utilization "
             f"{applied if applied is not None else 'vLLM default'}{kept}, "

@@ -29,7 +29,7 @@ from vllm_ctxmgr.service import read_service
 from vllm_ctxmgr.store import atomic_write
 from vllm_ctxmgr.systemd.names import canonical_unit
 from vllm_ctxmgr.systemd.render import render
-from vllm_ctxmgr.systemd.systemctl import Systemd
+from vllm_ctxmgr.systemd.systemctl import Systemd, parse_timestamp
 
 IDENTIFIER = "ctxmgr-verify"
 UNIT_PREFIX = "ctxmgr-verify@"
@@ -251,17 +251,16 @@ def check_units(systemd: Systemd, units: dict[str, str]) -> None:
 
 
 def timer_state(systemd: Systemd, timer: str) -> dict[str, str]:
-    """`systemctl show` of a timer, with timestamps as @seconds since the epoch."""
-    out = systemd.systemctl("show", timer, "-p", ",".join(TIMER_PROPERTIES), "--timestamp=unix")
-    return dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
+    """`systemctl show` of a timer, with timestamps in a form parse_timestamp reads."""
+    return systemd.show_times(timer, *TIMER_PROPERTIES)
 
 
 def next_run(state: dict[str, str]) -> float | None:
     """When the timer fires next (Unix time): a calendar timer's realtime elapse, or a span timer's
     monotonic one (printed as a span since boot) moved onto the wall clock."""
-    realtime = state.get("NextElapseUSecRealtime", "")
-    if realtime.startswith("@"):
-        return float(realtime[1:])
+    realtime = parse_timestamp(state.get("NextElapseUSecRealtime", ""))
+    if realtime is not None:
+        return realtime
     monotonic = parse_timespan(state.get("NextElapseUSecMonotonic", ""))
     if not monotonic:
         return None

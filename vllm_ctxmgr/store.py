@@ -228,17 +228,23 @@ def _who() -> str:
     return "root" if os.geteuid() == 0 else _user()
 
 
-def check_trusted(st: os.stat_result, path: Path | str) -> None:
-    """StrictModes: refuse what another user owns or what group or others may write."""
+def check_trusted(st: os.stat_result, path: Path | str, sticky_ok: bool = False) -> None:
+    """StrictModes: refuse what another user owns or what group or others may write. With `sticky_ok`,
+    a directory others may write passes when it is sticky (/tmp's 1777: nobody else may remove or
+    rename what is ours there)."""
     if st.st_uid not in (0, os.geteuid()):
         raise UnsafePathError(
             f"{path}: owned by uid {st.st_uid}, not {_who()}: another user could plant what ctxmgr "
             f"runs as {_who()}; if it is yours, run `chown {_who()} {path}`"
         )
-    if st.st_mode & 0o022:
-        raise UnsafePathError(
-            f"{path}: writable by group or others (mode {st.st_mode & 0o7777:04o}): run `chmod go-w {path}`"
-        )
+    if st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
+        mode = f"mode {st.st_mode & 0o7777:04o}"
+        if sticky_ok:
+            raise UnsafePathError(
+                f"{path}: writable by group or others ({mode}) and not sticky: another user could swap a "
+                f"link in; run `chmod +t {path}` (or `chmod go-w {path}`)"
+            )
+        raise UnsafePathError(f"{path}: writable by group or others ({mode}): run `chmod go-w {path}`")
 
 
 def _refuse_link(parent_fd: int, name: str, path: Path) -> None:
@@ -255,6 +261,22 @@ def _refuse_link(parent_fd: int, name: str, path: Path) -> None:
 
 def _os_error(path: Path, exc: OSError) -> CtxmgrError:
     return StoreError(f"{path}: {exc.strerror or exc}")
+
+
+@contextlib.contextmanager
+def writing(directory: Path) -> Iterator[None]:
+    """Writes below `directory` of the state directory: an OSError on the way (a full filesystem,
+    ENOSPC; a quota, EDQUOT; a read-only mount) becomes one StoreError line naming the file, not an
+    "unexpected error". Names below a directory descriptor are relative: they are joined to it."""
+    try:
+        yield
+    except OSError as exc:
+        name = exc.filename if isinstance(exc.filename, str) else ""
+        path = directory / name if name else directory
+        hint = ""
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            hint = " (free space on its filesystem, or name another with --state-dir)"
+        raise StoreError(f"{path}: {exc.strerror or exc}: ctxmgr could not write its state{hint}") from None
 
 
 def open_state_dir(state_dir: Path, create: bool) -> int | None:
@@ -279,6 +301,44 @@ def open_state_dir(state_dir: Path, create: bool) -> int | None:
         os.close(fd)
         raise
     return fd
+
+
+def open_checked_dir(directory: Path, sticky_ok: bool = False) -> int:
+    """A directory the operator named (a link on the way is the operator's own), checked as the state
+    directory is; with `sticky_ok` a sticky directory others may write passes (see check_trusted)."""
+    try:
+        fd = os.open(directory, _DIR_FLAGS)
+    except OSError as exc:
+        raise _os_error(directory, exc) from None
+    try:
+        check_trusted(os.fstat(fd), directory, sticky_ok)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_ours_at(parent_fd: int, name: str, path: Path) -> None:
+    """In a directory others may write: `name`, where present, must be a regular file of ours (not a
+    link, nor another user's file that ctxmgr would take over)."""
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise _os_error(path, exc) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePathError(
+            f"{path}: a symbolic link in a directory others may write; ctxmgr follows none there: "
+            f"remove it (`rm {path}`)"
+        )
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePathError(f"{path}: not a regular file: remove it (`rm {path}`)")
+    if st.st_uid != os.geteuid():
+        raise UnsafePathError(
+            f"{path}: owned by uid {st.st_uid}, not {_who()}, in a directory others may write: "
+            f"remove it (`rm {path}`) if it is not needed"
+        )
 
 
 def open_dir_at(parent_fd: int, name: str, path: Path, create: bool, tighten: bool = False) -> int | None:
@@ -353,21 +413,28 @@ def _text(text: str) -> bytes:
     return scrub(text).encode()
 
 
-def write_new_at(parent_fd: int, name: str, data: bytes) -> None:
+def write_new_at(parent_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
+    """A new file (never an existing one, never through a link), created 0600 and given `mode` on its
+    own descriptor, so neither the umask nor a path swapped in between decides what it becomes."""
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                  dir_fd=parent_fd)  # fmt: skip
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
         handle.flush()
+        if mode != 0o600:
+            os.fchmod(handle.fileno(), mode)
         os.fsync(handle.fileno())
 
 
-def atomic_write_at(parent_fd: int, name: str, data: bytes) -> None:
-    """atomic_write below a checked directory: a 0600 temporary beside `name`, renamed over it."""
+def atomic_write_at(parent_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
+    """atomic_write below a checked directory: a temporary beside `name` (0600 until written, then
+    `mode`), renamed over it."""
     tmp = f".{name}.{os.urandom(6).hex()}.ctxmgr-tmp"
     try:
-        write_new_at(parent_fd, tmp, data)
+        write_new_at(parent_fd, tmp, data, mode)
         os.replace(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+    except FileExistsError:
+        raise  # the temporary name was taken (O_EXCL): not ours to remove
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=parent_fd)
@@ -742,7 +809,7 @@ class ServiceStore:
                 "previous": None if change.previous is None else previous_name,
             })  # fmt: skip
         self.remove_partial()
-        with self._revisions_fd(create=True) as revisions_fd:
+        with self._revisions_fd(create=True) as revisions_fd, writing(self.revisions_dir):
             assert revisions_fd is not None
             numbers = [int(name) for name in os.listdir(revisions_fd) if name.isdigit()]
             rev.number = max(numbers) + 1 if numbers else 0
@@ -752,14 +819,15 @@ class ServiceStore:
                 fd = open_dir_at(revisions_fd, staging, self.revisions_dir / staging, create=False)
                 assert fd is not None
                 try:
-                    for change, stored in zip(changes, rev.files, strict=True):
-                        for which, data in (("previous", change.previous), ("unit", change.unit)):
-                            if data is not None:
-                                write_new_at(fd, str(stored[which]), data)
-                    if rev.plan:
-                        write_new_at(fd, "plan.json", _text(json.dumps(rev.plan, indent=2)))
-                    write_new_at(fd, "record.json", _text(json.dumps(rev.record(), indent=2)))
-                    os.fsync(fd)
+                    with writing(self.revisions_dir / staging):
+                        for change, stored in zip(changes, rev.files, strict=True):
+                            for which, data in (("previous", change.previous), ("unit", change.unit)):
+                                if data is not None:
+                                    write_new_at(fd, str(stored[which]), data)
+                        if rev.plan:
+                            write_new_at(fd, "plan.json", _text(json.dumps(rev.plan, indent=2)))
+                        write_new_at(fd, "record.json", _text(json.dumps(rev.record(), indent=2)))
+                        os.fsync(fd)
                 finally:
                     os.close(fd)
                 crash_point("revision-staged")
@@ -780,7 +848,8 @@ class ServiceStore:
             with self._revision_fd(revisions_fd, name) as fd:
                 if fd is None:
                     raise StoreError(f"{self.revisions_dir / name}: missing, the revision cannot be saved")
-                atomic_write_at(fd, "record.json", _text(json.dumps(rev.record(), indent=2)))
+                with writing(self.revisions_dir / name):
+                    atomic_write_at(fd, "record.json", _text(json.dumps(rev.record(), indent=2)))
 
     def in_progress(self) -> Revision | None:
         """The newest revision an interrupted run left unfinished."""
@@ -886,7 +955,7 @@ class ServiceStore:
         """Append one watched start for the planner to learn from, then trim to the last `keep` so
         the file stays small."""
         path = self.root / "observations.jsonl"
-        with self._service_fd(create=True) as service_fd:
+        with self._service_fd(create=True) as service_fd, writing(self.root):
             assert service_fd is not None
             fd = _open_file_at(service_fd, "observations.jsonl", path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
             assert fd is not None
@@ -913,7 +982,7 @@ class ServiceStore:
 
     def write_json(self, name: str, data: dict[str, Any]) -> None:
         """A per-service record (last-verify.json) written atomically and root-only, like revisions."""
-        with self._service_fd(create=True) as service_fd:
+        with self._service_fd(create=True) as service_fd, writing(self.root):
             assert service_fd is not None
             atomic_write_at(service_fd, name, _text(json.dumps(data, indent=2, sort_keys=True)))
 
@@ -1022,8 +1091,9 @@ class ServiceStore:
                             f"{self.service} is locked by another ctxmgr run ({holder}); try again later"
                         ) from None
                     time.sleep(0.2)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv)[:300]}\n".encode(), 0)
+            with contextlib.suppress(OSError):  # who holds it is a courtesy to the next run (ENOSPC)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv)[:300]}\n".encode(), 0)
             yield
         finally:
             if held:

@@ -117,8 +117,10 @@ fi
 
 # --- check ---------------------------------------------------------------------------------------------
 say "checking: imports, metadata, 'vllm --version', 'vllm serve --help'"
-healthy || die "the venv $VENV still fails the health check (run: $VENV/bin/python -c 'import vllm.entrypoints.openai.api_server')"
+# healthy() already ran `vllm --version`; each of these checks costs a vLLM import (~20 s on 2 cores),
+# so none is repeated for a figure only printed (the venv's size: `du -sh $VENV` when you want it)
+check_output=$(healthy 2>&1) \
+  || die "the venv $VENV still fails the health check: $(tail -1 <<<"$check_output") (run: $VENV/bin/python -c 'import vllm.entrypoints.openai.api_server')"
 "$VENV/bin/vllm" serve --help >/dev/null 2>&1 || die "'$VENV/bin/vllm serve --help' failed"
-say "vllm --version: $("$VENV/bin/vllm" --version 2>/dev/null | tail -1)"
-say "venv size: $(du -sh "$VENV" | cut -f1)"
+say "$(tail -1 <<<"$check_output")"
 say "done: $VENV/bin/vllm serve MODEL ... is ready"

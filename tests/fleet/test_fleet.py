@@ -9,7 +9,10 @@ cores): the oldest claimed (2.15) and the newest (2.19) both run check mode, the
 and the failure on the middle host, and the two scenarios that lean on ansible-core's own machinery,
 which changed between them: a host that becomes unreachable, and batches (serial). The scenarios
 whose logic is the role's own and HAProxy's (each load-balancer step failing, a failed rollback,
-keep-alive clients, the no-drain control) run on the newest only.
+keep-alive clients, the no-drain control) run on the newest only, on a second bed of their own: each
+bed is one xdist group (tests/conftest.py), so the newest's eight scenarios run beside the five both
+versions run instead of after them. Every test resets the hosts it uses, so which bed it gets is not
+something it can see.
 """
 
 from __future__ import annotations
@@ -49,15 +52,17 @@ FAILURE_ON_H2 = {"h2": {"CTXMGR_STANDIN_MAX_POSITION": "100000"}}
 
 OLDEST, NEWEST = ANSIBLE_VERSIONS[0], ANSIBLE_VERSIONS[-1]
 BOTH = pytest.mark.parametrize("bed", ANSIBLE_VERSIONS, indirect=True)
-NEWEST_ONLY = pytest.mark.parametrize("bed", [NEWEST], indirect=True)
+# "X.Y/NAME": ansible-core X.Y on a bed of its own (NAME tells the beds apart; one per param value)
+NEWEST_ONLY = pytest.mark.parametrize("bed", [f"{NEWEST}/newest-only"], indirect=True)
 
 
 @pytest.fixture(scope="module")
 def bed(request: pytest.FixtureRequest) -> Iterator[FleetBed]:
-    """A bed whose controller runs ansible-core `request.param` (X.Y)."""
-    venv = ansible_venv(request.param)
-    require(fleet_available(venv), f"the fleet bed with ansible-core {request.param}")
-    directory = REPO_ROOT / ".cache" / "fleet" / f"t{os.getpid()}-{request.param}"
+    """A bed whose controller runs ansible-core `request.param` (X.Y, or X.Y/NAME for another bed)."""
+    version, _, name = str(request.param).partition("/")
+    venv = ansible_venv(version)
+    require(fleet_available(venv), f"the fleet bed with ansible-core {version}")
+    directory = REPO_ROOT / ".cache" / "fleet" / f"t{os.getpid()}-{version}{'-' + name if name else ''}"
     tarball = build_collection(directory / "build", venv)
     fleet = FleetBed.up(directory, venv=venv)
     try:

@@ -243,3 +243,53 @@ def test_kept_alive_clients_reuse_their_connection_and_a_cut_stream_counts_as_lo
         assert summary["lost"] == summary["failed"] + summary["truncated"] >= 2
         assert all(error["tokens"] <= 1 and error["reused"] for error in summary["errors"])
         assert summary["reused"] < 8
+
+
+def test_only_a_verdict_passes_and_a_crash_never_does() -> None:
+    """Issue 29, item 7: the module took verify's exit 1 as a pass whatever it meant; a crash (70, or 1
+    with result "error" from a ctxmgr before 70) is no verdict and fails the task."""
+    assert module.passes("verify", {"exit_code": 0, "result": "ok"})
+    assert module.passes("verify", {"exit_code": 1, "result": "degraded"})
+    assert not module.passes("verify", {"exit_code": 70, "result": "error", "error": "unexpected error: X"})
+    assert not module.passes("verify", {"exit_code": 1, "result": "error", "error": "unexpected error: X"})
+    assert not module.passes("verify", {"exit_code": 2, "result": "failed"})
+    assert not module.passes("set-context", {"exit_code": 1, "result": "degraded"})
+    assert module.passes("set-context", {"exit_code": 0, "result": "applied"})
+    assert not module.passes("plan", {"exit_code": 70, "result": "error"})
+    assert "crashed" in module.failure_message(
+        {**PARAMS, "command": "verify"}, {"exit_code": 70, "error": "unexpected error: ZeroDivisionError"}
+    )
+
+
+def test_with_nodes_every_parameter_of_one_hosts_command_is_passed() -> None:
+    """Issue 29, item 13: with `nodes`, `rollback, to: 3` went to the deployment's last change, and
+    wait_lock, probe_tokens and long_probe were dropped without a word."""
+    from vllm_ctxmgr.cli.main import main as ctxmgr_main
+
+    nodes = {"nodes": ["local:vllm-glm5", "gpu-b:vllm-glm5"]}
+    rollback = module.command_argv(
+        {**PARAMS, **nodes, "command": "rollback", "to": 3, "wait_lock": 30.0}, False
+    )
+    assert rollback[rollback.index("--to") + 1] == "3"
+    assert rollback[rollback.index("--wait-lock") + 1] == "30.0"
+    change = module.command_argv(
+        {**PARAMS, **nodes, "probe_tokens": 1000, "long_probe": True, "wait_lock": 5.0}, False
+    )
+    assert change[change.index("--probe-tokens") + 1] == "1000" and "--long-probe" in change
+    assert change[change.index("--wait-lock") + 1] == "5.0"
+    verify = module.command_argv({**PARAMS, **nodes, "command": "verify", "long_probe": True}, False)
+    assert "--long-probe" in verify
+    # one host's command line for the same parameters: the deployment's says no less
+    single = module.command_argv({**PARAMS, "command": "rollback", "to": 3, "wait_lock": 30.0}, False)
+    assert set(single) - {"--service", "vllm-glm5"} <= set(rollback)
+    # the deployment's --wait-lock is ctxmgr's own option (click parses it, nothing runs); --to,
+    # --probe-tokens and --long-probe of a deployment are not yet: ctxmgr refuses them by name
+    import click
+
+    for command in ("set-context", "rollback"):
+        argv = module.command_argv({**PARAMS, **nodes, "command": command, "wait_lock": 5.0}, False)
+        ctx = ctxmgr_main.make_context("ctxmgr", argv[1:2])
+        sub = ctxmgr_main.get_command(ctx, "deployment").get_command(ctx, command)  # type: ignore[union-attr]
+        assert sub.make_context(command, argv[3:], parent=ctx).params["wait_lock"] == 5.0
+    with pytest.raises(click.UsageError, match="--to"):
+        sub.make_context("rollback", rollback[3:], parent=ctx)

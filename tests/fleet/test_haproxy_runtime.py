@@ -119,3 +119,36 @@ def test_a_refusal_of_many_lines_is_one_line(haproxy) -> None:  # type: ignore[n
     with pytest.raises(HaproxyError, match=r"No such server\. / See 'help'\.") as info:
         Runtime(path, timeout=2).set_state("vllm", "h9", "drain")
     assert "\n" not in str(info.value)
+
+
+SERVERS_STATE = (
+    "1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight\n"
+    "3 vllm 1 h1 10.0.0.1 2 {admin} 1\n"
+)
+
+
+@pytest.mark.parametrize(("admin", "state"), [("0", "ready"), ("8", "drain"), ("1", "maint"), ("9", "maint")])
+def test_the_admin_state_is_read_from_show_servers_state(haproxy, admin: str, state: str) -> None:  # type: ignore[no-untyped-def]
+    assert (
+        Runtime(haproxy(answer(SERVERS_STATE.format(admin=admin))), timeout=2).admin_state("vllm", "h1")
+        == state
+    )
+
+
+@pytest.mark.parametrize("admin", ["x", "-1", "1e3", "0x8", "99999999999", "٣", "８"])
+def test_an_admin_state_that_is_not_a_number_is_the_clients_own_error(haproxy, admin: str) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29, item 13: a non-integer admin state raised ValueError out of the module."""
+    with pytest.raises(HaproxyError, match=r"vllm/h1 admin state .*not a number"):
+        Runtime(haproxy(answer(SERVERS_STATE.format(admin=admin))), timeout=2).admin_state("vllm", "h1")
+
+
+@pytest.mark.parametrize("name", ["be1 extra args", "be1;help", "be1\nshow info", ""])
+def test_the_backend_is_checked_before_show_servers_state_is_sent(haproxy, name: str) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29, item 13: `show servers state 'be1 extra args'` went out as is."""
+    received: list[bytes] = []
+    runtime = Runtime(haproxy(lambda conn: received.append(b"called")), timeout=2)
+    with pytest.raises(HaproxyError, match="HAProxy names hold only"):
+        runtime.admin_state(name, "h1")
+    with pytest.raises(HaproxyError, match="HAProxy names hold only"):
+        runtime.admin_state("vllm", name)
+    assert received == []

@@ -8,6 +8,14 @@
 #
 # The disk is shared with the host, so every unit that would touch the host is runtime-masked:
 # systemd-tmpfiles would empty the host's /tmp, sysusers/sysctl/binfmt/modules-load change it, ...
+#
+# With SANDBOX_ROOTFS set (a Debian 11 tree, tests/support/debian11-rootfs.sh) PID 1 pivots into a
+# writable overlay of it (changes live in memory), so its own systemd, journald, systemctl and
+# systemd-analyze are the ones under test. What the tests and their units use from the host is
+# bind-mounted at the same path: SANDBOX_BINDS (colon-separated: the repository, Python's prefix).
+# That tree has no Python >= 3.11, so SANDBOX_PYTHON (the host interpreter's real path) is replaced by
+# a script that runs it with the host's own loader (SANDBOX_LOADER) and libraries (SANDBOX_LIBRARY_PATH),
+# from the host's root under /run/host (read-only): the units' ExecStart= paths then mean the same on both sides.
 set -eu
 
 case "${1:-}" in
@@ -26,6 +34,51 @@ pid1) ;;
 esac
 
 mount --make-rprivate /
+
+if [ -n "${SANDBOX_ROOTFS:-}" ]; then
+  # a tmpfs on the old /run (ours alone now) holds the overlay's upper layer and the staged new root
+  mount -t tmpfs -o mode=755 tmpfs /run
+  mkdir -p /run/stage/upper /run/stage/work /run/stage/root
+  mount -t overlay overlay -o "lowerdir=$SANDBOX_ROOTFS,upperdir=/run/stage/upper,workdir=/run/stage/work" \
+    /run/stage/root
+  new=/run/stage/root
+  old_ifs=$IFS
+  IFS=:
+  for path in ${SANDBOX_BINDS:-}; do
+    [ -n "$path" ] || continue
+    mkdir -p "$new$path"
+    mount --rbind "$path" "$new$path"
+  done
+  IFS=$old_ifs
+  if [ -n "${SANDBOX_PYTHON:-}" ]; then
+    cat >/run/stage/python <<WRAPPER
+#!/bin/sh
+# the host's Python (this root has none that ctxmgr runs on), with the host's loader and libraries
+exec "/run/host$SANDBOX_LOADER" --library-path "$SANDBOX_LIBRARY_PATH" --argv0 "\$0" "/run/host$SANDBOX_PYTHON" "\$@"
+WRAPPER
+    chmod 755 /run/stage/python
+    if [ ! -e "$new$SANDBOX_PYTHON" ]; then
+      mkdir -p "$(dirname "$new$SANDBOX_PYTHON")"
+      : >"$new$SANDBOX_PYTHON"
+    fi
+    mount --bind /run/stage/python "$new$SANDBOX_PYTHON"
+  fi
+  mount --rbind /dev "$new/dev"
+  mount --rbind /sys "$new/sys"
+  mkdir -p "$new/oldroot"
+  cd "$new"
+  pivot_root . oldroot
+  cd /
+  mount -t proc proc /proc
+  # the private /run, and in it the host's root file system alone (not its submounts), read-only,
+  # for the Python wrapper
+  mount -t tmpfs -o mode=755 tmpfs /run
+  mkdir -p /run/host
+  mount --bind /oldroot /run/host
+  mount -o remount,bind,ro /run/host
+  umount -l /oldroot
+  rmdir /oldroot 2>/dev/null || true
+fi
 # Hide the host's cgroup mounts. On a pure cgroup2 host, mount a cgroup2 rooted at our namespace;
 # otherwise leave an empty tmpfs: systemd mounts its own hierarchies (rooted at our namespace) on it.
 if [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ]; then
@@ -33,7 +86,7 @@ if [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ]; then
 else
   mount -t tmpfs -o mode=755 tmpfs /sys/fs/cgroup
 fi
-mount -t tmpfs -o mode=755 tmpfs /run
+[ -n "${SANDBOX_ROOTFS:-}" ] || mount -t tmpfs -o mode=755 tmpfs /run
 mkdir -p /run/systemd/system /run/systemd/system.control
 echo unshare >/run/systemd/container
 
@@ -81,6 +134,7 @@ Description=Private systemd for ctxmgr tests and demos
 Wants=systemd-journald.socket systemd-journald.service
 UNIT
 
+unset SANDBOX_ROOTFS SANDBOX_BINDS SANDBOX_PYTHON SANDBOX_LOADER SANDBOX_LIBRARY_PATH
 export container=unshare
 systemd=/lib/systemd/systemd
 [ -x "$systemd" ] || systemd=/usr/lib/systemd/systemd

@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -243,6 +244,33 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+REPOSITORY = Path(__file__).resolve().parents[2]
+HOST_LOADER = Path("/lib64/ld-linux-x86-64.so.2")
+
+
+def root_environment(rootfs: Path) -> dict[str, str]:
+    """What sandbox-boot.sh needs to boot `rootfs`: the paths shared with the host at the same place
+    (this repository: its venv, .cache and the tests' files; the prefix of the Python the tests run,
+    so a unit's ExecStart= of sys.executable means the same inside) and that Python's real binary,
+    which the boot script runs through the host's loader (the tree's own libc is older)."""
+    if not (rootfs / "lib/systemd/systemd").exists() and not (rootfs / "usr/lib/systemd/systemd").exists():
+        raise SandboxError(f"{rootfs} holds no systemd (run tests/support/debian11-rootfs.sh)")
+    prefix = Path(sys.base_prefix)
+    # Debian's own Python lives in /usr, which must stay the tree's: share only its standard library
+    shared_python = Path(sysconfig.get_paths()["stdlib"]) if prefix == Path("/usr") else prefix
+    # the host's loader and library directories by their real paths: /lib64 and /lib are links that would
+    # resolve into the tree's own (glibc 2.31) under /run/host
+    libdirs = [sysconfig.get_config_var("LIBDIR")] if sysconfig.get_config_var("Py_ENABLE_SHARED") else []
+    libdirs += [os.path.realpath(d) for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64")]
+    return {
+        "SANDBOX_ROOTFS": str(rootfs),
+        "SANDBOX_BINDS": ":".join(str(p) for p in (REPOSITORY, shared_python)),
+        "SANDBOX_PYTHON": os.path.realpath(sys.executable),
+        "SANDBOX_LOADER": os.path.realpath(HOST_LOADER),
+        "SANDBOX_LIBRARY_PATH": ":".join(dict.fromkeys(f"/run/host{d}" for d in libdirs if Path(d).is_dir())),
+    }
+
+
 @dataclass
 class Sandbox:
     """A booted private systemd. `pid` is its PID 1 as seen from here."""
@@ -257,7 +285,11 @@ class Sandbox:
 
     @classmethod
     def start(
-        cls, timeout: float = DEFAULT_BOOT_TIMEOUT_S, outlive_caller: bool = False, netns: str | None = None
+        cls,
+        timeout: float = DEFAULT_BOOT_TIMEOUT_S,
+        outlive_caller: bool = False,
+        netns: str | None = None,
+        rootfs: Path | None = None,
     ) -> Sandbox:
         """Boot and wait until `systemctl is-system-running` says running or degraded.
 
@@ -268,6 +300,9 @@ class Sandbox:
         `netns` boots it inside that named network namespace (/run/netns/NAME, made by `ip netns add`),
         so its units, an sshd among them, see only that namespace's addresses. nsenter --net switches
         the network namespace alone (`ip netns exec` would also remount /sys and hide the cgroup mounts).
+
+        `rootfs` boots that root file system's systemd instead of the host's (a Debian 11 tree: systemd
+        247), in a writable in-memory overlay of it; see root_environment for what it shares.
         """
         reason = sandbox_available()
         if reason:
@@ -288,6 +323,7 @@ class Sandbox:
         try:
             launcher = subprocess.Popen(
                 [*tie, *enter_netns, "bash", str(boot_script()), "launch", *map(str, cgroup_dirs)],
+                env={**os.environ, **(root_environment(rootfs) if rootfs is not None else {})},
                 stdin=subprocess.DEVNULL,
                 stdout=console_fd,
                 stderr=console_fd,

@@ -1,42 +1,67 @@
-"""What every command shares: error handling, value types, the systemd to drive, output."""
+"""What every command shares: error handling, value types, the systemd to drive, output.
+
+Light on purpose: `ctxmgr --help`, each command's --help and a completion TAB load this module, so the
+project's heavier modules (the store, systemd, a change) are imported inside the functions that use them.
+"""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import getpass
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from vllm_ctxmgr import report
-from vllm_ctxmgr.change import ChangeResult, Result
-from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, human_readable_int, parse_size
-from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
+from vllm_ctxmgr.core.bounds import (
+    BLOCK_SIZES,
+    MAX_BYTES,
+    MAX_CONTEXT,
+    MAX_COUNT,
+    MAX_PARALLEL,
+    block_size_ok,
+)
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError, VerifyExit
 from vllm_ctxmgr.masking import scrub
-from vllm_ctxmgr.observing import StartProgress
-from vllm_ctxmgr.restart import Restarter
-from vllm_ctxmgr.store import ServiceStore
-from vllm_ctxmgr.systemd.log import Priority, send
-from vllm_ctxmgr.systemd.names import canonical_unit, unit_name
-from vllm_ctxmgr.systemd.systemctl import Systemd
+
+if TYPE_CHECKING:
+    from vllm_ctxmgr.change import ChangeResult
+    from vllm_ctxmgr.observing import StartProgress
+    from vllm_ctxmgr.restart import Restarter
+    from vllm_ctxmgr.systemd.systemctl import Systemd
 
 SCHEMA_VERSION = 2  # of every --json object; a field's meaning never changes without a new version
 # 2: plan's `verdict` is its `result` (feasible | infeasible | unknown); the memory text is `memory`
 
 
+# C0 controls but tab and newline, DEL, and C1: what a node's answer, a journal line or a unit may
+# carry to move the cursor, recolour or rewrite the line above ("all nodes OK" printed over an error)
+# (a whole escape sequence first, so no "[2K" is left behind: CSI, OSC to its terminator, ESC + one)
+_CONTROLS = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+)
+
+
+def printable(text: str) -> str:
+    """`text` without terminal controls: ctxmgr itself prints none (LiveStatus draws its own line)."""
+    return _CONTROLS.sub("", text)
+
+
 def echo(message: object = "", err: bool = False) -> None:
     """The door every text leaves by (stdout and stderr): every key of every service read is masked
-    here, whichever message quotes it (masking.scrub)."""
-    click.echo(scrub(str(message)), err=err)
+    here, whichever message quotes it (masking.scrub), and every terminal control is taken out, so what
+    a node, a journal or a unit says cannot drive the operator's terminal (printable). JSON escapes its
+    own controls (\u001b), so it passes unchanged."""
+    click.echo(printable(scrub(str(message))), err=err)
 
 
 def emit_json(data: dict[str, Any]) -> None:
@@ -80,7 +105,7 @@ def fail(message: str, exit_code: int, *, as_json: bool, command: str | None) ->
     if as_json:
         emit_json(error_object(command, message, exit_code))
     else:
-        echo(f"ctxmgr: {message}", err=True)
+        echo(f"ctxmgr: {message.replace(chr(9), ' ')}", err=True)
     sys.exit(exit_code)
 
 
@@ -125,11 +150,43 @@ class CtxmgrGroup(click.Group):
         except click.ClickException as exc:
             command = command_of(argv)
             code = usage_exit(command) if isinstance(exc, click.UsageError) else exc.exit_code
-            if wants_json(argv):
-                emit_json(error_object(command, exc.format_message(), code))
-            else:
-                exc.show()
-            sys.exit(code)
+            fail(click_message(exc), code, as_json=wants_json(argv), command=command)
+        except Exception as exc:  # a bug outside any command (the group's own options): exit 70 too
+            if "--debug" in argv:
+                raise
+            message = f"unexpected error: {type(exc).__name__}: {exc} (run with --debug)"
+            fail(message, ExitCode.INTERNAL, as_json=wants_json(argv), command=command_of(argv))
+
+
+def click_message(exc: click.ClickException) -> str:
+    """click's own usage error as one line, like every other error (not click's four-line usage block):
+    the command, what is wrong, the closest option of that command, where to read more."""
+    ctx = exc.ctx if isinstance(exc, click.UsageError) else None
+    where = " ".join(ctx.command_path.split()[1:]) if ctx is not None else ""
+    if isinstance(exc, click.NoSuchOption) and ctx is not None:
+        guess = closest_option(exc.option_name, ctx.command)
+        message = f"no such option {exc.option_name}" + (f"; did you mean {guess}?" if guess else "")
+    else:
+        message = exc.format_message().rstrip(".")
+    help_hint = f" (ctxmgr {where + ' ' if where else ''}--help)" if ctx is not None else ""
+    return (f"{where}: " if where else "") + message + help_hint
+
+
+def closest_option(name: str, command: click.Command) -> str | None:
+    """The command's own option closest to a misspelt `name`, as its long name (with the short spelling
+    that matched: `--tp` finds `-tp`, answered as `--tensor-parallel-size (-tp)`); None if none is close.
+    ctxmgr's options answer first; vLLM's flags are for the caller to try next."""
+    spellings: dict[str, click.Option] = {}
+    for param in command.params:
+        if isinstance(param, click.Option) and not param.hidden:
+            for opt in (*param.opts, *param.secondary_opts):
+                spellings[opt] = param
+    matches = difflib.get_close_matches(name, list(spellings), n=1, cutoff=0.75)
+    if not matches:
+        return None
+    option = spellings[matches[0]]
+    long = max(option.opts, key=len)
+    return long if matches[0] == long else f"{long} ({matches[0]})"
 
 
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -171,7 +228,7 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             if debug:
                 raise
             message = f"unexpected error: {type(exc).__name__}: {exc} (run with --debug)"
-            fail(message, ExitCode.ERROR, as_json=as_json, command=path)
+            fail(message, ExitCode.INTERNAL, as_json=as_json, command=path)
 
     return wrapper
 
@@ -188,6 +245,8 @@ class ContextArg(click.ParamType):
         self.allow_auto = allow_auto
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, human_readable_int
+
         if isinstance(value, int):
             number = value
         else:
@@ -208,9 +267,6 @@ class ContextArg(click.ParamType):
         return number
 
 
-MAX_CONTEXT = 1 << 32
-
-
 class ByteSize(click.ParamType):
     """A size in ctxmgr's one grammar (core.serve_args.parse_size, vLLM's where vLLM has the flag):
     95.6GiB, 80G and 80GiB = 80 x 2^30, 80GB and 80g = 80 x 10^9, 81920MiB. A GPU's memory or the
@@ -222,6 +278,8 @@ class ByteSize(click.ParamType):
         self.unit_required = unit_required
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from vllm_ctxmgr.core.serve_args import parse_size
+
         if isinstance(value, int):
             number = value
         else:
@@ -232,9 +290,6 @@ class ByteSize(click.ParamType):
         if not 0 < number <= MAX_BYTES:
             self.fail(f"{value!r}: a size must be positive and at most 1 PiB", param, ctx)
         return number
-
-
-MAX_BYTES = 1 << 50
 
 
 class VllmBytes(ByteSize):
@@ -285,8 +340,8 @@ class BlockSize(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         number = click.INT.convert(value, param, ctx)
-        if number not in (1, 8) and not (number > 0 and number % 16 == 0 and number <= 4096):
-            self.fail(f"{value!r}: vLLM's block sizes are 1, 8 or a multiple of 16 up to 4096", param, ctx)
+        if not block_size_ok(number):
+            self.fail(f"{value!r}: {BLOCK_SIZES}", param, ctx)
         return number
 
 
@@ -296,19 +351,31 @@ class VllmVersionArg(click.ParamType):
     name = "VERSION"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
+
         text = str(value)
         version = parse_vllm_version(text)
         if version is None:
             self.fail(f"{text!r} is not a vLLM version (e.g. 0.33.0)", param, ctx)
-        if version < OLDEST_VLLM:
-            # above the newest known, the plan says whose rules it used; below the oldest, none fit
-            oldest = ".".join(map(str, OLDEST_VLLM))
-            self.fail(
-                f"vLLM {text} is older than {oldest}, the oldest release ctxmgr knows the rules of",
-                param,
-                ctx,
-            )
+        # older than the oldest release known: the read-only commands plan it by the oldest rules and
+        # say what they do not model for it; the commands that change a service refuse it
+        # (refuse_old_rules), as they refuse a plan they cannot stand behind
         return text
+
+
+def refuse_old_rules(vllm_version: str | None, command: str) -> None:
+    """A command that changes a service does not apply a plan made by another release's rules: a vLLM
+    older than the oldest release ctxmgr knows is refused here (`plan` still plans it, read-only)."""
+    from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
+
+    version = parse_vllm_version(vllm_version)
+    if version is not None and version < OLDEST_VLLM:
+        oldest = ".".join(map(str, OLDEST_VLLM))
+        raise UsageError(
+            f"--vllm-version {vllm_version}: older than {oldest}, the oldest release ctxmgr knows the rules "
+            f"of; {command} changes a service and refuses it (`ctxmgr plan --vllm-version {vllm_version}` "
+            f"plans it read-only by {oldest}'s rules and says what they do not model)"
+        )
 
 
 class ServiceName(click.ParamType):
@@ -317,6 +384,8 @@ class ServiceName(click.ParamType):
     name = "UNIT"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from vllm_ctxmgr.systemd.names import unit_name
+
         try:
             return unit_name(str(value))
         except CtxmgrError as exc:
@@ -331,6 +400,7 @@ def complete_services(ctx: click.Context, param: click.Parameter, incomplete: st
     from click.shell_completion import CompletionItem
 
     from vllm_ctxmgr.status import vllm_units
+    from vllm_ctxmgr.systemd.systemctl import Systemd
 
     root = ctx.find_root().params
     try:
@@ -392,8 +462,8 @@ SERVICE = ServiceName()
 UTILIZATION = Finite(0.0, 1.0, min_open=True)
 TIMEOUT = TimeSpan(0.0, 7 * 24 * 3600.0)  # a start may take minutes, never "for ever"
 WAIT_LOCK = TimeSpan(0.0, 24 * 3600.0, allow_zero=True)
-PARALLEL = click.IntRange(1, 1024)
-COUNT = click.IntRange(1, 1 << 24)
+PARALLEL = click.IntRange(1, MAX_PARALLEL)  # the same bounds as a unit's or a YAML file's flags
+COUNT = click.IntRange(1, MAX_COUNT)
 
 
 def examples(*lines: str) -> str:
@@ -445,6 +515,8 @@ EXAMPLES = {
 
 
 def systemd_for(ctx: click.Context) -> Systemd:
+    from vllm_ctxmgr.systemd.systemctl import Systemd
+
     obj = ctx.find_root().obj
     systemd = Systemd.for_pid(obj["systemd_pid"]) if obj["systemd_pid"] else Systemd.local()
     if obj["unit_dir"]:
@@ -480,7 +552,7 @@ def gpu_options(func: Callable[..., Any]) -> Callable[..., Any]:
             ),
             click.option(
                 "--gpu-count",
-                type=click.IntRange(1, 1024),
+                type=click.IntRange(1, MAX_PARALLEL),
                 default=None,
                 help="Plan offline: number of GPUs.",
             ),
@@ -540,6 +612,10 @@ def gpu_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def restarter_for(ctx: click.Context, service: str, as_json: bool, timeout: float) -> Restarter:
     """The restart path for a service systemd knows, under its canonical name (an alias shares the
     real unit's lock, journal and history); an unknown service stops here, before anything is written."""
+    from vllm_ctxmgr.restart import Restarter
+    from vllm_ctxmgr.store import ServiceStore
+    from vllm_ctxmgr.systemd.names import canonical_unit
+
     systemd = systemd_for(ctx)
     unit = canonical_unit(systemd, service)
     store = ServiceStore(ctx.find_root().obj["state_dir"], unit)
@@ -577,7 +653,7 @@ class LiveStatus:
             return
         if self.terminal:
             width = shutil.get_terminal_size((100, 20)).columns - 1
-            sys.stderr.write("\r\x1b[K" + scrub(progress.text())[:width])
+            sys.stderr.write("\r\x1b[K" + printable(scrub(progress.text()))[:width])
             sys.stderr.flush()
             self.shown = True
         elif time.monotonic() - self.last >= self.every:
@@ -597,6 +673,8 @@ def confirmation(yes: bool, as_json: bool, unit: str) -> Callable[[ChangeResult]
     under the service's lock, so the diff confirmed is the diff applied, and the diff and the plan are
     on the screen before a restart that may take minutes (--yes: shown, not asked; --json: neither).
     Not a terminal and no --yes: nothing is changed, and the change is printed for the operator."""
+    from vllm_ctxmgr import report
+
     if yes and as_json:
         return None
 
@@ -620,17 +698,6 @@ def confirmation(yes: bool, as_json: bool, unit: str) -> Callable[[ChangeResult]
     return ask
 
 
-# journald priorities of the results of a change: what an operator's alerting should see
-RESULT_PRIORITY = {
-    Result.APPLIED: Priority.INFO,
-    Result.UNCHANGED: Priority.INFO,
-    Result.DRY_RUN: Priority.DEBUG,
-    Result.INFEASIBLE: Priority.NOTICE,
-    Result.ROLLED_BACK: Priority.WARNING,
-    Result.ROLLBACK_FAILED: Priority.CRIT,
-}
-
-
 def finish(
     result: ChangeResult, as_json: bool, *, dry_run: bool = False, systemd: Systemd | None = None
 ) -> None:
@@ -639,6 +706,9 @@ def finish(
     The automation contract: on a dry run `changed` means "would change" and `dry_run` is true, as
     Ansible's check mode reads it.
     """
+    from vllm_ctxmgr import report
+    from vllm_ctxmgr.change import Result
+
     data = result.to_json()
     data = {"command": result.action, **data, "dry_run": dry_run}
     if dry_run:
@@ -654,6 +724,18 @@ def finish(
 
 
 def log_change(systemd: Systemd, result: ChangeResult) -> None:
+    from vllm_ctxmgr.change import Result
+    from vllm_ctxmgr.systemd.log import Priority, send
+
+    # journald priorities of the results of a change: what an operator's alerting should see
+    result_priority = {
+        Result.APPLIED: Priority.INFO,
+        Result.UNCHANGED: Priority.INFO,
+        Result.DRY_RUN: Priority.DEBUG,
+        Result.INFEASIBLE: Priority.NOTICE,
+        Result.ROLLED_BACK: Priority.WARNING,
+        Result.ROLLBACK_FAILED: Priority.CRIT,
+    }
     before, after = result.previous_max_model_len, result.max_model_len
     message = f"{result.service}: {result.action} {result.result}"
     if result.changed or result.result in (Result.ROLLED_BACK, Result.ROLLBACK_FAILED):
@@ -663,7 +745,7 @@ def log_change(systemd: Systemd, result: ChangeResult) -> None:
     send(
         systemd,
         message,
-        RESULT_PRIORITY.get(result.result, Priority.ERR),
+        result_priority.get(result.result, Priority.ERR),
         service=result.service,
         action=result.action,
         result=result.result,

@@ -15,18 +15,23 @@ import click
 from vllm_ctxmgr import node as node_steps
 from vllm_ctxmgr.cli.common import (
     CONTEXT,
+    PARALLEL,
     SIZE,
     TIMEOUT,
     UTILIZATION,
     VLLM_VERSION,
+    WAIT_LOCK,
     echo,
     emit_json,
     examples,
     handle_errors,
+    refuse_old_rules,
     restarter_for,
 )
+from vllm_ctxmgr.core import nesting
 from vllm_ctxmgr.core.hardware import uniform_gpus
 from vllm_ctxmgr.errors import UsageError, VerifyExit
+from vllm_ctxmgr.files import read_regular
 from vllm_ctxmgr.multinode import (
     DeploymentRequest,
     DeploymentResult,
@@ -91,7 +96,7 @@ def _deployment_options(func: Any) -> Any:
             ),
             click.option(
                 "--gpu-count",
-                type=click.IntRange(1, 1024),
+                type=PARALLEL,
                 default=None,
                 help="GPUs per node (with --gpu-memory).",
             ),
@@ -107,6 +112,12 @@ def _deployment_options(func: Any) -> Any:
                 type=UTILIZATION,
                 default=None,
                 help="Every node's utilisation instead of the planner's choice.",
+            ),
+            click.option(
+                "--wait-lock",
+                type=WAIT_LOCK,
+                default=0.0,
+                help="Time to wait for another run on the deployment (as a service's --wait-lock).",
             ),
             click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
         ]
@@ -140,6 +151,7 @@ def _request(
     allow_long: bool,
     gpu_memory_utilization: float | None,
     as_json: bool,
+    wait_lock: float = 0.0,
 ) -> DeploymentRequest:
     """The request from the flags and the deployment file (the flags win where both say)."""
     data: dict[str, Any] = {}
@@ -149,14 +161,14 @@ def _request(
     node_gpus = {}
     per_host: dict[str, tuple[str, ...]] = {}
     for entry in data.get("node", []):
-        address = NodeAddress(str(entry["host"]), str(entry["service"]))
+        address = NodeAddress.parse(f"{entry['host']}:{entry['service']}", f"{deployment_file}: [[node]]")
         if not nodes:
             addresses.append(address)
         if entry.get("ctxmgr"):
             per_host[address.host] = tuple(entry["ctxmgr"])
         if entry.get("gpus_from"):
             node_gpus[address.host] = gpus_from_file(
-                Path(deployment_file or ".").parent / str(entry["gpus_from"])
+                _beside(Path(deployment_file or "."), entry["gpus_from"])
             )
     if not addresses:
         raise UsageError("name the deployment's nodes: --node HOST:UNIT for each, or --file DEPLOYMENT.toml")
@@ -184,29 +196,44 @@ def _request(
         default_gpus=default_gpus,
         planning=PlanningOptions(weights_bytes, vllm_version, allow_long),
         on_step=say,
+        wait_lock=wait_lock,
     )
+
+
+def _beside(deployment_file: Path, gpus_from: object) -> Path:
+    """A [[node]]'s gpus_from: beside the deployment file (or absolute), never up through `..`."""
+    name = Path(str(gpus_from))
+    if ".." in name.parts:
+        raise UsageError(
+            f"{deployment_file}: gpus_from {str(gpus_from)!r} goes up through '..': name the file beside "
+            "the deployment file, or by its absolute path"
+        )
+    return deployment_file.parent / name
 
 
 def _read_deployment_file(path: Path) -> dict[str, Any]:
     """A small TOML file: name, ssh, remote_ctxmgr, and [[node]] host / service / gpus_from."""
     try:
-        raw = path.read_bytes()[: MAX_DEPLOYMENT_FILE_BYTES + 1]
-    except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_DEPLOYMENT_FILE_BYTES:
-        raise UsageError(f"{path}: larger than {MAX_DEPLOYMENT_FILE_BYTES} bytes; not a deployment file")
+        raw = read_regular(path, MAX_DEPLOYMENT_FILE_BYTES, what="deployment file")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
     try:
         data = tomllib.loads(raw.decode())
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"{path}: not TOML ({exc})") from None
+    except RecursionError:  # tomllib recurses once per level of an inline array or table
+        raise UsageError(f"{path}: nested deeper than a deployment file can be") from None
+    if not nesting.depth_ok(data):
+        raise UsageError(f"{path}: nested deeper than {nesting.MAX_DEPTH} levels; not a deployment file")
     unknown = set(data) - {"name", "ssh", "remote_ctxmgr", "node"}
     if unknown:
         raise UsageError(f"{path}: unknown key {sorted(unknown)[0]!r} (name, ssh, remote_ctxmgr, node)")
     nodes = data.get("node")
     if not isinstance(nodes, list) or not all(
-        isinstance(n, dict) and n.get("host") and n.get("service") for n in nodes
+        isinstance(n, dict) and isinstance(n.get("host"), str) and isinstance(n.get("service"), str)
+        for n in nodes
     ):
-        raise UsageError(f"{path}: expected [[node]] tables, each with host and service")
+        raise UsageError(f"{path}: expected [[node]] tables, each with host and service (strings)")
     for entry in nodes:
         unknown_keys = set(entry) - {"host", "service", "gpus_from", "ctxmgr"}
         if unknown_keys:
@@ -316,6 +343,7 @@ def deployment_set_context_cmd(
     **options: Any,
 ) -> None:
     """Set every node's max_model_len to CONTEXT, restart the deployment as one; roll all back on failure."""
+    refuse_old_rules(options.get("vllm_version"), "deployment set-context")
     request = _request(ctx, context, as_json=as_json, **options)
     request.dry_run, request.force, request.dropin, request.start_timeout = (
         dry_run,
@@ -398,7 +426,8 @@ def deployment_recover_cmd(ctx: click.Context, timeout: float, as_json: bool, **
 @handle_errors
 def deployment_verify_cmd(ctx: click.Context, as_json: bool, **options: Any) -> None:
     """Check every node: the head as `ctxmgr verify` does, each headless rank active with no failure
-    since its start and the head's max_model_len. Exit codes as verify: 0 ok, 1 degraded, 2 failed."""
+    since its start and the head's max_model_len. Exit codes as verify: 0 ok, 1 degraded, 2 failed,
+    70 crashed."""
     request = _request(ctx, 0, as_json=as_json, **options)
     data = verify_deployment(request, ctx.find_root().obj["state_dir"])
     if as_json:

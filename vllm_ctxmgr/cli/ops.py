@@ -89,7 +89,7 @@ def verify_cmd(ctx: click.Context, service: str, long_probe: bool, textfile: str
     \b
     Exit codes of this command (the monitoring-plugin convention): 0 ok, 1 degraded, 2 failed,
     3 unknown (the check could not run: bad arguments, an unknown service), 4 a change on the
-    service holds its lock.
+    service holds its lock, 70 ctxmgr crashed (a bug: no verdict).
     """
 
     if textfile:

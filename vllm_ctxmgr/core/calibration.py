@@ -31,6 +31,7 @@ class Observed:
     estimated_max_model_len: int | None
     requested_at_start: int | None = None  # ceil(total x u) at that start, where its total is known
     origin: str = ""  # whose journal: "" for this service's own store, "node 1" for a headless node's
+    start: Observation | None = None  # the start whose KV budget this is (the plan's confidence names it)
 
     @property
     def source(self) -> str:
@@ -58,6 +59,19 @@ def _applicable(obs: Observation, version: VllmVersion, platform: Platform) -> b
     return obs.platform is None or (obs.platform.upper() == "CPU") == platform.is_cpu
 
 
+def _fits_the_device(obs: Observation, platform: Platform) -> bool:
+    """No start can log more memory than its GPU has: weights, the KV budget and CUDA graphs each
+    (and weights with the KV budget together) within one device's total. A record that says otherwise
+    was not logged by a start (an echo of a client's text, a tampered file) and would move the plan."""
+    total = platform.total_memory_bytes
+    if not total or platform.is_cpu:
+        return True
+    figures = (obs.model_loading_gib, obs.available_kv_gib, obs.cuda_graph_gib, obs.needed_kv_gib)
+    known = [value * GIB for value in figures if value is not None]
+    weights_and_kv = (obs.model_loading_gib or 0.0) + (obs.available_kv_gib or 0.0)
+    return all(value <= total for value in known) and weights_and_kv * GIB <= total
+
+
 def observed_memory(
     observations: Sequence[Observation],
     layout: KVCacheLayout,
@@ -78,6 +92,14 @@ def observed_memory(
         notes.append(
             f"ignored {len(observations) - len(usable)} earlier start(s) of another vLLM version or device"
         )
+    possible = [obs for obs in usable if _fits_the_device(obs, platform)]
+    if len(possible) < len(usable):
+        total = platform.total_memory_bytes or 0
+        notes.append(
+            f"ignored {len(usable) - len(possible)} earlier start(s) whose logged figures exceed the "
+            f"{total / GIB:.2f} GiB of the GPU they were measured on"
+        )
+    usable = possible
     if not usable:
         return None, notes
     with_budget = [
@@ -129,6 +151,7 @@ def observed_memory(
         estimated,
         requested_at_start,
         origin,
+        latest if available is not None else None,
     ), notes
 
 

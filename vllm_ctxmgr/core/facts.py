@@ -403,4 +403,13 @@ def auto_dtype(config_dtype: str | None, *, bfloat16_supported: bool = True) -> 
         return preferred
     if config_dtype == "bfloat16" and not bfloat16_supported:
         return "float16"
+    if config_dtype not in MODEL_FLOAT_DTYPES:
+        # vllm/config/model.py:2444-2465 (0.33.0, _resolve_auto_dtype): a config dtype the platform does
+        # not list in supported_dtypes (bfloat16, float16, float32 on CUDA: platforms/cuda.py:257) -
+        # int8, uint8, fp8 ... - is replaced by the platform's first, its preferred dtype
+        return preferred
     return config_dtype
+
+
+# the dtypes a platform's supported_dtypes can list (vllm/platforms/interface.py:189), with their aliases
+MODEL_FLOAT_DTYPES = ("bfloat16", "float16", "half", "float32", "float")

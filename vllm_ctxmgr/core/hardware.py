@@ -10,6 +10,11 @@ from dataclasses import asdict, dataclass, field
 from vllm_ctxmgr.errors import UsageError
 
 GIB = 1 << 30
+# The most memory one GPU record may hold. The largest GPUs have under 300 GB (B300: 288 GB HBM3e)
+# and a unified-memory one (GH200, GB10, Jetson Thor) reports its system's memory, at most ~1 TiB
+# today: 16 TiB leaves more than ten times that, while a figure beyond it can only be a mistake in a
+# file or a driver's answer, and would make every plan feasible.
+MAX_GPU_BYTES = 16 << 40
 
 
 def gib(n: float | int | None, digits: int = 2) -> str:
@@ -48,6 +53,26 @@ class GpuInfo:
     compute_capability: tuple[int, int] | None = None
     processes: tuple[GpuProcess, ...] = ()
     reserved_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        """The one door every GPU figure passes (NVML, a --gpus-from file, a node's NVML answer, the
+        --gpu-memory flags): a total of 0 or less, or above MAX_GPU_BYTES, is no GPU's; taken as is, 1e24
+        bytes planned any context as feasible at a utilisation of 0.03, and a negative one planned on."""
+        for name in ("total_bytes", "free_bytes", "used_bytes", "reserved_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise UsageError(f"GPU {self.index}: {name} {value!r} is not a whole number of bytes")
+        if not 0 < self.total_bytes <= MAX_GPU_BYTES:
+            raise UsageError(
+                f"GPU {self.index} ({self.name[:60]!r}): a total of {self.total_bytes:,} bytes is no GPU's "
+                f"(a GPU has more than 0 and at most {MAX_GPU_BYTES >> 40} TiB)"
+            )
+        for name in ("free_bytes", "used_bytes", "reserved_bytes"):
+            if not 0 <= getattr(self, name) <= MAX_GPU_BYTES:
+                raise UsageError(
+                    f"GPU {self.index}: {name} {getattr(self, name):,} is not between 0 and "
+                    f"{MAX_GPU_BYTES >> 40} TiB"
+                )
 
 
 @dataclass(frozen=True)
@@ -179,13 +204,24 @@ class Platform:
         return 2048
 
     def default_model_dtype(self, config_dtype: str) -> str:
-        """`--dtype auto`: float32 checkpoints are downcast to the platform's preferred dtype."""
+        """`--dtype auto`: float32 checkpoints are downcast to the platform's preferred dtype, and a dtype
+        the platform cannot run a model in (int8, uint8, fp8 ...) is replaced by it, as
+        vllm/config/model.py:2423-2465 (0.33.0, _resolve_auto_dtype) does; the `auto` KV cache follows."""
         preferred = "bfloat16" if self.is_cpu or self.capability_major >= 8 else "float16"
-        if config_dtype == "float32":
+        if config_dtype in ("float32", "float") or config_dtype not in ("bfloat16", "float16", "half"):
             return preferred
         if config_dtype == "bfloat16" and preferred != "bfloat16":
             return preferred
         return config_dtype
+
+
+def known_gpu_names() -> list[str]:
+    """The GPU models whose compute capability ctxmgr knows by name, as an operator would write them."""
+
+    def spelt(needle: str) -> str:
+        return " ".join(w.title() if w in ("blackwell", "ada") else w.upper() for w in needle.split())
+
+    return [spelt(needle) for needle, _ in _CAPABILITY_BY_NAME]
 
 
 def capability_for_name(name: str) -> tuple[int, int] | None:

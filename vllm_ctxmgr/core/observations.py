@@ -40,6 +40,9 @@ class Observation:
     total_memory_gib: float | None = None
     num_gpu_blocks: int | None = None  # exact, from /metrics vllm:cache_config_info
     gpu_name: str | None = None  # the device it ran on ("NVIDIA H200", "CPU"): observations do not travel
+    # when the start was recorded (its record's `time`, set by ObservationRecord.planned): a plan says
+    # which start calibrated it and how old that is; stored as the record's `time`, not twice
+    started_at: float | None = None
 
 
 class ObservationError(UsageError):
@@ -64,6 +67,7 @@ LIMITS: dict[str, float] = {
     "configured_kv_cache_memory_bytes": 1 << 50,
     "max_concurrency": 1 << 32,
     "time": 4102444800.0,  # 2100-01-01
+    "started_at": 4102444800.0,
 }
 _SHARES_THE_GPU = ("model_loading_gib", "available_kv_gib", "cuda_graph_gib")
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
@@ -97,6 +101,7 @@ class ObservationRecord:
     def to_json(self) -> dict[str, Any]:
         """The flat line the store writes."""
         data = asdict(self.observation)
+        del data["started_at"]  # the record's own `time`
         data.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "observation"})
         return data
 
@@ -123,6 +128,7 @@ class ObservationRecord:
         obs = self.observation
         return replace(
             obs,
+            started_at=self.time,
             gpu_memory_utilization=(
                 obs.gpu_memory_utilization
                 if obs.gpu_memory_utilization is not None

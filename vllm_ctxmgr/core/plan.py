@@ -72,6 +72,7 @@ from vllm_ctxmgr.core.budget import (
     requested_bytes,
 )
 from vllm_ctxmgr.core.calibration import NodeObservation, Observed, node_observed, observed_memory
+from vllm_ctxmgr.core.confidence import Confidence, plan_confidence
 from vllm_ctxmgr.core.deployment import (
     NamedFlag,
     gpu_weights,
@@ -89,7 +90,14 @@ from vllm_ctxmgr.core.memory import NonKvMemory, margin_widening, non_kv_memory,
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA, FigureRecord, PlanRecord, VllmRuleRecord
 from vllm_ctxmgr.core.serve_args import ServeArgs, multi_node_flag
-from vllm_ctxmgr.core.vllm_versions import NEWEST_VLLM, VllmVersion, known_version, rule, rules_in_force
+from vllm_ctxmgr.core.vllm_versions import (
+    NEWEST_VLLM,
+    VllmVersion,
+    known_version,
+    not_modelled_before_oldest,
+    rule,
+    rules_in_force,
+)
 from vllm_ctxmgr.errors import UsageError
 
 DEFAULT_MAX_GPU_MEMORY_UTILIZATION = 0.95
@@ -139,6 +147,8 @@ class PlanOptions:
     service_pids: tuple[int, ...] = ()  # this service's processes: their memory is freed by the restart
     # the operator's own --gpu-memory-utilization: check it (vLLM's checks, no margin) instead of choosing
     fixed_gpu_memory_utilization: float | None = None
+    # whose the fixed utilisation is, in the verdict: "chosen" (the operator's), "the unit's" (kept)
+    fixed_gpu_memory_utilization_is: str = "the chosen"
     platform: Platform | None = None
     cpu: bool = False
     # size for this many requests of the full context at once: the KV need is N x blocks per request
@@ -252,6 +262,12 @@ class Plan:
     concurrency: int = 1  # requests of max_model_len the KV need was sized for
     capacity: tuple[KVCapacity, ...] = ()  # per engine; empty where the KV budget is not known
     not_modelled: tuple[NamedFlag, ...] = ()  # the unit's flags that change GPU memory, not counted
+    # the least utilisation that holds the target with the margin (None: none does, or not searched);
+    # gpu_memory_utilization is the one the plan runs at, the unit's own where set-context keeps it
+    least_gpu_memory_utilization: float | None = None
+    # what sets max_context: "model" (the derived maximum), "target" (no maximum known), "memory"
+    max_context_limit: str = "memory"
+    confidence: Confidence | None = None  # calibrated from a start, or estimated, with its error band
 
     @property
     def result(self) -> str:
@@ -294,7 +310,10 @@ class Plan:
             "memory": self.verdict,
             "max_model_len": self.max_model_len,
             "gpu_memory_utilization": self.gpu_memory_utilization,
+            "least_gpu_memory_utilization": self.least_gpu_memory_utilization,
             "max_context": self.max_context,
+            "max_context_limit": self.max_context_limit,
+            "confidence": self.confidence.to_json() if self.confidence else None,
             "kv_bytes_per_gpu": self.kv_bytes_per_gpu,
             "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
             "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
@@ -553,6 +572,7 @@ class _Outcome:
     lines: tuple[GpuMemory, ...]
     kv_cache_memory_bytes: int | None  # the explicit KV budget the plan sets (or keeps)
     budget: int | None = None  # the KV budget when there are no GPU lines (explicit or logged)
+    least: float | None = None  # the least utilisation that holds the target with the margin
 
 
 def _stage_min(gpus: list[_Gpu], layout: KVCacheLayout, value: Callable[[_Gpu], int]) -> list[int]:
@@ -697,21 +717,25 @@ def _evaluate(
     if fixed is not None:
         fits_kv = all(g.budget(fixed) >= need_by_stage[g.stage] for g in gpus)
         fits_memory = fixed <= min(g.max_utilization() for g in gpus) + 1e-9
+        whose = options.fixed_gpu_memory_utilization_is
         if fits_kv and fits_memory:
-            verdict = f"fits at the chosen gpu_memory_utilization {fixed:.2f}"
+            verdict = f"fits at {whose} gpu_memory_utilization {fixed:.2f}"
         elif not fits_memory:
             verdict = (
                 f"does not fit: the free memory allows gpu_memory_utilization {u_limit:.2f}, not {fixed:.2f}"
             )
         else:
-            verdict = f"does not fit: the KV budget at gpu_memory_utilization {fixed:.2f} is too small"
+            verdict = (
+                f"does not fit: the KV budget at {whose} gpu_memory_utilization {fixed:.2f} is too small"
+            )
         lines = tuple(
             _line(
                 g, layout, target, g.requested(fixed), g.budget(fixed), budget_source(g), g.margin, requests
             )
             for g in gpus
         )
-        return _Outcome(fits_kv and fits_memory, verdict, fixed, max_context, lines, None)
+        least = u_needed if u_needed is not None and u_needed <= u_limit + 1e-9 else None
+        return _Outcome(fits_kv and fits_memory, verdict, fixed, max_context, lines, None, least=least)
 
     feasible = u_needed is not None and u_needed <= u_limit + 1e-9
     u = u_needed if feasible else u_limit
@@ -726,12 +750,32 @@ def _evaluate(
     elif u_needed is not None:
         verdict = f"does not fit: needs gpu_memory_utilization {u_needed:.2f}, above the cap {cap:.2f}"
     else:
-        verdict = "does not fit: even the whole GPU is too small"
+        verdict = _too_small(gpus, need)
     lines = tuple(
         _line(g, layout, target, g.requested(u), g.budget(u), budget_source(g), g.margin, requests)
         for g in gpus
     )
-    return _Outcome(feasible, verdict, u, max_context, lines, None)
+    return _Outcome(feasible, verdict, u, max_context, lines, None, least=u if feasible else None)
+
+
+def _too_small(gpus: list[_Gpu], need: Callable[[_Gpu], int]) -> str:
+    """Why no utilisation holds the target, naming the term that does not fit: the weights alone where
+    they exceed the memory free at start, else the sum of the terms on the tightest GPU."""
+    heavy = max(gpus, key=lambda g: (g.weights.bytes or 0) - g.free_at_start)
+    weights = heavy.weights.bytes or 0
+    if weights > heavy.free_at_start:
+        return (
+            f"does not fit: the weights alone take {weights / GIB:.2f} GiB per GPU, more than the "
+            f"{heavy.free_at_start / GIB:.2f} GiB free on GPU {heavy.info.index} "
+            f"({heavy.total / GIB:.2f} GiB total)"
+        )
+    tight = max(gpus, key=lambda g: g.non_kv() + need(g) - g.total)
+    other = tight.non_kv() - (tight.weights.bytes or 0)
+    return (
+        f"does not fit: even the whole GPU is too small: weights {(tight.weights.bytes or 0) / GIB:.2f} GiB "
+        f"+ other non-KV {other / GIB:.2f} GiB + KV needed with margin {need(tight) / GIB:.2f} GiB is "
+        f"more than GPU {tight.info.index}'s {tight.total / GIB:.2f} GiB"
+    )
 
 
 def _evaluate_explicit(
@@ -927,6 +971,10 @@ def make_plan(
     _, unknown_version = known_version(version)  # rule() itself answers with the nearest release's row
     if unknown_version:
         warnings.append(unknown_version)
+    warnings.extend(
+        f"not modelled for vLLM {'.'.join(map(str, version))}: {term}"
+        for term in not_modelled_before_oldest(version)
+    )
 
     base_layout = kv_cache_layout(
         facts, _scheduled(facts, args, platform, version, target), platform, version
@@ -1044,7 +1092,28 @@ def make_plan(
         warnings=tuple(dict.fromkeys(warnings)),
         notes=tuple(dict.fromkeys(notes + list(layout.notes))),
         not_modelled=tuple(named),
+        least_gpu_memory_utilization=outcome.least if not refused else None,
+        max_context_limit=_context_limit(outcome.max_context, derived, target, options.allow_long),
+        confidence=_confidence(outcome, observed),
     )
+
+
+def _confidence(outcome: _Outcome, observed: Observed | None) -> Confidence:
+    """calibrated / estimated / exact, from the budgets the plan used (core/confidence.py)."""
+    if not outcome.lines and outcome.budget is None:
+        return Confidence("unknown", "no memory information")
+    explicit = outcome.kv_cache_memory_bytes is not None
+    return plan_confidence([line.kv_budget.source for line in outcome.lines], observed, explicit)
+
+
+def _context_limit(max_context: int, derived: int | None, target: int, allow_long: bool) -> str:
+    """What sets the largest context that fits: the model's derived maximum, the target (no maximum is
+    known, or a long context is allowed: nothing above the target is searched), or the memory."""
+    if derived is not None and not allow_long and max_context >= derived:
+        return "model"
+    if (derived is None or allow_long) and max_context >= max(target, derived or 0):
+        return "target"
+    return "memory"
 
 
 _ESTIMATED_FIGURES = ("activation_peak", "non_torch", "cuda_graphs", "startup_overhead")

@@ -61,7 +61,10 @@ class PlanRecord(TypedDict):
     memory: str
     max_model_len: int
     gpu_memory_utilization: float | None
+    least_gpu_memory_utilization: float | None  # the least that holds the target with the margin
     max_context: int
+    max_context_limit: str  # model | target | memory: what sets max_context
+    confidence: dict[str, Any] | None  # core.confidence.Confidence.to_json()
     kv_bytes_per_gpu: int
     kv_bytes_per_token_per_gpu: int
     kv_cache_memory_bytes: int | None

@@ -13,6 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vllm_ctxmgr.core import nesting
+from vllm_ctxmgr.core.bounds import (
+    BLOCK_SIZES,
+    MAX_BYTES,
+    MAX_CONTEXT,
+    MAX_COUNT,
+    MAX_PARALLEL,
+    block_size_ok,
+)
+from vllm_ctxmgr.core.nesting import MAX_DEPTH, TooDeep
 from vllm_ctxmgr.core.vllm_flags import canonical_name
 from vllm_ctxmgr.core.vllm_flags import flag as vllm_flag
 from vllm_ctxmgr.errors import UsageError
@@ -130,7 +140,9 @@ _BOOLEAN_FLAGS = {
 _LIST_FLAGS = {"--served-model-name", "--api-key"}
 
 
-def split_flags(args: list[str]) -> tuple[list[str], dict[str, str | bool]]:
+def split_flags(
+    args: list[str], refusals: list[str] | None = None
+) -> tuple[list[str], dict[str, str | bool]]:
     """(positionals, {canonical flag: value}) from vLLM arguments, read as vLLM 0.33's parser reads them.
 
     Later flags win like argparse. A flag vLLM has takes its value by its kind in vLLM's table
@@ -139,14 +151,22 @@ def split_flags(args: list[str]) -> tuple[list[str], dict[str, str | bool]]:
     one (`--hf-token`) takes the next word unless it is a flag. The dotted form `--x.key value` (and
     `--x.key=value`, `--x.key+ a,b`) is merged per flag into one JSON object that replaces any
     `--x '{json}'`, as FlexibleArgumentParser.parse_args appends it after every other word; `-O3`
-    is `--optimization-level 3`. An unknown flag takes the next word unless that word is a flag."""
+    is `--optimization-level 3`. An unknown flag takes the next word unless that word is a flag.
+
+    What argparse refuses goes to `refusals` in its words: a flag that takes a value followed by another
+    flag or by nothing ("argument --max-model-len: expected one argument"), and positionals (a word no
+    flag takes, every word after `--`) beyond the one model positional `vllm serve` has."""
 
     positionals: list[str] = []
     flags: dict[str, str | bool] = {}
     dotted: dict[str, dict[str, Any]] = {}
+    problems: list[str] = [] if refusals is None else refusals
     i = 0
     while i < len(args):
         word = args[i]
+        if word == "--":  # argparse: every later word is a positional
+            positionals += args[i + 1 :]
+            break
         if word.startswith("-O") and not word.startswith("--") and word != "-O":
             flags["--optimization-level"] = word[3:] if word[2:3] == "=" else word[2:]
         elif word.startswith("-") and len(word) > 1 and not _is_number(word):
@@ -161,7 +181,10 @@ def split_flags(args: list[str]) -> tuple[list[str], dict[str, str | bool]]:
                     i += 1
                 else:
                     value_text = ""
-                _merge_dotted(dotted, name, value_text)
+                try:
+                    _merge_dotted(dotted, name, value_text)
+                except TooDeep as exc:
+                    raise UsageError(f"argument {name.split('.', 1)[0]}: {exc}{_DEEP}") from None
             elif "=" in word:
                 flags[name] = word.split("=", 1)[1]
             elif name.startswith("--no-") and (kind in (None, "bool") or name in _BOOLEAN_FLAGS):
@@ -170,8 +193,11 @@ def split_flags(args: list[str]) -> tuple[list[str], dict[str, str | bool]]:
                 kind in ("bool", "switch")
                 or name in _BOOLEAN_FLAGS
                 or i + 1 >= len(args)
-                or (args[i + 1].startswith("-") and not _is_number(args[i + 1]))
+                or not takes_as_value(args[i + 1])
             ):
+                if kind in ("value", "json", "list") and name not in _BOOLEAN_FLAGS:
+                    needs = "at least one argument" if kind == "list" else "one argument"
+                    problems.append(f"argument {name}: expected {needs}")
                 flags[name] = True
             else:
                 flags[name] = args[i + 1]
@@ -185,21 +211,30 @@ def split_flags(args: list[str]) -> tuple[list[str], dict[str, str | bool]]:
         else:
             positionals.append(word)
         i += 1
+    if len(positionals) > 1:  # `vllm serve` has one positional, the model
+        problems.append(f"unrecognized arguments: {' '.join(positionals[1:])[:80]}")
     for name, value in dotted.items():
         flags[name] = json.dumps(value)
     return positionals, flags
+
+
+_DEEP = " (ctxmgr reads a flag's JSON no deeper; vLLM's own configs nest a few levels)"
 
 
 def _merge_dotted(dotted: dict[str, dict[str, Any]], name: str, value_text: str) -> None:
     """FlexibleArgumentParser's dotted key: JSON, else a human-readable int (`80g`), else the text;
     `key+` splits a comma list; keys nest by their dots and later keys win."""
     head, *keys = name.split(".")
+    if len(keys) >= MAX_DEPTH:
+        raise TooDeep()
     if keys and keys[-1].endswith("+"):
         keys[-1] = keys[-1][:-1]
         value_text = json.dumps(value_text.split(","))
     value: Any
     try:
-        value = json.loads(value_text)
+        value = nesting.loads(value_text, MAX_DEPTH - len(keys))
+    except TooDeep:
+        raise
     except ValueError:
         try:
             value = human_readable_int(value_text)
@@ -213,6 +248,12 @@ def _merge_dotted(dotted: dict[str, dict[str, Any]], name: str, value_text: str)
         target = nested
     if keys:
         target[keys[-1]] = value
+
+
+def takes_as_value(word: str) -> bool:
+    """Whether argparse gives this word to the flag before it: not an option string ("--" included),
+    or a negative number (vLLM has no option that looks like one)."""
+    return not word.startswith("-") or _is_number(word)
 
 
 def _is_number(word: str) -> bool:
@@ -297,7 +338,13 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
     Long because it is one table-like read of every flag ServeArgs holds, each converted as vLLM's argparse
     converts it."""
 
-    positionals, flags = split_flags(args)
+    refusals: list[str] = []
+    positionals, flags = split_flags(args, refusals)
+    for name, value in flags.items():
+        problem = flag_value_problem(name, value) if name in CHECKED_CONFIG_FLAGS else None
+        if problem and isinstance(value, str):
+            shown = value if len(value) <= 40 else value[:40] + "..."
+            raise UsageError(f"{name} {shown!r}: {problem} (as ctxmgr's own {name} takes it)")
     model = flags.get("--model")
     if positionals:
         model = positionals[0]  # `vllm serve MODEL` (the positional wins, as in vLLM's serve command)
@@ -321,15 +368,15 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
         value = flags.get(on)
         return value if isinstance(value, bool) else None
 
-    refusals: list[str] = []
-
     def json_flag(name: str, label: str) -> dict[str, Any] | None:
         """A JSON-valued flag as vLLM's type parses it (engine/arg_utils.py parse_type: json.loads)."""
         value = flags.get(name)
         if not isinstance(value, str) or value in ("", "None"):
             return None
         try:
-            parsed = json.loads(value)
+            parsed = nesting.loads(value)
+        except TooDeep as exc:
+            raise UsageError(f"argument {label}: {exc}{_DEEP}") from None
         except ValueError:
             refusals.append(
                 f"argument {label}: Value {value} cannot be converted to json.loads "
@@ -369,11 +416,14 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
     num_spec = 0
     try:
         num_spec = int(speculative.get("num_speculative_tokens") or 0)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # 1e400 is JSON's inf
         refusals.append(
             f"speculative num_speculative_tokens {speculative.get('num_speculative_tokens')!r} "
             "is not an integer (vLLM's config refuses it)"
         )
+    if not 0 <= num_spec <= MAX_COUNT:
+        refusals.append(f"speculative num_speculative_tokens {num_spec}: ctxmgr reads 0 to {MAX_COUNT:,}")
+        num_spec = 0
     method, spec_model = speculative_method(speculative, refusals)
     hf_overrides = json_flag("--hf-overrides", "--hf-overrides")
     for legacy, key in (("--rope-scaling", "rope_scaling"), ("--rope-theta", "rope_theta")):
@@ -558,10 +608,17 @@ def config_file_flags(config: object, source: str) -> list[str]:
 # a vLLM flag's name as a YAML key: letters, digits, `-`, `_` and `.` (vLLM's dotted sub-keys), no
 # leading dash (load_config_file adds `--`), nothing a shell or argparse would read otherwise
 _FLAG_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-_BLOCK_SIZES = "vLLM's block sizes are 1, 8 or a multiple of 16 up to 4096"
-_MAX_COUNT = 1 << 24
-_MAX_BYTES = 1 << 50
-_MAX_CONTEXT = 1 << 32
+# The bounds of every size flag ctxmgr reads, whichever door it comes through: its own CLI options
+# (cli/common.py builds its click types from these), a unit's ExecStart and vLLM's --config YAML. A
+# size far beyond any machine (`-pp 100000000`) is refused before it drives a loop or an allocation.
+PARALLEL_FLAGS = (
+    "--tensor-parallel-size", "--pipeline-parallel-size", "--decode-context-parallel-size",
+    "--data-parallel-size", "--data-parallel-size-local", "--prefill-context-parallel-size",
+)  # fmt: skip
+COUNT_FLAGS = (
+    "--max-num-seqs", "--max-num-batched-tokens", "--num-gpu-blocks-override", "--max-loras",
+    "--max-lora-rank", "--long-prefill-token-threshold", "--max-num-active-seqs",
+)  # fmt: skip
 
 
 def _whole(value: object) -> int | None:
@@ -574,20 +631,20 @@ def _whole(value: object) -> int | None:
         return None
 
 
-# The flags whose YAML value ctxmgr checks as its own CLI options would (the ones it read before the
-# flag table; a flag that takes a mapping, like --hf-overrides, is not among them)
+# The flags whose value ctxmgr checks as its own CLI options would, in a unit and in a YAML file (a
+# flag that takes a mapping, like --hf-overrides, is not among them)
 CHECKED_CONFIG_FLAGS = frozenset(
     {
-        "--tensor-parallel-size", "--pipeline-parallel-size", "--decode-context-parallel-size",
-        "--data-parallel-size", "--kv-cache-dtype", "--dtype", "--block-size", "--max-num-batched-tokens",
-        "--max-num-seqs", "--max-model-len", "--gpu-memory-utilization", "--kv-cache-memory-bytes",
-        "--speculative-config", "--served-model-name", "--quantization",
+        *PARALLEL_FLAGS, *COUNT_FLAGS, "--kv-cache-dtype", "--dtype", "--block-size", "--max-model-len",
+        "--gpu-memory-utilization", "--kv-cache-memory-bytes", "--speculative-config",
+        "--served-model-name", "--quantization",
     }
 )  # fmt: skip
 
 
-def _config_value_problem(flag: str, value: object) -> str | None:
-    """Why ctxmgr's CLI door would refuse this value of a flag it reads (its click types), or None."""
+def flag_value_problem(flag: str, value: object) -> str | None:
+    """Why ctxmgr's CLI door would refuse this value of a flag it reads (its click types), or None:
+    the one place the bounds of a size flag are checked, for the CLI, a unit and a YAML file alike."""
     if isinstance(value, list) and flag != "--served-model-name":
         return "a list where vLLM takes one value"
     if isinstance(value, dict) and flag != "--speculative-config":
@@ -596,35 +653,35 @@ def _config_value_problem(flag: str, value: object) -> str | None:
         return None
     if flag == "--block-size":
         number = _whole(value)
-        if number is None or (number not in (1, 8) and not (0 < number <= 4096 and number % 16 == 0)):
-            return _BLOCK_SIZES
-    elif flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--decode-context-parallel-size",
-                  "--data-parallel-size"):  # fmt: skip
+        if number is None or not block_size_ok(number):
+            return BLOCK_SIZES
+    elif flag in PARALLEL_FLAGS:
         number = _whole(value)
-        if number is None or not 1 <= number <= 1024:
-            return "must be a whole number from 1 to 1024"
-    elif flag in ("--max-num-seqs", "--max-num-batched-tokens"):
+        if number is None or not 1 <= number <= MAX_PARALLEL:
+            return f"must be a whole number from 1 to {MAX_PARALLEL}"
+    elif flag in COUNT_FLAGS:
         try:
             number = human_readable_int(str(value))
         except UsageError:
             number = 0
-        if not 1 <= number <= _MAX_COUNT:
-            return f"must be a whole number from 1 to {_MAX_COUNT:,}"
+        if not 1 <= number <= MAX_COUNT:
+            return f"must be a whole number from 1 to {MAX_COUNT:,}"
     elif flag == "--max-model-len":
         try:
             number = human_readable_int(str(value), allow_auto=True)
         except UsageError:
             number = 0
-        if number != -1 and not 0 < number <= _MAX_CONTEXT:
-            return "must be a positive context length (or auto / -1)"
+        if number != -1 and not 0 < number <= MAX_CONTEXT:
+            return f"must be a positive context length of at most {MAX_CONTEXT:,} tokens (or auto / -1)"
     elif flag == "--kv-cache-memory-bytes":
         try:
             number = human_readable_int(str(value))
         except UsageError:
             number = 0
-        if not 0 < number <= _MAX_BYTES:
+        if not 0 < number <= MAX_BYTES:
             return "must be a positive number of bytes, at most 1 PiB"
     elif flag == "--gpu-memory-utilization":
+        # config/cache.py gpu_memory_utilization: Field(gt=0, le=1), which nan and inf fail
         try:
             fraction = float(str(value))
         except ValueError:
@@ -644,7 +701,7 @@ def check_config_values(config: dict[object, object], source: str) -> None:
             raise UsageError(f"{source}: {shown!r} is not a vLLM flag name (vLLM refuses to start)")
         flag = canonical_flag("--" + key.replace("_", "-"))
         if flag in CHECKED_CONFIG_FLAGS:
-            problem = _config_value_problem(flag, value)
+            problem = flag_value_problem(flag, value)
             if problem:
                 raise UsageError(f"{source}: {key}: {problem}")
 

@@ -504,10 +504,36 @@ def known_version(version: VllmVersion) -> tuple[VllmVersion, str | None]:
     return version, None
 
 
+# The V1 engine is the default from 0.8.0; before it, and wherever VLLM_USE_V1=0 ran V0 up to 0.10,
+# V0's worker sized memory its own way. The KV rules of 0.10 plan public V0-era starts within 0.1%;
+# what they do not model for such a release is said with every plan of it.
+V1_DEFAULT_SINCE: VllmVersion = (0, 8, 0)
+
+
+def not_modelled_before_oldest(version: VllmVersion) -> list[str]:
+    """The memory terms the oldest known rules do not model for a release older than OLDEST_VLLM."""
+    version = tuple(version)
+    if version >= OLDEST_VLLM:
+        return []
+    terms = [
+        "the activation peak: V0's profile run (worker.profile_run) ran max_num_batched_tokens tokens, "
+        "which with chunked prefill off is max(max_model_len, 2048): its peak grows with the context, "
+        "where 0.10's V1 profile run is sized by max_num_batched_tokens alone",
+    ]
+    if version < V1_DEFAULT_SINCE:
+        terms.append(
+            "the V0 engine itself (the default before 0.8.0): its block manager, sampler warm-up and CUDA "
+            "graph capture are planned as 0.10's V1 engine does them"
+        )
+    return terms
+
+
 def rules_line(version: VllmVersion) -> str:
     """One line for a plan's text: the version planned and the rules in which it differs from the newest."""
     rows = non_default_rules(version)
     name = ".".join(map(str, version))
+    if tuple(version) < OLDEST_VLLM:  # planned by the oldest release's rules: say whose
+        name = f"{name} (older than any known: planned by {'.'.join(map(str, OLDEST_VLLM))}'s)"
     if not rows:
         return f"vLLM {name} rules: as {'.'.join(map(str, NEWEST_VLLM))} (newest known)"
     parts = ", ".join(f"{row.name}={_short(row.value)} (since {_dotted(row.since)})" for row in rows)

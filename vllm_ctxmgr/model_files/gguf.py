@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import itertools
 import math
 import mmap
 import os
@@ -121,6 +122,12 @@ MAX_GGUF_DIMS = 8  # ggml has 4
 # 440 kept UINT16[65536] arrays in a 58 MB file took 1.18 GiB. Past this, arrays are stepped over
 # (SkippedArray); the keys read here are per-layer arrays of at most MAX_LAYERS items.
 MAX_GGUF_KEPT_ITEMS = 1 << 20
+# Work, not only bytes: every array item read one by one in Python (a string stepped over or decoded,
+# an array inside an array) over one header. A real header's largest are the vocabulary and merges
+# (~1M strings together for a 262k vocabulary); llama.cpp writes no arrays of arrays, so a few of
+# those are plenty, where 4M empty ones in a 49 MB file took 16 s to walk.
+MAX_GGUF_VISITED = 1 << 23
+MAX_GGUF_NESTED_ITEMS = 1 << 16
 
 
 @functools.cache
@@ -192,6 +199,19 @@ class _Cursor:
         self.size = len(buffer)
         self.decoded = 0  # string bytes decoded so far, bounded by MAX_GGUF_DECODED
         self.kept = 0  # array items decoded so far, bounded by MAX_GGUF_KEPT_ITEMS
+        self.visited = 0  # array items walked one by one, bounded by MAX_GGUF_VISITED
+        self.nested = 0  # arrays inside arrays walked, bounded by MAX_GGUF_NESTED_ITEMS
+
+    def visit(self, count: int, *, nested: bool = False) -> None:
+        """Count COUNT items about to be walked one by one; refuse past the header's bound of work."""
+        self.visited += count
+        self.nested += count if nested else 0
+        if self.visited > MAX_GGUF_VISITED or self.nested > MAX_GGUF_NESTED_ITEMS:
+            what = "arrays inside arrays" if self.nested > MAX_GGUF_NESTED_ITEMS else "array items"
+            limit = MAX_GGUF_NESTED_ITEMS if self.nested > MAX_GGUF_NESTED_ITEMS else MAX_GGUF_VISITED
+            raise ModelFactsError(
+                f"{self.path}: GGUF header of more than {limit} {what} (at byte {self.offset})"
+            )
 
     def unpack(self, fmt: str) -> tuple[Any, ...]:
         try:
@@ -220,6 +240,7 @@ class _Cursor:
     def skip_strings(self, count: int) -> None:
         """Step over COUNT strings (a 150k-token vocabulary) without decoding them."""
         self.check_count(count, 8)
+        self.visit(count)
         unpack = struct.Struct(self.endian + "Q").unpack_from
         buffer, offset = self.buffer, self.offset
         try:
@@ -267,10 +288,12 @@ def _read_value(cursor: _Cursor, value_type: int, depth: int = 0, *, keep: bool 
                 cursor.skip_strings(count)
                 return SkippedArray(count)
             cursor.kept += count
+            cursor.visit(count)
             return [cursor.string() for _ in range(count)]
         if count > _KEEP_STRING_ARRAYS_UP_TO:
             raise ModelFactsError(f"{cursor.path}: GGUF array of {count} arrays at byte {cursor.offset}")
         cursor.check_count(count, 12)
+        cursor.visit(count, nested=True)
         if not keep:
             for _ in range(count):
                 _read_value(cursor, item_type, depth + 1, keep=False)
@@ -348,6 +371,15 @@ def _parse_gguf(buffer: mmap.mmap, path: Path, file_size: int, constants: Module
     ):
         raise ModelFactsError(f"{path}: general.alignment is {alignment!r}, expected a power of two")
     data_start = -(-cursor.offset // alignment) * alignment
+    # as safetensors.py refuses them: summed, overlapping tensors count the same bytes twice (a header
+    # naming 256,000 bytes of weights in an 89,600-byte file); llama.cpp's gguf.cpp lays each tensor
+    # after the one before, so no GGUF it writes or reads has them
+    ranges = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors)
+    for (_, end, name), (begin, _, other) in itertools.pairwise(ranges):
+        if begin < end:
+            raise ModelFactsError(
+                f"{path}: malformed GGUF header (tensors {name[:60]!r} and {other[:60]!r} overlap)"
+            )
     data_end = data_start + max((t.offset + t.nbytes for t in tensors), default=0)
     if data_end > file_size:
         raise ModelFactsError(
@@ -424,6 +456,19 @@ def check_gguf_values(meta: dict[str, Any], arch: str, label: str) -> None:
                 raise ModelFactsError(
                     f"{label}: {key} is {_shown(value)}, expected an integer in {low}..{high}"
                 )
+    blocks = meta.get(gguf_key("block_count").format(arch=arch))
+    nextn = meta.get(gguf_key("nextn_predict_layers").format(arch=arch))
+    lengths = {blocks, blocks - nextn} if isinstance(blocks, int) and isinstance(nextn, int) else {blocks}
+    for name in sorted(PER_LAYER_KEYS):
+        key = gguf_key(name).format(arch=arch)
+        value = meta.get(key)
+        # llama.cpp's llama_model_loader::get_key_or_arr refuses a per-layer array whose length is not
+        # its layer count ("wrong array length": block_count, or block_count less the nextn layers
+        # for some architectures); read shorter, a layer would have no value here
+        if isinstance(value, list) and isinstance(blocks, int) and len(value) not in lengths:
+            raise ModelFactsError(
+                f"{label}: {key} has {len(value)} per-layer values, expected {blocks} (block_count)"
+            )
     key = gguf_key("rope.scaling.factor").format(arch=arch)
     factor = meta.get(key)
     if factor is not None and (

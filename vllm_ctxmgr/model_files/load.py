@@ -8,7 +8,6 @@ from typing import Any
 from vllm_ctxmgr.core.facts import ModelFacts
 from vllm_ctxmgr.errors import ModelFactsError
 from vllm_ctxmgr.model_files.expert_weights import expert_weight_bytes
-from vllm_ctxmgr.model_files.gguf import load_gguf_facts
 from vllm_ctxmgr.model_files.hf import load_hf_facts
 from vllm_ctxmgr.model_files.hf_cache import HF_REPO_ID, hf_cache_snapshot
 
@@ -27,6 +26,8 @@ def load_model_facts(
     if path.is_file():
         if path.name == "config.json":
             return load_hf_facts(path.parent, source=model, hf_overrides=hf_overrides)
+        from vllm_ctxmgr.model_files.gguf import load_gguf_facts  # a GGUF's reader only for a GGUF
+
         return load_gguf_facts(path, source=model)
     if path.exists():  # a FIFO, a device, a socket: never opened
         raise ModelFactsError(f"{model}: not a regular file or a directory")

@@ -17,10 +17,20 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 from vllm_ctxmgr.errors import SystemdError
+from vllm_ctxmgr.systemd.features import (
+    ANALYZE,
+    RECURSIVE_ERRORS_NO,
+    SYSTEMCTL,
+    TIMESTAMP_UNIX,
+    TIMESTAMP_US_UTC,
+    parse_version,
+    use,
+)
 from vllm_ctxmgr.systemd.journal import (
     JournalEntry,
     JournalFollower,
@@ -153,6 +163,8 @@ class Systemd:
     unit_dir: Path = SYSTEM_UNIT_DIR  # systemd's view; ctxmgr writes to host_path(unit_dir)
     user: bool = False
     timeout_s: float = DEFAULT_TIMEOUT_S
+    # the manager's release, read once (see `version`); None until then
+    _version: int | None = field(default=None, repr=False, compare=False)
 
     # -- constructors ---------------------------------------------------------------------------------
 
@@ -211,7 +223,13 @@ class Systemd:
         return [*self.wrapper, tool, *scope, *args]
 
     def _run(
-        self, tool: str, *args: str, check: bool = True, timeout: float | None = None, what: str = ""
+        self,
+        tool: str,
+        *args: str,
+        check: bool = True,
+        timeout: float | None = None,
+        what: str = "",
+        env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         argv = self.command(tool, *args)
         label = what or " ".join([tool, *args])
@@ -221,7 +239,7 @@ class Systemd:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=tool_env(),
+                env={**tool_env(), **(env or {})},
                 start_new_session=True,
             )
         except FileNotFoundError as exc:
@@ -242,6 +260,39 @@ class Systemd:
     def systemctl(self, *args: str, check: bool = True, timeout: float | None = None) -> str:
         label = " ".join(["systemctl", *args])
         return self._run("systemctl", "--no-pager", *args, check=check, timeout=timeout, what=label).stdout
+
+    # -- the manager's release ------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """The manager's systemd release (247, 252, ...), from its own Version property, read once: the
+        features above systemd 247 (features.USES) are used only where it has them. The tools run in the
+        manager's namespaces (`wrapper`), so they are its release too."""
+        if self._version is None:
+            done = self._run("systemctl", "--no-pager", "show", "-p", "Version", what="systemctl show")
+            text = done.stdout.strip().partition("=")[2]
+            number = parse_version(text)
+            if number is None:
+                raise SystemdError(f"systemctl show -p Version: not a systemd release: {text!r}")
+            self._version = number
+        return self._version
+
+    def has(self, kind: str, name: str) -> bool:
+        """Whether this manager has an inventoried feature (features.USES): its release is at least
+        the one that introduced it."""
+        since = use(kind, name).since
+        return since is None or self.version >= since
+
+    def show_times(self, unit: str, *props: str) -> dict[str, str]:
+        """`systemctl show` of properties that hold timestamps, in a form parse_timestamp reads: Unix
+        seconds where the manager has --timestamp=unix (251) and applies it, else (247, and `show`
+        of 252, which ignores --timestamp) the date, in UTC since TZ=UTC."""
+        style = TIMESTAMP_UNIX if self.has(SYSTEMCTL, TIMESTAMP_UNIX) else TIMESTAMP_US_UTC
+        out = self._run(
+            "systemctl", "--no-pager", "show", unit, "-p", ",".join(props), style,
+            env={"TZ": "UTC"}, what=f"systemctl show {unit}",
+        ).stdout  # fmt: skip
+        return dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
 
     # -- unit properties ------------------------------------------------------------------------------
 
@@ -431,18 +482,22 @@ class Systemd:
         try:
             (staging / name).write_bytes(text)
             inner = inner_base / staging.name / name
+            # below 250 verify also fails on the units this one names (After=, Wants=): its own lines
+            # are kept below, and the exit status alone no longer says this unit is at fault
+            recursive = not self.has(ANALYZE, RECURSIVE_ERRORS_NO)
             result = self._run(
                 "systemd-analyze",
                 "verify",
                 "--man=no",
-                "--recursive-errors=no",
+                *([] if recursive else [RECURSIVE_ERRORS_NO]),
                 str(inner),
                 check=False,
                 what=f"systemd-analyze verify {name}",
             )
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        return _verify_problems(result.stderr + result.stdout, name, str(inner), result.returncode)
+        output = result.stderr + result.stdout
+        return _verify_problems(output, name, str(inner), result.returncode, recursive=recursive)
 
     def verify_staging_dir(self) -> tuple[Path, PurePosixPath]:
         """Where a candidate is written for systemd-analyze, here and in the manager's view: its /run
@@ -509,19 +564,70 @@ def cmdline_argv(systemd: Systemd, main_pid: int) -> list[str] | None:
     return [arg.decode("utf-8", "surrogateescape") for arg in data.removesuffix(b"\0").split(b"\0")]
 
 
-def _verify_problems(output: str, name: str, inner_path: str, returncode: int) -> list[str]:
+# colour codes: systemd 247's log lines carry them even into a pipe
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+# a unit name as systemd-analyze prints it at the start of a line about that unit ("x.service: ...",
+# "/path/x.service:3: ...")
+_UNIT_LINE = re.compile(
+    r"^(\S*/)?[\w@:.\\-]+\.(service|socket|target|timer|mount|automount|path|slice|scope|device|swap)"
+    r"([:\s]|$)"
+)
+
+
+_UTC_TIMESTAMP = re.compile(r"(?:\w{3} )?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(\.\d{1,6})? UTC")
+
+
+def parse_timestamp(value: str) -> float | None:
+    """A timestamp property as `Systemd.show_times` prints it, as Unix time: "@1765000000.123456"
+    (--timestamp=unix where `show` applies it) or "Mon 2026-12-07 03:00:00 UTC" (247 and 252 print
+    this whatever --timestamp says; microseconds where us+utc is applied). None for an unset one."""
+    value = value.strip()
+    if value.startswith("@"):
+        try:
+            return float(value[1:])
+        except ValueError:
+            return None
+    match = _UTC_TIMESTAMP.fullmatch(value)
+    if not match:
+        return None
+    moment = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+    return moment.timestamp() + (float(match[2]) if match[2] else 0.0)
+
+
+def _verify_problems(
+    output: str, name: str, inner_path: str, returncode: int, recursive: bool = False
+) -> list[str]:
     """The lines of systemd-analyze verify that are about the candidate, its path replaced by its name
-    so that the lines for two files of the same unit compare equal (see new_problems)."""
+    so that the lines for two files of the same unit compare equal (see new_problems).
+
+    `recursive`: verify ran without --recursive-errors=no (systemd < 250), so a non-zero exit may come
+    from another unit alone; it counts only when some line is not about another unit."""
     about_unit = re.compile(rf"(^|[\s/'\"]){re.escape(name)}($|[\s:.'\"])")
     problems: list[str] = []
-    for line in output.splitlines():
+    others: list[str] = []
+    for line in _ANSI.sub("", output).splitlines():
         text = line.strip().replace(inner_path, name)
         if text and about_unit.search(text):
             problems.append(text)
+        elif text:
+            others.append(text)
+    if recursive and not problems and any(_UNIT_LINE.match(text) for text in others):
+        return []  # the exit status is other units' errors: what --recursive-errors=no leaves out
     if returncode != 0 and not problems:
         detail = one_line(output) or f"exit status {returncode}"
-        problems.append(f"{name}: systemd-analyze verify failed: {detail}")
+        problems.append(f"{name}: {VERIFY_DID_NOT_RUN}: {detail}")
     return problems
+
+
+# how a problem says that verify itself failed (no line about the unit): the unit was not checked
+VERIFY_DID_NOT_RUN = "systemd-analyze verify failed"
+
+
+def verify_did_not_run(problem: str) -> bool:
+    """Whether a verify problem is verify failing to check the unit at all (an option this manager's
+    systemd-analyze lacks, a crash) rather than a finding about the unit."""
+    return problem.partition(": ")[2].startswith(VERIFY_DID_NOT_RUN)
 
 
 def new_problems(candidate: Sequence[str], current: Sequence[str]) -> list[str]:

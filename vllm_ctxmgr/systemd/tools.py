@@ -16,7 +16,8 @@ def one_line(text: str) -> str:
 def tool_env() -> dict[str, str]:
     """No pager, no colours, no hyperlinks: output meant for a parser."""
     env = dict(os.environ)
-    env.update(SYSTEMD_PAGER="", SYSTEMD_COLORS="0", SYSTEMD_URLIFY="0", PAGER="cat")
+    # SYSTEMD_LOG_COLOR: systemd-analyze's own log lines (247 colours them even into a pipe)
+    env.update(SYSTEMD_PAGER="", SYSTEMD_COLORS="0", SYSTEMD_LOG_COLOR="0", SYSTEMD_URLIFY="0", PAGER="cat")
     return env
 
 

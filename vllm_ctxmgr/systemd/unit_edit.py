@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_ctxmgr.core.serve_args import canonical_flag
+from vllm_ctxmgr.core.serve_args import canonical_flag, split_flags, takes_as_value
 from vllm_ctxmgr.errors import UnitError
 from vllm_ctxmgr.masking import mask
 from vllm_ctxmgr.systemd.quoting import exec_word_value, split_words
@@ -48,26 +48,42 @@ class WordOp:
 
 
 def plan_exec_ops(command: VllmCommand, changes: Mapping[str, str | None]) -> list[WordOp]:
-    """Replace a flag's value, delete a flag (and its value), or append a missing flag."""
+    """Replace a flag's value, delete a flag (and its value), or append a missing flag.
+
+    Words are read as vLLM's argparse reads them, and no word but a changed flag's own is ever
+    dropped: a flag ctxmgr sets whose next word is another flag (or nothing) is refused, as argparse
+    refuses it ("expected one argument"), rather than taking that flag as its value; words after `--`
+    are positionals, never flags, and a missing flag goes before the `--`."""
+    refusals: list[str] = []
+    split_flags(command.args, refusals)
+    # a flag left without its value makes any edit a guess; extra positionals (`$VLLM_ARGS` may hold
+    # flags until systemd expands it) are the plan's to refuse, and every word is kept here
+    refusals = [r for r in refusals if "expected" in r]
+    if refusals:
+        raise UnitError(f"ExecStart=: vLLM refuses these arguments ({refusals[0]}); fix the unit first")
     ops: list[WordOp] = []
     words = command.words
     done: set[str] = set()
+    end = next((j for j in range(command.args_start, command.args_end) if words[j].value == "--"), None)
+    boundary = command.args_end if end is None else end
     i = command.args_start
-    while i < command.args_end:
+    while i < boundary:
         w = words[i]
         flag = canonical_flag(w.value) if w.value.startswith("-") else None
         if flag in changes:
             new = changes[flag]
             inline = "=" in w.value
-            has_value = not inline and i + 1 < command.args_end
+            if not inline and (i + 1 >= boundary or not takes_as_value(words[i + 1].value)):
+                raise UnitError(
+                    f"ExecStart=: {w.value} has no value, which vLLM refuses (argument {flag}: expected "
+                    "one argument); give it one in the unit before ctxmgr changes it"
+                )
             if new is None or flag in done:
                 ops.append(WordOp(i, "delete"))
-                if has_value:
+                if not inline:
                     ops.append(WordOp(i + 1, "delete"))
             elif inline:
                 ops.append(WordOp(i, "replace", (f"{w.value.split('=', 1)[0]}={new}",)))
-            elif not has_value:
-                ops.append(WordOp(i, "after", (new,)))
             else:
                 ops.append(WordOp(i + 1, "replace", (new,)))
             done.add(flag)
@@ -75,10 +91,13 @@ def plan_exec_ops(command: VllmCommand, changes: Mapping[str, str | None]) -> li
             continue
         i += 1
     missing = [(f, v) for f, v in changes.items() if v is not None and f not in done]
-    if missing:
+    added = tuple(word for flag, new in missing for word in (flag, new))
+    if missing and end is not None:
+        ops.append(WordOp(end, "before", added))
+    elif missing:
         deleted = {op.index for op in ops if op.action == "delete"}
         last = max((j for j in range(command.args_end) if j not in deleted), default=0)
-        ops.append(WordOp(last, "after", tuple(word for flag, new in missing for word in (flag, new))))
+        ops.append(WordOp(last, "after", added))
     return ops
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -49,12 +50,18 @@ class LogEvent:
 class LinePattern:
     name: str
     kind: EventKind
-    regex: re.Pattern[str]
+    pattern: str  # the expression's text: compiled on first use (`regex`), not at import
     rank: int = 0
     ends_process: bool = False
     source: str = ""  # where the wording comes from (vLLM file:line of the format string)
     seen: str = ""  # where a real line was seen (a log in tests/data/vllm-logs/, public_gpu_lines.tsv)
     meaning: str = ""  # what the line means, in plain words
+
+    @functools.cached_property
+    def regex(self) -> re.Pattern[str]:
+        """Compiled when a line is first matched against it: every command imports this table, few
+        read a log, and compiling all of it costs 0.1 s of each start."""
+        return re.compile(self.pattern)
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,7 @@ def _p(
     seen: str,
     meaning: str,
 ) -> LinePattern:
-    return LinePattern(name, kind, re.compile(pattern), rank, ends, source, seen, meaning)
+    return LinePattern(name, kind, pattern, rank, ends, source, seen, meaning)
 
 
 _NUM = r"-?\d+(?:\.\d+)?"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,6 +172,32 @@ def _same_process_empty(line: str, parsed: ParsedLine) -> bool:
 def last_start(messages: Iterable[str]) -> list[str]:
     starts = split_starts(messages)
     return starts[-1] if starts else []
+
+
+def up_to_ready(messages: Iterable[str]) -> list[str]:
+    """One start's lines up to vLLM's ready line (`Starting vLLM server on`, uvicorn's `Application
+    startup complete`): what a serving vLLM logs after it is up (a client's text echoed to the log, a
+    banner or a memory line among it) is no figure of its start."""
+    out: list[str] = []
+    for message in messages:
+        out.append(message)
+        event = classify(message)
+        if event is not None and event.kind == "ready":
+            break
+    return out
+
+
+def last_invocation_start(entries: Sequence[tuple[str | None, str]]) -> list[str]:
+    """The last start in a unit's journal, given as (invocation id, message) pairs, oldest first.
+
+    systemd gives every run of a unit its own invocation (_SYSTEMD_INVOCATION_ID on what its processes
+    log, INVOCATION_ID on the manager's lines about it): one start per invocation, so a second banner
+    inside one is not a new start, and its lines end at the ready line (up_to_ready). A journal whose
+    lines name no invocation (a file, an old journald) is cut by split_starts."""
+    last = next((invocation for invocation, _ in reversed(entries) if invocation), None)
+    if last is None:
+        return up_to_ready(last_start(message for _, message in entries))
+    return up_to_ready(message for invocation, message in entries if invocation == last)
 
 
 # ---------------------------------------------------------------- verdict

@@ -22,6 +22,9 @@ import time
 SERVING = ("UP",)
 # `show stat` of a large configuration is a few MiB; nothing this client asks for is near this
 MAX_ANSWER = 16 << 20
+# srv_admin_state bits of `show servers state` (HAProxy's SRV_ADMF_*): forced maintenance, forced drain
+ADMIN_MAINT = 0x01
+ADMIN_DRAIN = 0x08
 # HAProxy's own rule for proxy and server names (cfgparse invalid_char): letters, digits, - _ . :
 # A space or `;` would split the runtime API's command line into other commands.
 NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
@@ -120,6 +123,25 @@ class Runtime:
         if row is None:
             raise HaproxyError(f"HAProxy has no server {backend}/{server}")
         return row
+
+    def admin_state(self, backend: str, server: str) -> str:
+        """ready | drain | maint, from `show servers state BACKEND` (show stat folds admin and health
+        together). The names are checked before anything is sent (a space would be other arguments);
+        an admin state that is not HAProxy's integer bit field is an HaproxyError naming it."""
+        _check_name(backend, "backend")
+        _check_name(server, "server")
+        for line in self.command(f"show servers state {backend}").splitlines():
+            fields = line.split()
+            if len(fields) > 6 and not line.startswith("#") and fields[1] == backend and fields[3] == server:
+                raw = fields[6]
+                if not (raw.isascii() and raw.isdigit()) or len(raw) > 6:
+                    raise HaproxyError(
+                        f"HAProxy's 'show servers state' gives {backend}/{server} admin state "
+                        f"{_shown(raw)}, not a number"
+                    )
+                bits = int(raw)
+                return "maint" if bits & ADMIN_MAINT else "drain" if bits & ADMIN_DRAIN else "ready"
+        raise HaproxyError(f"HAProxy has no server {backend}/{server}")
 
     def set_state(self, backend: str, server: str, state: str) -> None:
         """state: ready | drain | maint. HAProxy answers nothing on success, a message otherwise."""

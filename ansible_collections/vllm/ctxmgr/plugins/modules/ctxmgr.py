@@ -110,7 +110,11 @@ options:
 notes:
   - Exit codes of ctxmgr are kept in C(exit_code); every non-zero one fails the task, with what happened
     on the host (rolled back and why, infeasible and the largest context that fits, locked, or a failed
-    rollback that needs a human).
+    rollback that needs a human). Only C(verify)'s 1 with result C(degraded) passes (it serves); 70
+    is ctxmgr's crash (an unexpected error) and always fails.
+  - With O(nodes), every parameter one host's command takes (O(to), O(wait_lock), O(probe_tokens),
+    O(long_probe)) is passed to C(ctxmgr deployment); a ctxmgr whose deployment command does not take
+    one yet refuses it by name and the task fails, never runs without it.
 attributes:
   check_mode:
     description: Runs ctxmgr's dry run (C(--dry-run)); C(changed) then means "would change".
@@ -182,6 +186,8 @@ EXIT_MEANINGS = {
     3: "infeasible: the context does not fit",
     4: "locked by another ctxmgr run",
     5: "the change failed and its rollback failed too: the service needs a human",
+    6: "the plan cannot decide: no memory information",
+    70: "ctxmgr crashed (an unexpected error, a bug): nothing was decided",
 }
 PLAN_FIGURES = (
     "max_model_len",
@@ -217,13 +223,23 @@ def deployment_argv(params: dict, check_mode: bool) -> list:
     if command in ("set-context", "plan") and params.get("gpu_memory_utilization") is not None:
         argv += ["--gpu-memory-utilization", str(params["gpu_memory_utilization"])]
     if command == "set-context":
+        if params.get("probe_tokens") is not None:
+            argv += ["--probe-tokens", str(params["probe_tokens"])]
         if params.get("force"):
             argv.append("--force")
         if params.get("edit") == "dropin":
             argv += ["--edit", "dropin"]
+    # every parameter one host's command takes goes to the deployment's too: a ctxmgr whose deployment
+    # command lacks one refuses it by name, rather than `rollback, to: 3` quietly going elsewhere
+    if command == "rollback" and params.get("to") is not None:
+        argv += ["--to", str(params["to"])]
+    if command in ("set-context", "verify") and params.get("long_probe"):
+        argv.append("--long-probe")
     if command in ("set-context", "rollback"):
         if params.get("timeout") is not None:
             argv += ["--timeout", str(params["timeout"])]
+        if params.get("wait_lock") is not None:
+            argv += ["--wait-lock", str(params["wait_lock"])]
         argv.append("--dry-run" if check_mode else "--yes")
     if command in ("set-context", "plan"):
         argv += list(params.get("extra_args") or [])
@@ -311,6 +327,15 @@ def failure_message(params: dict, data: dict) -> str:
     if data.get("suggestion"):
         parts.append(f"try: {data['suggestion']}")
     return "; ".join(parts)
+
+
+def passes(command: str, data: dict) -> bool:
+    """Exit 0; for verify also 1, "degraded" (it serves), where ctxmgr's JSON says degraded: a crash
+    (70; 1 from a ctxmgr before 70 had its own code) or any other code is no verdict and fails."""
+    code = data.get("exit_code")
+    if code == 0 and data.get("result") != "error":
+        return True
+    return command == "verify" and code == 1 and data.get("result") == "degraded"
 
 
 def summary(params: dict, data: dict, check_mode: bool) -> dict:
@@ -414,8 +439,7 @@ def main() -> None:
         result["diff"] = {"prepared": result["unit_diff"]}
 
     code = result["exit_code"]
-    verify_ok = params["command"] == "verify" and code in (0, 1)  # 1 is "degraded": it serves
-    if code != 0 and not verify_ok:
+    if not passes(params["command"], data):
         # a failure leaves nothing changed except when ctxmgr could not roll back (exit 5)
         result["changed"] = code == 5
         module.fail_json(msg=failure_message(params, data), **result)

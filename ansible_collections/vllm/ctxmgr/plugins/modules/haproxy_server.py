@@ -76,20 +76,6 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.vllm.ctxmgr.plugins.module_utils.haproxy_runtime import HaproxyError, Runtime  # noqa: E402
 
-# `show servers state` srv_admin_state bits (HAProxy's SRV_ADMF_*): forced maintenance, forced drain
-ADMIN_MAINT = 0x01  # one name per line: ansible-doc cannot read a tuple assignment at module level
-ADMIN_DRAIN = 0x08
-
-
-def admin_state(runtime: Runtime, backend: str, server: str) -> str:
-    """ready | drain | maint, from `show servers state` (show stat folds admin and health together)."""
-    for line in runtime.command(f"show servers state {backend}").splitlines():
-        fields = line.split()
-        if len(fields) > 6 and not line.startswith("#") and fields[1] == backend and fields[3] == server:
-            bits = int(fields[6])
-            return "maint" if bits & ADMIN_MAINT else "drain" if bits & ADMIN_DRAIN else "ready"
-    raise HaproxyError(f"HAProxy has no server {backend}/{server}")
-
 
 def main() -> None:
     module = AnsibleModule(
@@ -107,7 +93,7 @@ def main() -> None:
     runtime = Runtime(p["socket"])
     began = time.monotonic()
     try:
-        before = admin_state(runtime, p["backend"], p["server"])
+        before = runtime.admin_state(p["backend"], p["server"])
         changed = p["state"] != "present" and before != p["state"]
         if changed and not module.check_mode:
             runtime.set_state(p["backend"], p["server"], p["state"])

@@ -1,0 +1,130 @@
+"""A deployment file (TOML) is read as the flags are: its hosts go through NodeAddress.parse like
+--node (issue 29, item 12), and its gpus_from is a bounded read of a regular file (item 6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from vllm_ctxmgr.cli.main import main
+from vllm_ctxmgr.errors import ExitCode
+
+
+def plan_with(path: Path, text: str) -> tuple[int, dict]:
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["deployment", "plan", "4096", "--file", str(path), "--json"])
+    return result.exit_code, json.loads(result.stdout)
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["-oProxyCommand=touch /tmp/x", "gpu b", "gpu\\nb", "gpu\\tb", "gpu\\u001bb", ""],
+)
+def test_a_deployment_files_host_is_parsed_as_a_node_flag_is(workdir: Path, host: str) -> None:
+    path = workdir / "d.toml"
+    code, data = plan_with(path, f'[[node]]\nhost = "{host}"\nservice = "vllm-glm5"\n')
+    assert code == ExitCode.USAGE, data
+    assert data["error"].startswith(f"{path}: "), data
+    assert "expected HOST:UNIT" in data["error"] or "host and service" in data["error"]
+    assert "\n" not in data["error"]
+
+
+@pytest.mark.parametrize("service", ["-x", "vllm glm5", "vllm\\nglm5"])
+def test_a_deployment_files_service_is_parsed_as_a_node_flag_is(workdir: Path, service: str) -> None:
+    path = workdir / "d.toml"
+    code, data = plan_with(path, f'[[node]]\nhost = "gpu-b"\nservice = "{service}"\n')
+    assert code == ExitCode.USAGE, data
+    assert "expected HOST:UNIT" in data["error"]
+
+
+def test_a_non_string_host_is_refused(workdir: Path) -> None:
+    code, data = plan_with(workdir / "d.toml", '[[node]]\nhost = 5\nservice = "vllm-glm5"\n')
+    assert code == ExitCode.USAGE and "host" in data["error"], data
+
+
+# ---- gpus_from and --gpus-from: a bounded read of a regular file (issue 29, item 6) -----------------
+
+GPU = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "total_bytes": 85_899_345_920,
+       "free_bytes": 85_000_000_000, "used_bytes": 899_345_920}  # fmt: skip
+GPUS = {"source": "nvml", "gpus": [GPU]}
+
+
+def gpus_from(value: str) -> list[str]:
+    model = str(Path(__file__).resolve().parent.parent / "examples" / "models" / "qwen3-32b")
+    return ["plan", "4096", "--model", model, "--gpus-from", value, "--json"]
+
+
+def run_bounded(args: list[str], seconds: float = 30.0) -> tuple[int, dict]:
+    """The CLI as a process with a deadline and 2 GiB of address space: a read of /dev/zero or a FIFO
+    must end by itself (before the fix one read /dev/zero until the OOM killer)."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_ctxmgr", *args],
+        capture_output=True,
+        text=True,
+        timeout=seconds,
+        preexec_fn=limit,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    return done.returncode, json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("kind", ["zero", "fifo", "directory", "huge"])
+def test_gpus_from_is_a_regular_file_read_within_a_bound(workdir: Path, kind: str) -> None:
+    path = workdir / "gpus.json"
+    if kind == "zero":
+        path = Path("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(path)  # nobody ever writes: open() without O_NONBLOCK blocks for ever
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.write_text(json.dumps(GPUS) + " " * (2 << 20))
+    code, data = run_bounded(gpus_from(str(path)))
+    assert code == ExitCode.USAGE, data
+    assert str(path) in data["error"]
+    assert any(why in data["error"] for why in ("regular file", "more than", "is a directory")), data
+
+
+def test_gpus_from_a_good_file_still_plans(workdir: Path) -> None:
+    path = workdir / "gpus.json"
+    path.write_text(json.dumps(GPUS))
+    code, data = run_bounded(gpus_from(str(path)))
+    assert code == 0, data
+
+
+def test_a_deployment_files_gpus_from_is_bounded_and_stays_beside_it(workdir: Path) -> None:
+    (workdir / "elsewhere.json").write_text(json.dumps(GPUS))
+    here = workdir / "deploy"
+    here.mkdir()
+    path = here / "d.toml"
+    node = '[[node]]\nhost = "local"\nservice = "vllm-glm5"\n'
+    code, data = plan_with(path, node + 'gpus_from = "../elsewhere.json"\n')
+    assert code == ExitCode.USAGE and "'..'" in data["error"], data
+    code, data = plan_with(path, node + 'gpus_from = "/dev/zero"\n')
+    assert code == ExitCode.USAGE and "regular file" in data["error"], data
+    os.mkfifo(here / "fifo.json")
+    code, data = run_bounded(["deployment", "plan", "4096", "--file", str(path), "--json"])
+    path.write_text(node + 'gpus_from = "fifo.json"\n')
+    code, data = run_bounded(["deployment", "plan", "4096", "--file", str(path), "--json"])
+    assert code == ExitCode.USAGE and "FIFO" in data["error"], data
+
+
+def test_the_deployment_file_itself_is_a_bounded_regular_file(workdir: Path) -> None:
+    fifo = workdir / "d.toml"
+    os.mkfifo(fifo)
+    code, data = run_bounded(["deployment", "plan", "4096", "--file", str(fifo), "--json"])
+    assert code == ExitCode.USAGE and "FIFO" in data["error"], data
+    code, data = run_bounded(["deployment", "plan", "4096", "--file", "/dev/zero", "--json"])
+    assert code == ExitCode.USAGE and "regular file" in data["error"], data

@@ -1,0 +1,217 @@
+"""Changing one service: `ctxmgr set-context`, `rollback`, `recover`, and what it keeps: `history`,
+`observe`."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import click
+
+from vllm_ctxmgr import files, report
+from vllm_ctxmgr.change import ChangeResult, Result
+from vllm_ctxmgr.cli.common import (
+    CONTEXT,
+    COUNT,
+    EXAMPLES,
+    TIMEOUT,
+    UTILIZATION,
+    WAIT_LOCK,
+    confirmation,
+    echo,
+    emit_json,
+    finish,
+    gpu_options,
+    handle_errors,
+    refuse_old_rules,
+    restarter_for,
+    service_param,
+    systemd_for,
+)
+from vllm_ctxmgr.cli.plan import context_from
+from vllm_ctxmgr.deploy import SetContextRequest, rollback, set_context
+from vllm_ctxmgr.errors import CtxmgrError, UsageError
+from vllm_ctxmgr.nvml import read_nvml
+from vllm_ctxmgr.observing import observe_last_start
+from vllm_ctxmgr.planning import MAX_IMPORT_BYTES, PlanRequest, imported_observation
+from vllm_ctxmgr.recovery import recover_if_needed
+from vllm_ctxmgr.restart import Restarter
+from vllm_ctxmgr.service import read_service
+from vllm_ctxmgr.store import ServiceStore
+from vllm_ctxmgr.systemd.names import canonical_unit
+
+
+@click.command("set-context", epilog=EXAMPLES["set-context"])
+@click.argument("context", type=CONTEXT, required=False)
+@service_param()
+@click.option("--max-model-len", "max_model_len", type=CONTEXT, default=None, help="The same as CONTEXT.")
+@click.option("--gpu-memory-utilization", type=UTILIZATION, default=None,
+              help="Use this utilisation instead of the planner's choice.")  # fmt: skip
+@click.option("--probe-tokens", type=COUNT, default=None,
+              help="max_tokens of the probe (default: what fills the context).")  # fmt: skip
+@click.option("--long-probe", is_flag=True, help="Also send a prompt of about 90% of the context.")
+@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time a start may take.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and the unit diff; change nothing.")
+@click.option("--force", is_flag=True, help="Apply even when the plan says it will not fit.")
+@click.option("--wait-lock", type=WAIT_LOCK, default=0.0, help="Time to wait for another run on the service.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the service.")
+@click.option(
+    "--edit",
+    type=click.Choice(["in-place", "dropin"]),
+    envvar="CTXMGR_EDIT",
+    default="in-place",
+    show_default=True,
+    help="in-place: change the file that holds ExecStart=. dropin: leave the unit file alone and write "
+    "ExecStart= to UNIT.d/50-ctxmgr.conf, as `systemctl edit` would (for a unit that configuration "
+    "management renders). Env CTXMGR_EDIT.",
+)
+@gpu_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
+@click.pass_context
+@handle_errors
+def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int | None, service: str,
+                    gpu_memory_utilization: float | None, probe_tokens: int | None, long_probe: bool,
+                    timeout: float, dry_run: bool, force: bool, wait_lock: float, yes: bool, edit: str,
+                    as_json: bool, **options: Any) -> None:  # fmt: skip
+    """Set a service's context to CONTEXT: plan, render, restart, watch, probe, roll back on failure.
+
+    \b
+    CONTEXT as vLLM reads --max-model-len: 200000, 200k (= 200,000), 195K (= 199,680), or auto / -1:
+    the largest context that fits, resolved before the restart (the unit gets the number).
+    """
+    target = context_from(context, max_model_len)
+    refuse_old_rules(options.get("vllm_version"), "set-context")
+    restarter = restarter_for(ctx, service, as_json, timeout)
+    request = SetContextRequest(
+        context=target,
+        gpu_memory_utilization=gpu_memory_utilization,
+        probe_tokens=probe_tokens,
+        long_probe=long_probe,
+        dry_run=dry_run,
+        force=force,
+        lock_wait=wait_lock,
+        planning=PlanRequest(target, **options),
+        confirm=None if dry_run else confirmation(yes, as_json, restarter.unit),
+        dropin=edit == "dropin",
+    )
+    result = set_context(restarter, request)
+    finish(result, as_json, dry_run=dry_run, systemd=restarter.systemd)
+
+
+@click.command("rollback", epilog=EXAMPLES["rollback"])
+@service_param()
+@click.option(
+    "--to",
+    "to",
+    type=click.IntRange(0, None),
+    default=None,
+    help="Revision to return to (default: the previous good one; see `ctxmgr history`).",
+)
+@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time a start may take.")
+@click.option("--dry-run", is_flag=True, help="Print the unit diff; change nothing.")
+@click.option("--wait-lock", type=WAIT_LOCK, default=0.0, help="Time to wait for another run on the service.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the service.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
+@click.pass_context
+@handle_errors
+def rollback_cmd(ctx: click.Context, service: str, to: int | None, timeout: float, dry_run: bool,
+                 wait_lock: float, yes: bool, as_json: bool) -> None:  # fmt: skip
+    """Return a service to an earlier revision through the same restart / watch / probe path."""
+    restarter = restarter_for(ctx, service, as_json, timeout)
+    confirm = None if dry_run else confirmation(yes, as_json, restarter.unit)
+    result = rollback(restarter, to, wait_lock, dry_run=dry_run, confirm=confirm)
+    finish(result, as_json, dry_run=dry_run, systemd=restarter.systemd)
+
+
+@click.command("recover", epilog=EXAMPLES["recover"])
+@service_param()
+@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time a start may take.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
+@click.pass_context
+@handle_errors
+def recover_cmd(ctx: click.Context, service: str, timeout: float, as_json: bool) -> None:
+    """Finish the rollback of a change that an interrupted ctxmgr run left in progress."""
+    restarter = restarter_for(ctx, service, as_json, timeout)
+    with restarter.store.lock(0.0):
+        result = recover_if_needed(restarter)
+    if result is None:
+        result = ChangeResult(
+            restarter.unit, "recover", Result.UNCHANGED, False, reason="no change was left in progress"
+        )
+    finish(result, as_json, systemd=restarter.systemd)
+
+
+@click.command("history", epilog=EXAMPLES["history"])
+@service_param()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+@handle_errors
+def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
+    """Every revision ctxmgr made of a service: time, context, utilisation, result, reason."""
+    store = ServiceStore(ctx.find_root().obj["state_dir"], service)
+    if not store.root.is_dir():
+        canonical_unit(systemd_for(ctx), service)  # an unknown service is a usage error (exit 2)
+    rows = store.history()
+    if as_json:
+        emit_json(
+            {"command": "history", "result": "ok", "changed": False, "service": service, "revisions": rows}
+        )
+    else:
+        echo(report.history_text(service, rows))
+
+
+@click.command("observe", epilog=EXAMPLES["observe"])
+@service_param()
+@click.option(
+    "--import",
+    "import_file",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="Store an observation that `ctxmgr observe --json` wrote on another host of the same GPU model "
+    "and vLLM version, so this host plans from that real start.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object (its `record` is what --import takes)."
+)
+@click.pass_context
+@handle_errors
+def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_json: bool) -> None:
+    """Read vLLM's facts from the service's last start (made by ctxmgr or not) to calibrate plans."""
+    if import_file:
+        # read first, through the bounded door: a FIFO or /dev/zero is refused before anything else
+        raw = files.read_regular(import_file, MAX_IMPORT_BYTES, what="observation", error=UsageError)
+        restarter = restarter_for(ctx, service, True, 60.0)
+        record = imported_observation(raw.decode(errors="replace"), import_file, **import_match(restarter))
+        with restarter.store.lock(0.0):
+            restarter.store.add_observation(record)
+        if as_json:
+            emit_json({"command": "observe", "result": "applied", "changed": True, "service": restarter.unit,
+                       "record": record})  # fmt: skip
+        else:
+            echo(f"{restarter.unit}: stored the observation from {record['imported_from']}")
+        return
+    restarter = restarter_for(ctx, service, True, 60.0)
+    with restarter.store.lock(0.0):
+        observed, obs, lines = observe_last_start(restarter.systemd, restarter.service)
+        restarter.store.add_observation(observed.to_json())
+        stored = restarter.store.observations()
+    record = stored[-1] if stored else {}
+    if as_json:
+        emit_json({"command": "observe", "result": "ok", "changed": False, "service": restarter.service,
+                   "observation": obs, "lines": lines, "record": record})  # fmt: skip
+        return
+    echo(f"{service}: last start ({lines} journal lines): " + ", ".join(
+        f"{k} {v}" for k, v in obs.items() if v not in (None, False, "")
+    ))  # fmt: skip
+
+
+def import_match(restarter: Restarter) -> dict[str, Any]:
+    """What an imported observation must match: this service, its vLLM, this host's GPUs (each only
+    where it can be known here)."""
+    version: str | None = None
+    with contextlib.suppress(CtxmgrError):
+        version = read_service(restarter.systemd, restarter.unit).args.vllm_version
+    gpu_names: list[str] = []
+    with contextlib.suppress(CtxmgrError, OSError):
+        gpu_names = [gpu.name for gpu in read_nvml().gpus]
+    return {"service": restarter.unit, "vllm_version": version, "gpu_names": gpu_names}
