@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from vllm_ctxmgr.core.hardware import GIB, uniform_gpus
+from vllm_ctxmgr.errors import UsageError
 from vllm_ctxmgr.multinode import Coordinator, DeploymentRequest
 from vllm_ctxmgr.remote import Link, NodeAddress, NodeError
 from vllm_ctxmgr.wire import (
@@ -225,3 +226,39 @@ def test_a_wrongly_typed_node_answer_is_refused_with_the_nodes_name(workdir: Pat
         "`node show` answer: in_progress='x' is not a JSON object"
     )
     assert "plan" not in log.read_text()
+
+
+def test_rollback_goes_before_the_last_good_change_or_to_the_one_named(workdir: Path) -> None:
+    """Issue 29.16, the coordinator's choice: a rolled-back attempt (c-b) is skipped, as one service's
+    rollback skips it; `--to` takes a change id or, as one service's rollback does, a revision number
+    (the head's, as the collection's `to: 3` passes it)."""
+    made = [
+        {"change": "c-a", "revision": 3, "state": "final", "max_model_len": 16384,
+         "previous_max_model_len": 8192},
+        {"change": "c-b", "revision": 4, "state": "rolled-back", "max_model_len": 32768,
+         "previous_max_model_len": 16384},
+    ]  # fmt: skip
+    answers = {
+        f"{step} vllm-n{rank}.service": answer
+        for rank in (0, 1)
+        for step, answer in (
+            ("show", show_answer(rank, deployment_changes=made, last_change=made[-1])),
+            ("prepare", {"wire": WIRE_VERSION, "service": f"vllm-n{rank}.service", "unit_path": "/u",
+                         "changed": True, "diff": "-8192\n+16384"}),
+        )
+    }  # fmt: skip
+    for to, context, words in (
+        (None, 8192, "--undo c-a"),
+        ("3", 16384, "--back-to c-a"),
+        ("c-a", 16384, "--back-to c-a"),
+    ):
+        request, log = two_node_request(workdir, answers)
+        request.dry_run = True
+        result = Coordinator(request, workdir / "state").rollback(to)
+        assert (str(result.result), result.max_model_len) == ("dry-run", context)
+        prepared = [line for line in log.read_text().splitlines() if line.startswith("node prepare")]
+        assert len(prepared) == 2 and all(words in line for line in prepared), prepared
+        log.unlink()
+    request, _log = two_node_request(workdir, answers)
+    with pytest.raises(UsageError, match=r"no final revision of deployment change c-b there"):
+        Coordinator(request, workdir / "state").rollback("4")

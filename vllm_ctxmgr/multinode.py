@@ -545,7 +545,7 @@ class Coordinator:
             target = self._rollback_target(to)
             context = int((target.max_model_len if to else target.previous_max_model_len) or 0)
             if to:
-                self.back_to = to
+                self.back_to = str(target.change)
             else:
                 self.undo = str(target.change)
             result.previous_max_model_len = parse_serve_argv(
@@ -568,6 +568,12 @@ class Coordinator:
         """The deployment change every node goes back before (its newest final one), or `to`: the same
         on every node, final on every node."""
         found: dict[NodeAddress, LastChange | None] = {}
+        if to and to.isdigit():  # a revision number, as one service's rollback takes: the head's
+            made = self._head().show.deployment_changes
+            change = next((c.change for c in made if c.revision == int(to) and c.change), None)
+            if change is None:
+                raise UsageError(f"{self._head().address}: revision {to} is not one a deployment change made")
+            to = change
         for node in self.changing:
             finals = [c for c in node.show.deployment_changes if c.state == "final"]
             if to:
