@@ -380,8 +380,9 @@ def _ask(as_json: bool) -> Any:
     "--to",
     "to",
     default=None,
-    metavar="CHANGE",
-    help="Every node's unit as this deployment change left it (its id, as `history` on a node shows).",
+    metavar="CHANGE|N",
+    help="Every node's unit as this deployment change left it: its id, or the head's revision number "
+    "(as `history` on a node shows them).",
 )
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the deployment.")
 @click.pass_context
