@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from vllm_ctxmgr.cli.main import main
+from vllm_ctxmgr.wire import WIRE_VERSION
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = str(REPO / "examples" / "models" / "qwen3-32b")
@@ -80,24 +81,29 @@ def test_a_gpu_total_of_json_inf_is_refused(tmp_path: Path) -> None:
 
 
 FAKE_NODE = """import json, sys
+WIRE = @WIRE@
 args = sys.argv[1:]
 if args[:2] == ["node", "show"]:
-    print(json.dumps(json.loads(open(sys.argv[0] + ".show").read())))
+    show = json.loads(open(sys.argv[0] + ".show").read())
+    # what every `node show` answer carries on the wire (vllm_ctxmgr/wire.py ShowAnswer), where the test
+    # does not say otherwise
+    base = {"wire": WIRE, "service": "vllm-x.service", "unit_digest": "ab" * 32, "active_state": "active"}
+    print(json.dumps({**base, **show}))
 else:
     print(json.dumps({"result": "error", "error": "not in this test"}))
     sys.exit(2)
-"""
+""".replace("@WIRE@", str(WIRE_VERSION))
 
 
 @pytest.mark.parametrize(
     ("field", "value", "match"),
     [
-        ("argv", [1, 2], "argv that is not a list of words"),
-        ("argv", "vllm serve m", "argv that is not a list of words"),
-        ("environment", [1, 2], "environment that is not a mapping of names to text"),
-        ("environment", {"A": 1}, "environment that is not a mapping of names to text"),
-        ("in_progress", "x", "in_progress that is not a mapping"),
-        ("gpus", [1], "gpus that is not a mapping"),
+        ("argv", [1, 2], "`node show` answer: argv[0]=1 is not text"),
+        ("argv", "vllm serve m", "`node show` answer: argv='vllm serve m' is not a list"),
+        ("environment", [1, 2], "`node show` answer: environment=[1, 2] is not an object"),
+        ("environment", {"A": 1}, "`node show` answer: environment.A=1 is not text"),
+        ("in_progress", "x", "`node show` answer: in_progress='x' is not a JSON object"),
+        ("gpus", [1], "`node show` answer: gpus=[1] is not a JSON object"),
     ],
 )
 def test_a_nodes_wrongly_typed_show_fields_are_refused(

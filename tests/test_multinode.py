@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,11 @@ from tests.support.demo import (
 )
 from tests.support.sandbox import Sandbox
 from tests.support.standin import free_port
+from vllm_ctxmgr.core.hardware import GIB, uniform_gpus
 from vllm_ctxmgr.multinode import Coordinator, DeploymentRequest
 from vllm_ctxmgr.remote import Link, NodeAddress
 from vllm_ctxmgr.store import ServiceStore, State
+from vllm_ctxmgr.wire import PlanningOptions
 
 HEAD, RANK1 = "vllm-mn-head", "vllm-mn-rank1"
 # TP 8 x PP 2 over two 8-GPU nodes: each node one pipeline stage, the weights split over 16 GPUs
@@ -270,14 +273,12 @@ def test_a_node_edited_between_the_plan_and_the_write_stops_the_change_before_an
     head_before = paths[HEAD].read_text()
     pid = sandbox.systemd.show(f"{HEAD}.service", "MainPID")["MainPID"]
     link = EditingLink(ctxmgr_argv(sandbox.pid, state), paths[RANK1])
-    from vllm_ctxmgr.core.hardware import GIB, uniform_gpus
-
     request = DeploymentRequest(
         context=200000,
         nodes=(NodeAddress("local", HEAD), NodeAddress("local", RANK1)),
         link=link,
         default_gpus=uniform_gpus(SEED_GPU_COUNT, int(SEED_GPU_GIB * GIB)),
-        planning={"weights_bytes": int(SEED_WEIGHTS_GIB_PER_GPU * SEED_GPU_COUNT * GIB)},
+        planning=PlanningOptions(weights_bytes=int(SEED_WEIGHTS_GIB_PER_GPU * SEED_GPU_COUNT * GIB)),
     )
     result = Coordinator(request, state).set_context()
     assert str(result.result) == "rolled-back" and result.exit_code == 1
@@ -423,8 +424,133 @@ def test_a_killed_coordinator_is_finished_by_deployment_recover(sandbox: Sandbox
     assert refused.code == 2 and "deployment recover" in refused.data["error"], refused.stdout
     done = run_ctxmgr(sandbox.pid, state, "deployment", "recover", *nodes_args(), "--json", timeout=300)
     assert done.code == 0 and done.data["result"] == "rolled-back", done.stdout + done.stderr
+    # issue 29.16: both nodes were written back and restarted, and it says so
+    assert done.data["changed"] is True and "was interrupted" in done.data["reason"], done.stdout
     for path in paths.values():
         assert "--max-model-len 8192" in path.read_text()
     assert served(port) == 8192
     again = run_ctxmgr(sandbox.pid, state, "deployment", "recover", *nodes_args(), "--json", timeout=120)
     assert again.code == 0 and again.data["result"] == "unchanged", again.stdout
+
+
+def corrupting_ctxmgr(workdir: Path, base: list[str], trigger: list[str], answer: bytes) -> tuple[str, ...]:
+    """A `ctxmgr` for `local` nodes that runs the real one and, where its words hold every word of
+    `trigger` (and not --back), prints `answer` in place of the real answer: a node behind a hostile
+    or broken ssh, after the step itself was taken."""
+    script = workdir / "corrupting-ctxmgr.py"
+    script.write_text(
+        "import subprocess, sys\n"
+        f"base, trigger, answer = {base!r}, {trigger!r}, {answer!r}\n"
+        "done = subprocess.run([*base, *sys.argv[1:]], stdin=sys.stdin, capture_output=True)\n"
+        "args = sys.argv[1:]\n"
+        "hit = all(t in args for t in trigger) and '--back' not in args\n"
+        "sys.stdout.buffer.write(answer if hit else done.stdout)\n"
+        "sys.stderr.buffer.write(done.stderr)\n"
+        "raise SystemExit(0 if hit else done.returncode)\n"
+    )
+    return (sys.executable, str(script))
+
+
+def test_a_node_answer_that_is_not_utf8_after_every_node_stopped_rolls_the_deployment_back(
+    sandbox: Sandbox, deployment, workdir: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29.5: every node written and stopped, the head started, and its answer is not UTF-8: the
+    head's failure, so every node goes back and restarts (not "unexpected error" with all down)."""
+    port, paths, state = deployment()
+    before = {name: path.read_text() for name, path in paths.items()}
+    base = ctxmgr_argv(sandbox.pid, state)
+    link = Link(local_ctxmgr=corrupting_ctxmgr(workdir, base, ["start", "--head"], b'{"ok": "\xff\xfe"}'))
+    request = DeploymentRequest(
+        context=200000,
+        nodes=(NodeAddress("local", HEAD), NodeAddress("local", RANK1)),
+        link=link,
+        default_gpus=uniform_gpus(SEED_GPU_COUNT, int(SEED_GPU_GIB * GIB)),
+        planning=PlanningOptions(weights_bytes=int(SEED_WEIGHTS_GIB_PER_GPU * SEED_GPU_COUNT * GIB)),
+    )
+    result = Coordinator(request, state).set_context()
+    assert str(result.result) == "rolled-back" and result.exit_code == 1, result.reason
+    assert result.reason.startswith(f"local:{HEAD}: its answer is not UTF-8"), result.reason
+    assert {name: path.read_text() for name, path in paths.items()} == before
+    assert served(port) == 8192
+    assert [revisions(state, s)[-1].state for s in (HEAD, RANK1)] == [State.ROLLED_BACK] * 2
+
+
+def test_rollback_skips_a_failed_attempt_and_takes_to(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29.16: after a change that was rolled back, `deployment rollback` returns to before the
+    last good change (as one service's rollback does), and `--to CHANGE` to what that change left."""
+    # node 1's KV holds 100,000 tokens: 65,536 fits, 200,000 fails at start
+    port, paths, state = deployment({"CTXMGR_STANDIN_KV_CAPACITY_TOKENS": "100000"})
+    before = {name: path.read_text() for name, path in paths.items()}
+    good = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "65536", *nodes_args(), *GPU_ARGS,
+                      "--yes", "--json", timeout=400)  # fmt: skip
+    assert good.code == 0 and good.data["result"] == "applied", good.stdout + good.stderr
+    at_good = {name: path.read_text() for name, path in paths.items()}
+    failed = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
+                        "--force", "--yes", "--json", timeout=400)  # fmt: skip
+    assert failed.code == 1 and failed.data["result"] == "rolled-back", failed.stdout + failed.stderr
+    back = run_ctxmgr(sandbox.pid, state, "deployment", "rollback", *nodes_args(), "--yes", "--json",
+                      timeout=400)  # fmt: skip
+    assert back.code == 0 and back.data["result"] == "applied", back.stdout + back.stderr
+    assert (back.data["previous_max_model_len"], back.data["max_model_len"]) == (65536, 8192)
+    assert {name: path.read_text() for name, path in paths.items()} == before
+    assert served(port) == 8192
+    forward = run_ctxmgr(sandbox.pid, state, "deployment", "rollback", *nodes_args(), "--to",
+                         good.data["change_id"], "--yes", "--json", timeout=400)  # fmt: skip
+    assert forward.code == 0 and forward.data["result"] == "applied", forward.stdout + forward.stderr
+    assert forward.data["max_model_len"] == 65536
+    assert {name: path.read_text() for name, path in paths.items()} == at_good
+    assert served(port) == 65536
+
+
+def test_a_drifted_deployment_fails_verify_and_set_context_reconciles_it(
+    sandbox: Sandbox, deployment
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29.16: node 1 left at another length by hand is a failed check (exit 2, not UNKNOWN), and
+    `deployment set-context N` writes every node to N with one restart, saying what it found."""
+    port, paths, state = deployment()
+    paths[RANK1].write_text(paths[RANK1].read_text().replace("--max-model-len 8192", "--max-model-len 4096"))
+    sandbox.systemd.daemon_reload()
+    verified = run_ctxmgr(sandbox.pid, state, "deployment", "verify", *nodes_args(), "--json", timeout=300)
+    assert verified.code == 2 and verified.data["result"] == "failed", verified.stdout + verified.stderr
+    drift = f"max_model_len differs between nodes: local:{HEAD} 8192, local:{RANK1} 4096"
+    assert any(reason.startswith(drift) for reason in verified.data["reasons"]), verified.data["reasons"]
+    pid = sandbox.systemd.show(f"{HEAD}.service", "MainPID")["MainPID"]
+    fixed = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "8192", *nodes_args(), *GPU_ARGS,
+                       "--yes", "--json", timeout=400)  # fmt: skip
+    assert fixed.code == 0 and fixed.data["result"] == "applied", fixed.stdout + fixed.stderr
+    assert drift in fixed.data["reason"]
+    for path in paths.values():
+        assert "--max-model-len 8192" in path.read_text()
+    assert sandbox.systemd.show(f"{HEAD}.service", "MainPID")["MainPID"] != pid  # restarted, once
+    assert served(port) == 8192
+    again = run_ctxmgr(sandbox.pid, state, "deployment", "verify", *nodes_args(), "--json", timeout=300)
+    assert again.code in (0, 1) and again.data["result"] in ("ok", "degraded"), again.stdout
+
+
+def test_a_worker_that_fails_to_start_is_the_deployments_failure_at_once(
+    sandbox: Sandbox, deployment
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29.15: node 1 cannot start (a drop-in's ExecStartPre=/bin/false); the head would wait for
+    its ranks for torch's 30 minutes. The coordinator watches node 1's unit while the head starts: its
+    failure is the deployment's at once, the head is stopped, and the rollback (which cannot start node
+    1 either) says so and leaves no node half up. The reason leads with node 1's own."""
+    _port, paths, state = deployment()
+    dropin = paths[RANK1].parent / f"{RANK1}.service.d" / "50-fault.conf"
+    dropin.parent.mkdir(exist_ok=True)
+    dropin.write_text("[Service]\nExecStartPre=/bin/false\n")
+    sandbox.systemd.daemon_reload()
+    started = time.monotonic()
+    run = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "200000", *nodes_args(), *GPU_ARGS,
+                     "--timeout", "10min", "--yes", "--json", timeout=400)  # fmt: skip
+    took = time.monotonic() - started
+    print(f"set-context with a worker that cannot start ended after {took:.0f} s")
+    assert run.code == 5 and run.data["result"] == "rollback-failed", run.stdout + run.stderr
+    assert took < 180, took  # two head starts waiting out torch's timeout would be an hour
+    # node 1's own cause first, as systemd reports it, with the file that sets it
+    assert run.data["reason"].startswith(
+        f"local:{RANK1}: ExecStartPre=/bin/false in 50-fault.conf exited 1"
+    ), run.data["reason"]
+    rank1 = run.data["nodes"][1]
+    assert not rank1["ok"] and rank1["reason"]
+    states = [sandbox.systemd.show(f"{n}.service", "ActiveState")["ActiveState"] for n in (HEAD, RANK1)]
+    assert states[0] != "active" and states[1] != "active", states  # no node half up

@@ -207,7 +207,8 @@ ALLOWED = {
     "status": {"report", "schedule", "service", "store", "systemd", "verify"},
     "metrics": {"core", "store"},
     "report": {"core"},
-    "remote": set(),
+    "wire": {"core"},
+    "remote": {"wire"},
     "node": {
         "change",
         "core",
@@ -222,8 +223,9 @@ ALLOWED = {
         "systemd",
         "verify",
         "vllm_log",
+        "wire",
     },
-    "multinode": {"change", "core", "nvml", "remote", "store"},
+    "multinode": {"change", "core", "nvml", "remote", "store", "wire"},
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,55 @@ def test_an_unreachable_host_is_an_ssh_failure_with_the_host_first() -> None:
     link = Link(ssh=("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3"))
     with pytest.raises(NodeError, match=r"^no-such-node\.invalid: ssh failed: "):
         link.call("no-such-node.invalid", ["node", "show", "u"], timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ('import sys; sys.stdout.buffer.write(b\'{"ok": "\\xff\\xfe"}\')', "its answer is not UTF-8"),
+        ("print('[' * 100000 + ']' * 100000)", "its answer is JSON nested too deeply"),
+        ("print('{\"a\":' * 100000 + '1' + '}' * 100000)", "its answer is JSON nested too deeply"),
+        ("print('[1, 2]')", "its answer is not a JSON object"),
+    ],
+)
+def test_any_fault_in_a_nodes_answer_is_that_nodes_failure(workdir: Path, body: str, why: str) -> None:
+    """Not UTF-8, nested past the parser, not an object: a NodeError naming the node, never another
+    exception (which the coordinator would not take for the node's failure, issue 29.5)."""
+    link = Link(local_ctxmgr=_script(workdir, body))
+    with pytest.raises(NodeError, match=rf"^local: {why}$"):
+        link.call("local", ["node", "start", "u"], timeout=30)
+
+
+def test_a_nodes_answer_is_bounded_while_it_is_read(workdir: Path) -> None:
+    """64 MiB of answer, then a wait: refused once past the 16 MiB cap, at once, without holding the
+    rest (the reader does not wait for the end, nor for the timeout)."""
+    body = (
+        "import sys, time\n"
+        "chunk = b'x' * (1 << 20)\n"
+        "for _ in range(64):\n"
+        "    sys.stdout.buffer.write(chunk)\n"
+        "    sys.stdout.buffer.flush()\n"
+        "time.sleep(60)\n"
+    )
+    link = Link(local_ctxmgr=_script(workdir, body))
+    started = time.monotonic()
+    with pytest.raises(NodeError, match=r"^local: its answer is larger than 16777216 bytes$"):
+        link.call("local", ["node", "show", "u"], timeout=40)
+    assert time.monotonic() - started < 30
+
+
+def test_the_request_reaches_the_node_and_a_silent_node_times_out(workdir: Path) -> None:
+    echo = Link(
+        local_ctxmgr=_script(workdir, "import json,sys; print(json.dumps({'got': json.load(sys.stdin)}))")
+    )
+    assert echo.call("local", ["node", "settle", "u"], timeout=30, stdin={"reason": "r"}) == {
+        "got": {"reason": "r"}
+    }
+    silent = Link(local_ctxmgr=_script(workdir, "import time; time.sleep(30)"))
+    started = time.monotonic()
+    with pytest.raises(NodeError, match=r"did not answer within 2 s"):
+        silent.call("local", ["node", "stop", "u"], timeout=2)
+    assert time.monotonic() - started < 10
 
 
 @pytest.mark.parametrize("said", [256, 512, -1, 7, True, "2", 1.5, None])

@@ -24,14 +24,15 @@ in the state directory) says which node reached which step; each node's own revi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from vllm_ctxmgr.change import Abandoned, Interrupted, Result, signals_raise
 from vllm_ctxmgr.core.hardware import GpuState
@@ -41,10 +42,31 @@ from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
 from vllm_ctxmgr.nvml import gpus_from_json
 from vllm_ctxmgr.remote import Link, NodeAddress, NodeError
 from vllm_ctxmgr.store import ServiceStore
+from vllm_ctxmgr.wire import (
+    CheckAnswer,
+    LastChange,
+    Message,
+    NodeStart,
+    PlanAnswer,
+    PlannedGpu,
+    PlanningOptions,
+    PlanStdin,
+    PrepareAnswer,
+    PrepareStdin,
+    ReasonStdin,
+    ShowAnswer,
+    StartAnswer,
+    StepAnswer,
+    StopAnswer,
+    VerifyAnswer,
+)
+
+T = TypeVar("T", bound=Message)
 
 Printer = Callable[[str], None]
 
 SHOW_TIMEOUT = 120.0
+WATCH_INTERVAL = 3.0  # s between looks at every headless rank while the head starts
 STEP_TIMEOUT = 300.0  # a node's write, stop or check (a headless rank's stop took ~12 s)
 
 
@@ -113,7 +135,7 @@ class DeploymentRequest:
     # each node's GPUs where its NVML cannot say (a `ctxmgr gpus --json` object), by host
     node_gpus: Mapping[str, GpuState] = field(default_factory=dict)
     default_gpus: GpuState | None = None  # every node's, from --gpu-memory / --gpu-count
-    planning: dict[str, Any] = field(default_factory=dict)  # weights_bytes, vllm_version, allow_long ...
+    planning: PlanningOptions = field(default_factory=PlanningOptions)
     dry_run: bool = False
     force: bool = False
     dropin: bool = False
@@ -137,43 +159,17 @@ def _role_name(role: NodeRole | None) -> str:
     return "headless" if role is not None and role.headless else "head"
 
 
-# the types of the `node show` fields the coordinator reads; any other type is the node's fault
-_SHOWN_TYPES: dict[str, tuple[type, ...]] = {
-    "in_progress": (dict,), "last_change": (dict,), "logged": (dict,), "observation": (dict,),
-    "gpus": (dict,), "unit_digest": (str,), "ray_worker": (bool,),
-}  # fmt: skip
-
-
-def checked_show(answer: dict[str, Any], address: NodeAddress) -> dict[str, Any]:
-    """A node's `show` answer, its fields of the types the coordinator reads (argv a list of words,
-    environment a mapping of names to text, the records mappings); a wrongly typed field is refused in
-    one line naming it, before anything reads it."""
-
-    def wrong(key: str, expected: str) -> UsageError:
-        return UsageError(
-            f"{address}: `node show` answered {key} that is not {expected}; nothing was changed"
-        )
-
-    argv = answer.get("argv")
-    if argv is not None and not (isinstance(argv, list) and all(isinstance(w, str) for w in argv)):
-        raise wrong("argv", "a list of words")
-    environment = answer.get("environment")
-    if environment is not None and not (
-        isinstance(environment, dict) and all(isinstance(v, str) for v in environment.values())
-    ):
-        raise wrong("environment", "a mapping of names to text")
-    for key, types in _SHOWN_TYPES.items():
-        if answer.get(key) is not None and not isinstance(answer[key], types):
-            raise wrong(key, "a " + ("mapping" if types == (dict,) else types[0].__name__))
-    return answer
-
-
 @dataclass
 class _Node:
     address: NodeAddress
-    shown: dict[str, Any]
+    shown: ShowAnswer | None = None  # its `node show` answer, once read
     role: NodeRole | None = None
     outcome: NodeOutcome | None = None
+
+    @property
+    def show(self) -> ShowAnswer:
+        assert self.shown is not None, "read() reads every node first"
+        return self.shown
 
 
 class Coordinator:
@@ -192,21 +188,38 @@ class Coordinator:
         self.topology: Topology | None = None
         self.result = DeploymentResult(self.name, "set-context", Result.PLANNED, False)
         self.undo: str | None = None  # a rollback: the change whose previous units go back
+        self.back_to: str | None = None  # a rollback --to: the change whose units go back
+        self.drift = ""  # what was found where the nodes' units give different max_model_len
 
     # ---- talking to nodes --------------------------------------------------------------------
 
     def _call(
-        self, node: _Node, *args: str, timeout: float = STEP_TIMEOUT, stdin: dict | None = None
-    ) -> dict:
+        self,
+        node: _Node,
+        kind: type[T],
+        *args: str,
+        timeout: float = STEP_TIMEOUT,
+        stdin: Message | None = None,
+    ) -> T:
+        """One step on `node`, its answer checked at the door (wire.py): any fault in it is that
+        node's NodeError, its address first."""
         address = node.address
-        return self.request.link.call(
-            address.host, ["node", *args, address.service], timeout, stdin, str(address)
+        answer = self.request.link.call(
+            address.host,
+            ["node", *args, address.service],
+            timeout,
+            stdin.to_json() if stdin is not None else None,
+            str(address),
         )
+        try:
+            return kind.from_json(answer)
+        except UsageError as exc:  # refused at the door: nothing that node said is used
+            raise NodeError(f"{address}: {exc.message}", exit_code=ExitCode.USAGE) from None
 
-    def _each(self, nodes: list[_Node], step: Callable[[_Node], dict]) -> list[dict | NodeError]:
+    def _each(self, nodes: list[_Node], step: Callable[[_Node], T]) -> list[T | NodeError]:
         """`step` on every node at once (stops and reads take seconds each; nodes are independent)."""
 
-        def run(node: _Node) -> dict | NodeError:
+        def run(node: _Node) -> T | NodeError:
             try:
                 return step(node)
             except NodeError as exc:
@@ -224,34 +237,33 @@ class Coordinator:
         (a node with a change in progress among them, unless `recovering` it)."""
         request = self.request
         self.say(f"reading {len(request.nodes)} nodes: {', '.join(map(str, request.nodes))}")
-        probes = [_Node(address, {}) for address in request.nodes]
-        answers = self._each(probes, lambda n: self._call(n, "show", timeout=SHOW_TIMEOUT))
-        failed = [a for a in answers if isinstance(a, NodeError)]
-        if failed:
-            raise NodeError(f"cannot read every node, nothing was changed: {failed[0].message}")
+        probes = [_Node(address) for address in request.nodes]
+        answers = self._each(probes, lambda n: self._call(n, ShowAnswer, "show", timeout=SHOW_TIMEOUT))
         for node, answer in zip(probes, answers, strict=True):
-            assert isinstance(answer, dict)
-            node.shown = checked_show(answer, node.address)
-            pending = answer.get("in_progress")
+            if isinstance(answer, NodeError):
+                raise NodeError(
+                    f"cannot read every node, nothing was changed: {answer.message}",
+                    exit_code=answer.exit_code,
+                )
+            node.shown = answer
+            pending = answer.in_progress
             if pending and not recovering:
                 raise UsageError(
-                    f"{node.address}: revision {pending.get('revision')} is still {pending.get('state')}: "
+                    f"{node.address}: revision {pending.revision} is still {pending.state}: "
                     "another change is under way there, or was interrupted: "
                     "`ctxmgr deployment recover` with the same nodes"
                 )
         units = [
             NodeUnit(node.address.host, node.address.service, None, ray_worker=True)
-            if node.shown.get("ray_worker")
+            if node.show.ray_worker
             else NodeUnit(
                 node.address.host,
                 node.address.service,
-                parse_serve_argv(
-                    list(node.shown.get("argv") or []), dict(node.shown.get("environment") or {})
-                ),
+                parse_serve_argv(list(node.show.argv), dict(node.show.environment)),
             )
             for node in probes
         ]
-        topology = read_topology(units)
+        topology = read_topology(self._drifted(units))
         by_address = {(r.host, r.service): r for r in topology.nodes}
         for node in probes:
             node.role = by_address.get((node.address.host, node.address.service))
@@ -274,6 +286,42 @@ class Coordinator:
             node.outcome = outcome
         return topology
 
+    def _drifted(self, units: list[NodeUnit]) -> list[NodeUnit]:
+        """The units with every node at the head's --max-model-len, where one was left at another
+        (edited by hand): the deployment is the same otherwise, and its drift is said (`self.drift`)
+        for each command to act on: verify fails, set-context reconciles, rollback refuses."""
+        serving = [u for u in units if u.args is not None]
+        heads = [u for u in serving if not u.args or "--headless" not in u.args.flags]
+        lengths = {f"{u.host}:{u.service}": u.args.max_model_len for u in serving if u.args}
+        if len(set(lengths.values())) < 2 or len(heads) != 1 or heads[0].args is None:
+            return units
+        head = heads[0].args
+        self.drift = "max_model_len differs between nodes: " + ", ".join(
+            f"{name} {'(unset)' if n is None else n}" for name, n in lengths.items()
+        )
+        flags = dict(head.flags)
+        same = [
+            u
+            if u.args is None
+            else replace(
+                u,
+                args=replace(
+                    u.args,
+                    max_model_len=head.max_model_len,
+                    flags={
+                        **{k: v for k, v in u.args.flags.items() if k != "--max-model-len"},
+                        **(
+                            {"--max-model-len": flags["--max-model-len"]}
+                            if "--max-model-len" in flags
+                            else {}
+                        ),
+                    },
+                ),
+            )
+            for u in units
+        ]
+        return same
+
     def _world_gpus(self) -> GpuState | None:
         """Every node's GPUs in rank order: given for the node, else its NVML, else --gpu-memory."""
         assert self.topology is not None
@@ -281,7 +329,7 @@ class Coordinator:
         for node in self.nodes:
             host = node.address.host
             given = self.request.node_gpus.get(host)
-            shown = node.shown.get("gpus")
+            shown = node.show.gpus
             if given is not None:
                 per_node[host] = given
             elif shown:
@@ -305,68 +353,61 @@ class Coordinator:
                     node.outcome.stages = list(node.role.stages)
         return world_gpus(self.topology, per_node)
 
-    def plan(self) -> dict[str, Any]:
-        """The head plans the deployment (the model files are on the nodes, not necessarily here)."""
+    def plan(self) -> PlanAnswer:
+        """The head plans the deployment (the model files are on the nodes, not necessarily here); its
+        answer passed the door, which refuses a flag a context change does not write."""
         head = self._head()
         world = self._world_gpus()
-        stdin = {
-            "planning": dict(self.request.planning),
-            "world_gpus": world.to_json() if world else None,
-            "node_observations": self._node_observations() if world else [],
-        }
+        stdin = PlanStdin(
+            planning=self.request.planning,
+            world_gpus=world.to_json() if world else None,
+            node_observations=self._node_observations() if world else (),
+        )
         args = ["plan", "--context", str(self.request.context)]
         if self.request.gpu_memory_utilization is not None:
             args += ["--gpu-memory-utilization", f"{self.request.gpu_memory_utilization:g}"]
-        answer = self._call(head, *args, timeout=SHOW_TIMEOUT, stdin=stdin)
-        plan = answer.get("plan") or {}
-        self.result.plan, self.result.plan_text = plan, str(answer.get("text") or "")
-        self.result.max_model_len = answer.get("max_model_len")
-        self.result.gpu_memory_utilization = answer.get("gpu_memory_utilization")
-        self.result.least_gpu_memory_utilization = answer.get("least_gpu_memory_utilization")
+        answer = self._call(head, PlanAnswer, *args, timeout=SHOW_TIMEOUT, stdin=stdin)
+        planned = answer.planned
+        self.result.plan, self.result.plan_text = answer.plan, answer.text  # type: ignore[assignment]
+        self.result.max_model_len = answer.max_model_len
+        self.result.gpu_memory_utilization = answer.gpu_memory_utilization
+        self.result.least_gpu_memory_utilization = answer.least_gpu_memory_utilization
         self.result.previous_max_model_len = parse_serve_argv(
-            list(head.shown.get("argv") or []), dict(head.shown.get("environment") or {})
+            list(head.show.argv), dict(head.show.environment)
         ).max_model_len
-        if answer.get("learned"):
-            self.say(str(answer["learned"]))
-        self._per_node(plan)
+        if answer.learned:
+            self.say(answer.learned)
+        self._per_node(planned.gpus)
         return answer
 
-    def _node_observations(self) -> list[dict[str, Any]]:
+    def _node_observations(self) -> tuple[NodeStart, ...]:
         """Each headless node's last start as its own journal logged it, with the global ranks it
         holds: the head's journal has only its own ranks' memory lines, and with PP over nodes the
         stages differ (the embedding on the first, the LM head on the last), so each node's GPU lines
         are calibrated from that node's start (the head checks each record, node.plan)."""
-        return [
-            {
-                "node": f"node {node.role.node_rank}",
-                "ranks": list(node.role.ranks),
-                "record": node.shown["observation"],
-            }
+        return tuple(
+            NodeStart(f"node {node.role.node_rank}", tuple(node.role.ranks), node.show.observation)
             for node in self._workers()
-            if node.role is not None and isinstance(node.shown.get("observation"), dict)
-        ]
+            if node.role is not None and node.show.observation is not None
+        )
 
-    def _per_node(self, plan: Mapping[str, Any]) -> None:
+    def _per_node(self, lines: tuple[PlannedGpu, ...]) -> None:
         """Split the plan's GPU lines (rank order, the world's GPUs) per node."""
-        lines = list(plan.get("gpus") or [])
         for node in self.nodes:
             if node.role is None or node.outcome is None:
                 continue
             mine = [lines[r] for r in node.role.ranks if r < len(lines)]
-            node.outcome.logged = dict(node.shown.get("logged") or {})
+            node.outcome.logged = _logged(node.show)
             if not mine:
                 continue
 
-            def least(name: str, gpus: list[dict[str, Any]] = mine) -> int | None:
-                values = [
-                    g[name]["bytes"]
-                    for g in gpus
-                    if isinstance(g.get(name), dict) and g[name].get("bytes") is not None
-                ]
+            def least(name: str, gpus: list[PlannedGpu] = mine) -> int | None:
+                figures = (getattr(g, name) for g in gpus)
+                values = [f.bytes for f in figures if f is not None and f.bytes is not None]
                 return min(values) if values else None
 
-            def sources(name: str, gpus: list[dict[str, Any]] = mine) -> str:
-                found = [str(g[name].get("source")) for g in gpus if isinstance(g.get(name), dict)]
+            def sources(name: str, gpus: list[PlannedGpu] = mine) -> str:
+                found = [f.source for f in (getattr(g, name) for g in gpus) if f is not None]
                 return ", ".join(dict.fromkeys(found))
 
             node.outcome.planned = {
@@ -402,48 +443,54 @@ class Coordinator:
     # ---- the change --------------------------------------------------------------------------
 
     def set_context(self) -> DeploymentResult:
-        """Read, plan, confirm, write every node, restart them together, watch, probe; roll all back."""
+        """Read, plan, confirm, write every node, restart them together, watch, probe; roll all back.
+        A deployment whose nodes run different lengths (one edited by hand) is reconciled: every node
+        is written to the context asked for and the deployment restarts once."""
         request, result = self.request, self.result
         wait = request.wait_lock
         lock = self.store.read_lock(wait) if request.dry_run else self.store.lock(wait)
         with lock:
             self.read()
+            if self.drift:
+                self.say(f"{self.drift}; every node is written to max_model_len {request.context}")
             answer = self.plan()
-            plan_result = str(answer.get("result") or "unknown")
-            context = int(answer.get("max_model_len") or request.context)
-            if plan_result != "feasible" and not request.force:
+            planned = answer.planned
+            context = answer.max_model_len
+            if answer.result != "feasible" and not request.force:
                 result.result = Result.INFEASIBLE
-                result.exit_code = ExitCode.INFEASIBLE if plan_result == "infeasible" else ExitCode.UNKNOWN
-                result.reason = str(
-                    (answer.get("plan") or {}).get("reason") or "the plan does not say it fits"
-                )
-                result.suggestion = (
-                    f"largest context that fits: {(answer.get('plan') or {}).get('max_context')}"
-                )
+                result.exit_code = ExitCode.INFEASIBLE if answer.result == "infeasible" else ExitCode.UNKNOWN
+                result.reason = planned.reason or "the plan does not say it fits"
+                result.suggestion = f"largest context that fits: {planned.max_context}"
                 return result
-            flags = {str(k): str(v) for k, v in dict(answer.get("flag_changes") or {}).items()}
+            flags, env = answer.flag_changes, answer.env_changes
             # the head leaves out a length its own unit has; every node gets it (a node's own edit of a
-            # value it already has changes nothing)
+            # value it already has changes nothing; a node left at another length is written to it)
+            flags = {**flags}
             flags.setdefault("--max-model-len", str(context))
-            diffs = self._each(self.changing, lambda n: self._prepare(n, flags, context, dry_run=True))
-            failed = [d for d in diffs if isinstance(d, NodeError)]
-            if failed:
-                raise NodeError(f"nothing was changed: {failed[0].message}")
-            for node, diff in zip(self.changing, diffs, strict=True):
-                assert isinstance(diff, dict) and node.outcome is not None
-                node.outcome.diff = str(diff.get("diff") or "")
-            if not any(isinstance(d, dict) and d.get("changed") for d in diffs):
+            if not self._diffs(flags, env, context):
                 result.result = Result.UNCHANGED
                 result.reason = (
                     f"every node already has max_model_len {context}: nothing changed, nothing restarted"
                 )
                 return result
+            if self.drift:
+                result.reason = f"{self.drift}: every node is written to {context}"
             if request.dry_run:
                 result.result, result.reason = Result.DRY_RUN, "dry run: nothing was written or restarted"
                 return result
             if request.confirm is not None and not request.confirm(result):
                 raise UsageError("nothing was changed")
-            return self._apply(flags, context)
+            return self._apply(flags, context, env=env)
+
+    def _diffs(self, flags: dict[str, str], env: dict[str, str], context: int) -> bool:
+        """Every node's diff (a dry run of its write), before anything is written: whether any changes."""
+        diffs = self._each(self.changing, lambda n: self._prepare(n, flags, context, True, env))
+        for node, diff in zip(self.changing, diffs, strict=True):
+            if isinstance(diff, NodeError):
+                raise NodeError(f"nothing was changed: {diff.message}")
+            assert node.outcome is not None
+            node.outcome.diff = diff.diff
+        return any(not isinstance(d, NodeError) and d.changed for d in diffs)
 
     def recover(self) -> DeploymentResult:
         """Finish a deployment change an interrupted coordinator left in progress on its nodes: every
@@ -452,55 +499,64 @@ class Coordinator:
         result.action = "recover"
         with self.store.lock(self.request.wait_lock):
             self.read(recovering=True)
-            pending = {n.address: n.shown.get("in_progress") or {} for n in self.changing}
-            changes = {str(p.get("change")) for p in pending.values() if p}
+            pending = {n.address: n.show.in_progress for n in self.changing}
+            changes = {p.change for p in pending.values() if p is not None}
             if not changes:
                 result.result = Result.UNCHANGED
                 result.reason = "no node has a deployment change in progress: nothing to recover"
                 return result
-            if len(changes) > 1 or "None" in changes:
+            if len(changes) > 1 or None in changes:
                 raise UsageError(
                     "the nodes' changes in progress are not one deployment change: "
-                    + ", ".join(f"{a}: {p.get('change') or 'none'}" for a, p in pending.items())
+                    + ", ".join(f"{a}: {(p.change if p else None) or 'none'}" for a, p in pending.items())
                 )
-            result.change_id = changes.pop()
-            last = next(n.shown.get("last_change") or {} for n in self.changing if pending[n.address])
-            result.max_model_len = last.get("max_model_len")
-            result.previous_max_model_len = last.get("previous_max_model_len")
-            self._roll_back_all(f"the deployment change {result.change_id} was interrupted")
+            result.change_id = str(changes.pop())
+            last = next(n.show.last_change for n in self.changing if pending[n.address] is not None)
+            if last is not None:
+                result.max_model_len = last.max_model_len
+                result.previous_max_model_len = last.previous_max_model_len
+            interrupted = f"the deployment change {result.change_id} was interrupted"
+            self._roll_back_all(interrupted)
+            result.changed = True  # every node it wrote was written back, and every node restarted
             if result.result is Result.ROLLED_BACK:
                 result.exit_code = ExitCode.OK  # recovering is what was asked, and it worked (as `recover`)
+                result.reason = (
+                    f"{interrupted}: every node it wrote has its previous unit back, and the deployment "
+                    f"serves again at max_model_len {result.previous_max_model_len}"
+                )
+            else:
+                result.reason = f"{interrupted}{result.reason}"
             return result
 
-    def rollback(self) -> DeploymentResult:
-        """Every node back to the unit it had before the deployment's last change (all nodes must have
-        the same last change, final), through the same walk as a change."""
+    def rollback(self, to: str | None = None) -> DeploymentResult:
+        """Every node back to the unit it had before the deployment's last good change (failed attempts,
+        rolled back already, are skipped, as one service's rollback skips them), or to the unit change
+        `to` left; through the same walk as a change."""
         request, result = self.request, self.result
         result.action = "rollback"
         wait = request.wait_lock
         with self.store.read_lock(wait) if request.dry_run else self.store.lock(wait):
             self.read()
-            lasts = {n.address: n.shown.get("last_change") or {} for n in self.changing}
-            changes = {str(last.get("change")) for last in lasts.values()}
-            if len(changes) != 1 or "None" in changes:
+            if self.drift:
                 raise UsageError(
-                    "the nodes' last deployment changes differ, nothing to roll back as one: "
-                    + ", ".join(f"{a}: {last.get('change') or 'none'}" for a, last in lasts.items())
+                    f"{self.drift}: there is no one change to roll back; `ctxmgr deployment set-context N` "
+                    "writes every node to N"
                 )
-            last = next(iter(lasts.values()))
-            if last.get("state") != "final":
-                raise UsageError(f"the last change {last.get('change')} is {last.get('state')}, not final")
-            self.undo = str(last["change"])
-            context = int(last.get("previous_max_model_len") or 0)
-            result.previous_max_model_len, result.max_model_len = last.get("max_model_len"), context
+            target = self._rollback_target(to)
+            context = int((target.max_model_len if to else target.previous_max_model_len) or 0)
+            if to:
+                self.back_to = str(target.change)
+            else:
+                self.undo = str(target.change)
+            result.previous_max_model_len = parse_serve_argv(
+                list(self._head().show.argv), dict(self._head().show.environment)
+            ).max_model_len
+            result.max_model_len = context
             flags = {"--max-model-len": str(context)}
-            diffs = self._each(self.changing, lambda n: self._prepare(n, flags, context, dry_run=True))
-            failed = [d for d in diffs if isinstance(d, NodeError)]
-            if failed:
-                raise NodeError(f"nothing was changed: {failed[0].message}")
-            for node, diff in zip(self.changing, diffs, strict=True):
-                assert isinstance(diff, dict) and node.outcome is not None
-                node.outcome.diff = str(diff.get("diff") or "")
+            if not self._diffs(flags, {}, context):
+                result.result = Result.UNCHANGED
+                result.reason = f"every node already has the unit {to or 'from before ' + str(target.change)}"
+                return result
             if request.dry_run:
                 result.result, result.reason = Result.DRY_RUN, "dry run: nothing was written or restarted"
                 return result
@@ -508,20 +564,38 @@ class Coordinator:
                 raise UsageError("nothing was changed")
             return self._apply(flags, context, keep_previous=result.previous_max_model_len)
 
-    def _prepare(self, node: _Node, flags: dict[str, str], context: int, dry_run: bool) -> dict:
-        if self.undo is not None:
-            args = [
-                "prepare",
-                "--change",
-                self.result.change_id or "dry-run",
-                "--max-model-len",
-                str(context),
-                "--expect-digest",
-                str(node.shown.get("unit_digest") or ""),
-                "--undo",
-                self.undo,
-            ]
-            return self._call(node, *args, *(["--dry-run"] if dry_run else []), stdin={"flag_changes": flags})
+    def _rollback_target(self, to: str | None) -> LastChange:
+        """The deployment change every node goes back before (its newest final one), or `to`: the same
+        on every node, final on every node."""
+        found: dict[NodeAddress, LastChange | None] = {}
+        if to and to.isdigit():  # a revision number, as one service's rollback takes: the head's
+            made = self._head().show.deployment_changes
+            change = next((c.change for c in made if c.revision == int(to) and c.change), None)
+            if change is None:
+                raise UsageError(f"{self._head().address}: revision {to} is not one a deployment change made")
+            to = change
+        for node in self.changing:
+            finals = [c for c in node.show.deployment_changes if c.state == "final"]
+            if to:
+                found[node.address] = next((c for c in reversed(finals) if c.change == to), None)
+            else:
+                found[node.address] = finals[-1] if finals else None
+        if to and any(c is None for c in found.values()):
+            missing = next(a for a, c in found.items() if c is None)
+            raise UsageError(f"{missing}: no final revision of deployment change {to} there")
+        changes = {c.change if c else None for c in found.values()}
+        if len(changes) != 1 or None in changes:
+            raise UsageError(
+                "the nodes' last good deployment changes differ, nothing to roll back as one: "
+                + ", ".join(f"{a}: {(c.change if c else None) or 'none'}" for a, c in found.items())
+            )
+        target = next(iter(found.values()))
+        assert target is not None
+        return target
+
+    def _prepare(
+        self, node: _Node, flags: dict[str, str], context: int, dry_run: bool, env: dict[str, str]
+    ) -> PrepareAnswer:
         args = [
             "prepare",
             "--change",
@@ -529,13 +603,17 @@ class Coordinator:
             "--max-model-len",
             str(context),
             "--expect-digest",
-            str(node.shown.get("unit_digest") or ""),
+            node.show.unit_digest,
         ]
+        if self.undo is not None:
+            args += ["--undo", self.undo]
+        elif self.back_to is not None:
+            args += ["--back-to", self.back_to]
+        elif self.request.dropin:
+            args.append("--dropin")
         if dry_run:
             args.append("--dry-run")
-        if self.request.dropin:
-            args.append("--dropin")
-        return self._call(node, *args, stdin={"flag_changes": flags})
+        return self._call(node, PrepareAnswer, *args, stdin=PrepareStdin(flags, env))
 
     def _record(self, state: str) -> None:
         """The coordinator's own record: which node reached which step (a person reads it first)."""
@@ -546,7 +624,11 @@ class Coordinator:
         self.store.write_json("last-change.json", {"state": state, "time": time.time(), **data})
 
     def _apply(
-        self, flags: dict[str, str], context: int, keep_previous: int | None = None
+        self,
+        flags: dict[str, str],
+        context: int,
+        keep_previous: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> DeploymentResult:
         result = self.result
         t0 = time.monotonic()
@@ -560,7 +642,7 @@ class Coordinator:
             # leaving `deployment recover` to finish
             with signals_raise():
                 try:
-                    return self._walk(flags, context, t0)
+                    return self._walk(flags, env or {}, context, t0)
                 except Interrupted as exc:
                     result.reason = f"ctxmgr was interrupted by {exc.name}"
                     self.say(f"{result.reason}; rolling every node back")
@@ -574,24 +656,25 @@ class Coordinator:
                 exit_code=ExitCode.ROLLBACK_FAILED,
             ) from None
 
-    def _walk(self, flags: dict[str, str], context: int, t0: float) -> DeploymentResult:
+    def _walk(self, flags: dict[str, str], env: dict[str, str], context: int, t0: float) -> DeploymentResult:
         result = self.result
         written: list[_Node] = []
         for node in self.changing:
             assert node.outcome is not None
             try:
-                answer = self._prepare(node, flags, context, dry_run=False)
+                answer = self._prepare(node, flags, context, False, env)
             except NodeError as exc:
                 node.outcome.ok, node.outcome.reason = False, exc.message
                 return self._put_back_unrestarted(written, exc.message)
-            node.outcome.revision, node.outcome.step = answer.get("revision"), "written"
+            node.outcome.revision, node.outcome.step = answer.revision, "written"
             written.append(node)
         result.timings["write_s"] = round(time.monotonic() - t0, 3)
         failure = self._restart_all(back=False)
         result.timings["start_s"] = round(time.monotonic() - t0, 3)
         if failure is None:
+            change = str(result.change_id)
             finished = self._each(
-                self.changing, lambda n: self._call(n, "finish", "--change", str(result.change_id))
+                self.changing, lambda n: self._call(n, StepAnswer, "finish", "--change", change)
             )
             for node, done in zip(self.changing, finished, strict=True):
                 assert node.outcome is not None
@@ -601,8 +684,9 @@ class Coordinator:
                     node.outcome.step = "final"
             result.result, result.changed = Result.APPLIED, True
             self._read_logged()
+            found = f"found {self.drift}; " if self.drift else ""
             result.reason = (
-                f"every node runs max_model_len {context}; the head served the context-sized probe"
+                f"{found}every node runs max_model_len {context}; the head served the context-sized probe"
             )
             self._record("final")
             result.timings["total_s"] = round(time.monotonic() - t0, 3)
@@ -615,30 +699,32 @@ class Coordinator:
 
     def _read_logged(self) -> None:
         """What every rank logged at the start just made (each node's own memory lines)."""
-        shown = self._each(self.changing, lambda n: self._call(n, "show", timeout=SHOW_TIMEOUT))
+        shown = self._each(self.changing, lambda n: self._call(n, ShowAnswer, "show", timeout=SHOW_TIMEOUT))
         for node, answer in zip(self.changing, shown, strict=True):
-            if (
-                isinstance(answer, dict)
-                and isinstance(answer.get("logged"), dict)
-                and node.outcome is not None
-            ):
-                node.outcome.logged = dict(answer["logged"])
+            if not isinstance(answer, NodeError) and node.outcome is not None:
+                node.outcome.logged = _logged(answer)
+
+    def _settle_all(self, nodes: list[_Node], ok: bool, reason: str) -> None:
+        change = str(self.result.change_id)
+        verdict = "--ok" if ok else "--failed"
+        stdin = ReasonStdin(reason)
+        self._each(
+            nodes, lambda n: self._call(n, StepAnswer, "settle", "--change", change, verdict, stdin=stdin)
+        )
+
+    def _restore_all(self, nodes: list[_Node], reason: str) -> list[StepAnswer | NodeError]:
+        change, stdin = str(self.result.change_id), ReasonStdin(reason)
+        return self._each(
+            nodes, lambda n: self._call(n, StepAnswer, "restore", "--change", change, stdin=stdin)
+        )
 
     def _put_back_unrestarted(self, written: list[_Node], reason: str) -> DeploymentResult:
         """A write failed before anything restarted: the nodes already written get their unit back."""
         result = self.result
         result.reason = f"nothing was restarted: {reason}"
-        change = str(result.change_id)
-        back = self._each(
-            written, lambda n: self._call(n, "restore", "--change", change, stdin={"reason": reason})
-        )
+        back = self._restore_all(written, reason)
         ok = not any(isinstance(b, NodeError) for b in back)
-        self._each(
-            written,
-            lambda n: self._call(
-                n, "settle", "--change", change, "--ok" if ok else "--failed", stdin={"reason": reason}
-            ),
-        )
+        self._settle_all(written, ok, reason)
         result.result = Result.ROLLED_BACK if ok else Result.ROLLBACK_FAILED
         result.exit_code = ExitCode.ERROR if ok else ExitCode.ROLLBACK_FAILED
         self._record(str(result.result))
@@ -650,8 +736,8 @@ class Coordinator:
         change = str(self.result.change_id)
         head, workers = self._head(), self._workers()
         self.say("stopping every node: " + ", ".join(str(n.address) for n in self.changing))
-        stopped = self._each([head], lambda n: self._call(n, "stop"))
-        stopped += self._each(workers, lambda n: self._call(n, "stop"))
+        stopped = self._each([head], lambda n: self._call(n, StopAnswer, "stop"))
+        stopped += self._each(workers, lambda n: self._call(n, StopAnswer, "stop"))
         for node, answer in zip([head, *workers], stopped, strict=True):
             if isinstance(answer, NodeError):
                 return f"{node.address} did not stop: {answer.message}", ""
@@ -659,50 +745,49 @@ class Coordinator:
             node.outcome.step = "stopped"
         extra = ["--back"] if back else []
         cursors: dict[NodeAddress, str] = {}
-        started = self._each(workers, lambda n: self._call(n, "start", "--change", change, *extra))
+        started = self._each(
+            workers, lambda n: self._call(n, StartAnswer, "start", "--change", change, *extra)
+        )
         for node, answer in zip(workers, started, strict=True):
             if isinstance(answer, NodeError):
                 return f"{node.address} did not start: {answer.message}", ""
-            cursors[node.address] = str(answer.get("cursor") or "")
+            cursors[node.address] = answer.cursor
             assert node.outcome is not None
             node.outcome.step = "started"
-        self.say(f"starting the head {head.address}; following its journal")
-        try:
-            answer = self._call(
-                head,
-                "start",
-                "--change",
-                change,
-                "--head",
-                *extra,
-                timeout=self.request.start_timeout + STEP_TIMEOUT,
-            )
-        except NodeError as exc:
-            answer = {"ok": False, "reason": exc.message}
+        self.say(f"starting the head {head.address}; following its journal and every node's unit")
+        expected = str(self._expected(back))
+
+        def check(node: _Node) -> CheckAnswer:
+            cursor = cursors[node.address]
+            return self._call(node, CheckAnswer, "check", "--cursor", cursor, "--max-model-len", expected)
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            head_start = pool.submit(self._start_head, head, change, extra)
+            first = self._watch(workers, check, head_start)
+            if first is not None:  # the deployment failed there: the head would wait for it in vain
+                self.say(f"{first[0]}: stopping the head")
+                with contextlib.suppress(NodeError):
+                    self._call(head, StopAnswer, "stop")
+            answer = head_start.result()
         assert head.outcome is not None
         head.outcome.step = "started"
-        checks = self._each(
-            workers,
-            lambda n: self._call(
-                n, "check", "--cursor", cursors[n.address], "--max-model-len", str(self._expected(back))
-            ),
-        )
-        failures: list[tuple[str, str]] = []  # (node: reason, vLLM's decisive line), the head first
-        if not answer.get("ok"):
-            head.outcome.ok, head.outcome.reason = False, str(answer.get("reason") or "")
-            failures.append(
-                (f"{head.address}: {answer.get('reason')}", str(answer.get("decisive_line") or ""))
-            )
+        checks = self._each(workers, check)
+        failures: list[tuple[str, str]] = []  # (node: reason, vLLM's decisive line), the first failed first
+        if first is not None:
+            failures.append((first[0], first[1]))
+        if not answer.ok:
+            head.outcome.ok, head.outcome.reason = False, answer.reason
+            failures.append((f"{head.address}: {answer.reason}", answer.decisive_line))
         for node, checked in zip(workers, checks, strict=True):
             assert node.outcome is not None
-            if isinstance(checked, NodeError):
+            if first is not None and node is first[2]:
+                node.outcome.ok, node.outcome.reason = False, first[0].removeprefix(f"{node.address}: ")
+            elif isinstance(checked, NodeError):
                 node.outcome.ok, node.outcome.reason = False, checked.message
                 failures.append((checked.message, ""))
-            elif not checked.get("ok"):
-                node.outcome.ok, node.outcome.reason = False, str(checked.get("reason") or "")
-                failures.append(
-                    (f"{node.address}: {checked.get('reason')}", str(checked.get("decisive_line") or ""))
-                )
+            elif not checked.ok:
+                node.outcome.ok, node.outcome.reason = False, checked.reason
+                failures.append((f"{node.address}: {checked.reason}", checked.decisive_line))
         if not failures:
             return None
         # every node that failed says why (vLLM's KV check runs in the head's engine; a rank's own OOM is
@@ -710,17 +795,50 @@ class Coordinator:
         line = next((line for _, line in failures if line), "")
         return "; ".join(reason for reason, _ in failures), line
 
+    def _start_head(self, head: _Node, change: str, extra: list[str]) -> StartAnswer:
+        """The head's start, watched until it serves and probed (its failure, as any, an answer)."""
+        try:
+            return self._call(
+                head,
+                StartAnswer,
+                "start",
+                "--change",
+                change,
+                "--head",
+                *extra,
+                timeout=self.request.start_timeout + STEP_TIMEOUT,
+            )
+        except NodeError as exc:  # its own words: the reason is put after the head's name
+            return StartAnswer(
+                head.address.service, False, reason=exc.message.removeprefix(f"{head.address}: ")
+            )
+
+    def _watch(
+        self, workers: list[_Node], check: Callable[[_Node], CheckAnswer], head_start: Future[StartAnswer]
+    ) -> tuple[str, str, _Node] | None:
+        """Every headless rank's unit and journal while the head starts: the first that failed (its unit
+        failed or stopped, or its journal holds vLLM's failure) as (node: reason, decisive line, node),
+        at once, rather than after the head gave up waiting for it; None once the head's start ended."""
+        while workers and not head_start.done():
+            wait([head_start], timeout=WATCH_INTERVAL)
+            if head_start.done():
+                return None
+            for node, checked in zip(workers, self._each(workers, check), strict=True):
+                if isinstance(checked, NodeError) or checked.ok:
+                    continue  # a check that could not be made is made again; the final one decides
+                if checked.active_state == "failed" or checked.decisive_line:
+                    return f"{node.address}: {checked.reason}", checked.decisive_line, node
+        return None
+
     def _expected(self, back: bool) -> int:
         return int((self.result.previous_max_model_len if back else self.result.max_model_len) or 0)
 
     def _roll_back_all(self, reason: str) -> None:
         """Every node's previous unit back, every node restarted together, the old deployment probed:
         the one way back, for a failed change, an interrupted one and `deployment recover`."""
-        result, change = self.result, str(self.result.change_id)
+        result = self.result
         self._record("rolling-back")
-        restored = self._each(
-            self.changing, lambda n: self._call(n, "restore", "--change", change, stdin={"reason": reason})
-        )
+        restored = self._restore_all(self.changing, reason)
         failure: tuple[str, str] | None = next(
             (
                 (f"{n.address}: {r.message}", "")
@@ -732,13 +850,8 @@ class Coordinator:
         if failure is None:
             failure = self._restart_all(back=True)
         ok = failure is None
-        settle_reason = "" if ok else failure[0] if failure else ""
-        self._each(
-            self.changing,
-            lambda n: self._call(
-                n, "settle", "--change", change, "--ok" if ok else "--failed", stdin={"reason": settle_reason}
-            ),
-        )
+        settle_reason = "" if failure is None else failure[0]
+        self._settle_all(self.changing, ok, settle_reason)
         if ok:
             result.result, result.exit_code = Result.ROLLED_BACK, ExitCode.ERROR
             self.say("every node runs its previous unit again; the head passed its probe")
@@ -748,60 +861,76 @@ class Coordinator:
         self._record(str(result.result))
 
 
+def _logged(shown: ShowAnswer) -> dict[str, Any]:
+    """A node's logged figures as the result prints them ({} for a Ray node, which logs none here)."""
+    return asdict(shown.logged) if shown.logged is not None else {}
+
+
 def recover_deployment(request: DeploymentRequest, state_dir: Path | str) -> DeploymentResult:
     """`ctxmgr deployment recover`: finish what an interrupted deployment change left (every node back)."""
     return Coordinator(request, state_dir).recover()
 
 
-def rollback_deployment(request: DeploymentRequest, state_dir: Path | str) -> DeploymentResult:
-    """`ctxmgr deployment rollback`: every node's unit as it was before the deployment's last change,
-    restarted together through the same walk (written, stopped, started, checked, probed)."""
-    coordinator = Coordinator(request, state_dir)
-    return coordinator.rollback()
+def rollback_deployment(
+    request: DeploymentRequest, state_dir: Path | str, to: str | None = None
+) -> DeploymentResult:
+    """`ctxmgr deployment rollback`: every node's unit as it was before the deployment's last good
+    change (or as change `to` left it), restarted together through the same walk (written, stopped,
+    started, checked, probed)."""
+    return Coordinator(request, state_dir).rollback(to)
 
 
 def verify_deployment(request: DeploymentRequest, state_dir: Path | str) -> dict[str, Any]:
     """`ctxmgr deployment verify`: the head's verify, and every headless rank active with no failure
-    since its start and the same max_model_len: ok | degraded | failed, as `verify`."""
+    since its start and the same max_model_len: ok | degraded | failed, as `verify`. Units that give
+    the nodes different lengths fail the check (TP corrupts output past the smaller one)."""
     coordinator = Coordinator(request, state_dir)
     coordinator.read()
     head, workers = coordinator._head(), coordinator._workers()
-    verified = coordinator._call(head, "verify", timeout=SHOW_TIMEOUT + 600)
-    served = verified.get("max_model_len")
+    verified = coordinator._call(head, VerifyAnswer, "verify", timeout=SHOW_TIMEOUT + 600)
+    served = verified.max_model_len
     checks = coordinator._each(
-        workers, lambda n: coordinator._call(n, "check", "--max-model-len", str(served or 0))
+        workers, lambda n: coordinator._call(n, CheckAnswer, "check", "--max-model-len", str(served or 0))
     )
-    result = str(verified.get("result") or "failed")
-    reasons = [f"{head.address}: {r}" for r in verified.get("reasons") or []]
+    result = verified.result
+    reasons = [f"{head.address}: {r}" for r in verified.reasons]
+    if coordinator.drift:
+        result = "failed"
+        reasons.append(
+            f"{coordinator.drift}: the next restart breaks the deployment; "
+            "`ctxmgr deployment set-context N` writes every node to N"
+        )
     nodes = [
         {
             "host": head.address.host,
             "service": head.address.service,
             "role": "head",
-            "result": result,
+            "result": verified.result,
             "max_model_len": served,
         }
     ]
     for node, checked in zip(workers, checks, strict=True):
-        ok = isinstance(checked, dict) and bool(checked.get("ok"))
-        why = checked.message if isinstance(checked, NodeError) else str(checked.get("reason") or "")
-        if not ok:
+        ok = not isinstance(checked, NodeError) and checked.ok
+        if isinstance(checked, NodeError):
             result = "failed"
-            reasons.append(why if isinstance(checked, NodeError) else f"{node.address}: {why}")
+            reasons.append(checked.message)
+        elif not checked.ok:
+            result = "failed"
+            reasons.append(f"{node.address}: {checked.reason}")
         nodes.append(
             {
                 "host": node.address.host,
                 "service": node.address.service,
                 "role": "headless",
                 "result": "ok" if ok else "failed",
-                "max_model_len": checked.get("max_model_len") if isinstance(checked, dict) else None,
+                "max_model_len": None if isinstance(checked, NodeError) else checked.max_model_len,
             }
         )
     return {
         "deployment": coordinator.name,
         "result": result,
         "max_model_len": served,
-        "probe_ok": verified.get("probe_ok"),
+        "probe_ok": verified.probe_ok,
         "reasons": reasons,
         "nodes": nodes,
     }
@@ -811,15 +940,16 @@ def plan_deployment(request: DeploymentRequest, state_dir: Path | str) -> Deploy
     """`ctxmgr deployment plan`: read and plan, change nothing."""
     coordinator = Coordinator(request, state_dir)
     coordinator.read()
+    if coordinator.drift:
+        coordinator.say(f"{coordinator.drift}; set-context writes every node to the context planned")
     answer = coordinator.plan()
     result = coordinator.result
     result.action = "plan"
-    verdict = str(answer.get("result") or "unknown")
-    result.result = verdict  # a plan's own vocabulary: feasible | infeasible | unknown
+    result.result = answer.result  # a plan's own vocabulary: feasible | infeasible | unknown
     result.exit_code = {"feasible": ExitCode.OK, "infeasible": ExitCode.INFEASIBLE}.get(
-        verdict, ExitCode.UNKNOWN
+        answer.result, ExitCode.UNKNOWN
     )
-    result.reason = str((answer.get("plan") or {}).get("reason") or "")
+    result.reason = answer.planned.reason
     return result
 
 

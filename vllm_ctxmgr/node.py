@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -44,6 +45,19 @@ from vllm_ctxmgr.systemd.unit_edit import UnitEdit, edit_unit, unified_diff
 from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 from vllm_ctxmgr.verify import VerifyOptions, verify_service
 from vllm_ctxmgr.vllm_log.watcher import StartWatcher, last_start, observe_start
+from vllm_ctxmgr.wire import (
+    MAX_CHANGES_SHOWN,
+    CheckAnswer,
+    InProgress,
+    LastChange,
+    Logged,
+    PlanAnswer,
+    PrepareAnswer,
+    ShowAnswer,
+    StartAnswer,
+    StepAnswer,
+    StopAnswer,
+)
 
 LOGGED_LINES = 20000  # of the journal, to find the last start in
 LOGGED_KEYS = (
@@ -92,7 +106,7 @@ def ray_start_unit(systemd: Systemd, service: str) -> ServiceUnit | None:
     return unit if len(words) > 1 and Path(first).name == "ray" and words[1] == "start" else None
 
 
-def show(restarter: Restarter) -> dict[str, Any]:
+def show(restarter: Restarter) -> ShowAnswer:
     """What the coordinator plans from: the unit's vLLM arguments (keys masked), its digest, the GPUs
     NVML sees here (None without NVML: the coordinator is given them) and any change in progress."""
     gpus = None
@@ -105,47 +119,45 @@ def show(restarter: Restarter) -> dict[str, Any]:
         if ray is None:
             raise
         state = restarter.systemd.state(restarter.unit)
-        return {
-            "service": restarter.unit,
-            "ray_worker": True,
-            "gpus": gpus,
-            "active_state": state.active_state,
-            "unit_digest": _files_digest(ray),
-            "in_progress": None,
-            "last_change": None,
-            "logged": {},
-            "observation": None,
-        }
+        return ShowAnswer(
+            service=restarter.unit,
+            ray_worker=True,
+            gpus=gpus,
+            active_state=state.active_state,
+            unit_digest=_files_digest(ray),
+        )
     secrets = view.secrets
     state = restarter.systemd.state(restarter.unit)
     pending = restarter.store.in_progress()
-    last = next((r for r in reversed(restarter.store.revisions()) if r.deployment), None)
-    return {
-        "service": restarter.unit,
-        "unit_path": str(view.unit_path),
-        "unit_digest": unit_digest(view),
-        "argv": [mask(word, secrets) for word in view.vllm_argv],
-        "environment": {k: mask(v, secrets) for k, v in view.args.env.items()},
-        "vllm_version": view.args.vllm_version,
-        "active_state": state.active_state,
-        "gpus": gpus,
-        "in_progress": None
+    made = [r for r in restarter.store.revisions() if r.deployment][-MAX_CHANGES_SHOWN:]
+    last = made[-1] if made else None
+    logged, observation = logged_start(restarter, view)
+    return ShowAnswer(
+        service=restarter.unit,
+        unit_path=str(view.unit_path),
+        unit_digest=unit_digest(view),
+        argv=tuple(mask(word, secrets) for word in view.vllm_argv),
+        environment={k: mask(v, secrets) for k, v in view.args.env.items()},
+        vllm_version=view.args.vllm_version,
+        active_state=state.active_state,
+        gpus=gpus,
+        in_progress=None
         if pending is None
-        else {"revision": pending.number, "state": str(pending.state), "change": pending.deployment},
-        "last_change": None
-        if last is None
-        else {
-            "change": last.deployment,
-            "revision": last.number,
-            "state": str(last.state),
-            "max_model_len": last.max_model_len,
-            "previous_max_model_len": last.previous_max_model_len,
-        },
-        **logged_start(restarter, view),
-    }
+        else InProgress(pending.number, str(pending.state), pending.deployment),
+        last_change=None if last is None else _change_made(last),
+        deployment_changes=tuple(_change_made(r) for r in made),
+        logged=logged,
+        observation=observation,
+    )
 
 
-def logged_start(restarter: Restarter, view: ServiceView) -> dict[str, Any]:
+def _change_made(rev: Revision) -> LastChange:
+    return LastChange(
+        rev.deployment, rev.number, str(rev.state), rev.max_model_len, rev.previous_max_model_len
+    )
+
+
+def logged_start(restarter: Restarter, view: ServiceView) -> tuple[Logged, dict[str, Any] | None]:
     """What this node's vLLM logged at its last start (every rank logs its own memory lines): `logged`,
     the figures a per-node plan is held against, and `observation`, that start as an observation record
     (None where the journal holds no start), which the head's plan calibrates this node's ranks from."""
@@ -156,7 +168,7 @@ def logged_start(restarter: Restarter, view: ServiceView) -> dict[str, Any]:
         ok = observation.failure is None and restarter.systemd.is_active(restarter.unit)
         made = observation_record(restarter.service, observation, ok, view, {})
         record = {k: v for k, v in made.to_json().items() if v is not None}
-    return {"logged": {key: getattr(observation, key) for key in LOGGED_KEYS}, "observation": record}
+    return Logged(**{key: getattr(observation, key) for key in LOGGED_KEYS}), record
 
 
 @dataclass(frozen=True)
@@ -167,14 +179,16 @@ class PrepareRequest:
     change_id: str
     flag_changes: dict[str, str]
     expected_digest: str
+    env_changes: dict[str, str]
     max_model_len: int
     gpu_memory_utilization: float | None = None
     dropin: bool = False
     dry_run: bool = False
     undo_change: str | None = None  # a rollback: put back what this node had before that change
+    back_to: str | None = None  # a rollback --to: put back the unit that change installed
 
 
-def prepare(restarter: Restarter, request: PrepareRequest) -> dict[str, Any]:
+def prepare(restarter: Restarter, request: PrepareRequest) -> PrepareAnswer:
     """Render the node's new unit, check it is the unit the plan was made from, record the revision and
     write the unit (installed); nothing restarts. A dry run answers the diff only."""
     store, systemd = restarter.store, restarter.systemd
@@ -191,24 +205,23 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> dict[str, Any]:
                 f"{restarter.service}: its unit changed since the plan (edited on the node?): nothing was "
                 "written; run again to plan from the unit as it is"
             )
-        if request.undo_change:
-            edit, new = _undo_edit(restarter, request.undo_change)
+        if request.undo_change or request.back_to:
+            edit, new = _undo_edit(restarter, request.undo_change, request.back_to)
         else:
             edit = edit_unit(
                 view.unit,
                 request.flag_changes,
-                None,
+                request.env_changes,
                 systemd.unit_dir / f"{view.name}.d",
                 dropin_mode=request.dropin,
             )
             new = edit.new_text.encode()
-        answer: dict[str, Any] = {
-            "service": restarter.unit,
-            "unit_path": str(edit.path),
-            "changed": edit.changed,
-            "diff": unified_diff(edit.old_text, edit.new_text, str(edit.path), view.secrets),
-            "revision": None,
-        }
+        answer = PrepareAnswer(
+            service=restarter.unit,
+            unit_path=str(edit.path),
+            changed=edit.changed,
+            diff=unified_diff(edit.old_text, edit.new_text, str(edit.path), view.secrets),
+        )
         if request.dry_run or not edit.changed:
             return answer
         old = edit.old_text.encode() if edit.existed else None
@@ -225,8 +238,10 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> dict[str, Any]:
             previous_gpu_memory_utilization=view.args.gpu_memory_utilization,
             vllm_version=view.args.vllm_version,
             deployment=request.change_id,
-            action="rollback" if request.undo_change else "set-context",
-            rollback_of=_revision_of(restarter, request.undo_change).number if request.undo_change else None,
+            action="rollback" if request.undo_change or request.back_to else "set-context",
+            rollback_of=_revision_of(restarter, request.undo_change or request.back_to).number
+            if request.undo_change or request.back_to
+            else None,
             **st.made_by(),
         )
         change = Change(store, rev, [FileChange(Path(edit.path), old, new)], "node prepare")
@@ -253,8 +268,7 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> dict[str, Any]:
             change.enter(State.ROLLING_BACK, why)
             change.enter(State.ROLLED_BACK, "the previous unit is in place; nothing was restarted")
             raise UsageError(why)
-        answer["revision"] = rev.number
-        return answer
+        return replace(answer, revision=rev.number)
 
 
 def _revision_of(restarter: Restarter, change_id: str) -> Revision:
@@ -264,9 +278,12 @@ def _revision_of(restarter: Restarter, change_id: str) -> Revision:
     return rev
 
 
-def _undo_edit(restarter: Restarter, change_id: str) -> tuple[UnitEdit, bytes | None]:
-    """The edit that puts back what this node's unit file was before `change_id` (its `previous`;
-    None: a drop-in that change created, which goes)."""
+def _undo_edit(
+    restarter: Restarter, undo: str | None, back_to: str | None = None
+) -> tuple[UnitEdit, bytes | None]:
+    """The edit that puts back what this node's unit file was before change `undo` (its `previous`;
+    None: a drop-in that change created, which goes), or after change `back_to` (what it installed)."""
+    change_id = str(undo or back_to)
     rev = _revision_of(restarter, change_id)
     if rev.state is not State.FINAL:
         raise UsageError(
@@ -275,7 +292,7 @@ def _undo_edit(restarter: Restarter, change_id: str) -> tuple[UnitEdit, bytes | 
     files = restarter.store.file_changes(rev)
     if len(files) != 1:
         raise UsageError(f"{restarter.service}: revision {rev.number} changed {len(files)} files, not one")
-    path, previous = files[0].path, files[0].previous
+    path, previous = files[0].path, files[0].previous if undo else files[0].unit
     current = restarter.installed_bytes(path)
     edit = UnitEdit(path, (current or b"").decode(), (previous or b"").decode(), existed=current is not None)
     return edit, previous
@@ -316,23 +333,25 @@ def _change_of(restarter: Restarter, change_id: str) -> Change:
     return Change(store, rev, store.file_changes(rev), "node")
 
 
-def stop(restarter: Restarter, timeout: float) -> dict[str, Any]:
+def stop(restarter: Restarter, timeout: float) -> StopAnswer:
     """Stop the node's vLLM and wait until it has exited (a headless rank can take ~12 s)."""
     restarter.systemd.stop(restarter.unit, no_block=False, timeout=timeout)
-    return {"service": restarter.unit, "active_state": restarter.systemd.state(restarter.unit).active_state}
+    return StopAnswer(restarter.unit, restarter.systemd.state(restarter.unit).active_state)
 
 
 def _written(restarter: Restarter, change_id: str) -> bool:
     return any(r.deployment == change_id for r in restarter.store.revisions())
 
 
-def start(restarter: Restarter, change_id: str, head: bool, back: bool = False) -> dict[str, Any]:
+def start(restarter: Restarter, change_id: str, head: bool, back: bool = False) -> StartAnswer:
     """Start the node's vLLM after every node was stopped. The head is watched until it serves and is
     probed at the revision's context (a rank that fails elsewhere fails the head's start too); a
     headless rank is only started here, and judged by `finish` once the head has served."""
     with restarter.store.lock():
-        if back and not _written(restarter, change_id):
-            return _start_as_is(restarter, head)  # an interrupted change never wrote this node
+        if not _written(restarter, change_id):
+            # an interrupted change never wrote this node, or a reconciling one had nothing to write
+            # here (its unit already at the target): restarted as it is, with the others
+            return _start_as_is(restarter, head)
         change = _change_of(restarter, change_id)
         rev = change.rev
         if back:
@@ -349,29 +368,32 @@ def start(restarter: Restarter, change_id: str, head: bool, back: bool = False) 
         systemd = restarter.systemd
         cursor = systemd.journal_cursor()
         view = read_service(systemd, restarter.service)
-        answer: dict[str, Any] = {"service": restarter.unit, "revision": rev.number, "cursor": cursor}
         if not head:
             systemd.daemon_reload()
             systemd.reset_failed(restarter.unit)
             systemd.start(restarter.unit, no_block=True)
-            answer["ok"] = True
-            return answer
+            return StartAnswer(restarter.unit, True, cursor, rev.number)
         verdict, probe_result = restarter.restart_and_probe(view)
-        answer["observation"] = asdict(verdict.observation)
-        answer["probe"] = asdict(probe_result) if probe_result is not None else None
         ok = verdict.ok and probe_result is not None and probe_result.ok
-        answer["ok"] = ok
+        answer = StartAnswer(
+            restarter.unit,
+            ok,
+            cursor,
+            rev.number,
+            observation=asdict(verdict.observation),
+            probe=asdict(probe_result) if probe_result is not None else None,
+        )
         if not verdict.ok:
-            answer["reason"], answer["decisive_line"] = verdict.reason, verdict.decisive_line
+            answer = replace(answer, reason=verdict.reason, decisive_line=verdict.decisive_line)
         elif probe_result is not None and not probe_result.ok:
-            answer["reason"] = f"the probe failed: {probe_result.error}"
+            answer = replace(answer, reason=f"the probe failed: {probe_result.error}")
         if ok and not back:
             change.enter(State.SERVING, "vLLM serves on the head")
             change.enter(State.PROBED, "the head served the context-sized probe")
         return answer
 
 
-def check(restarter: Restarter, cursor: str | None, expected_max_model_len: int | None) -> dict[str, Any]:
+def check(restarter: Restarter, cursor: str | None, expected_max_model_len: int | None) -> CheckAnswer:
     """A headless rank since `cursor` (None: since its last start): still active, no failure in its
     journal, and (where it logged one) the max_model_len every rank must share."""
     systemd = restarter.systemd
@@ -386,19 +408,21 @@ def check(restarter: Restarter, cursor: str | None, expected_max_model_len: int 
     watcher.feed_unit_state(state)
     verdict = watcher.poll()
     observation = watcher.observation
-    answer: dict[str, Any] = {
-        "service": restarter.unit,
-        "ok": True,
-        "reason": "",
-        "active_state": state.get("ActiveState"),
-        "max_model_len": observation.max_model_len,
-    }
+    answer = CheckAnswer(
+        restarter.unit, True, active_state=state.get("ActiveState"), max_model_len=observation.max_model_len
+    )
     if verdict is not None and not verdict.ok:
-        answer.update(ok=False, reason=verdict.reason, decisive_line=verdict.decisive_line)
+        answer = replace(answer, ok=False, reason=verdict.reason, decisive_line=verdict.decisive_line)
     elif state.get("ActiveState") != "active":
-        answer.update(ok=False, reason=f"{restarter.unit} is {state.get('ActiveState')}, not active")
+        why = f"{restarter.unit} is {state.get('ActiveState')}, not active"
+        answer = replace(answer, ok=False, reason=why)
+    if not answer.ok and state.get("ActiveState") == "failed":
+        cause = _failed_command(restarter)
+        if cause:  # the unit's own cause first: vLLM never ran, whatever its journal says
+            answer = replace(answer, reason=f"{cause}; {answer.reason}")
     elif expected_max_model_len and observation.max_model_len not in (None, expected_max_model_len):
-        answer.update(
+        answer = replace(
+            answer,
             ok=False,
             reason=f"{restarter.unit} runs max_model_len {observation.max_model_len}, "
             f"not {expected_max_model_len}",
@@ -406,9 +430,45 @@ def check(restarter: Restarter, cursor: str | None, expected_max_model_len: int 
     return answer
 
 
-def finish(restarter: Restarter, change_id: str) -> dict[str, Any]:
+_EXEC_STATUS = re.compile(
+    r"\{ path=[^;]* ; argv\[\]=(?P<argv>[^;]*) ;[^}]*?code=(?P<code>\w+) ; status=(?P<status>\d+)"
+)
+
+
+def _failed_command(restarter: Restarter) -> str:
+    """Which of the unit's ExecStartPre= commands failed, and in which file it is set (a drop-in the
+    operator may not remember), as systemd reports it; "" where none did."""
+    systemd = restarter.systemd
+    props = systemd.show(restarter.unit, "ExecStartPre", "FragmentPath", "DropInPaths")
+    for found in _EXEC_STATUS.finditer(props.get("ExecStartPre", "")):
+        if found["code"] == "exited" and found["status"] == "0":
+            continue
+        argv = found["argv"].strip()
+        program = (argv.split() or [""])[0]
+        where = ""
+        with contextlib.suppress(CtxmgrError, OSError):
+            dropins = [p for p in props.get("DropInPaths", "").split() if p.endswith(".conf")]
+            unit = ServiceUnit.load(restarter.unit, props["FragmentPath"], dropins, root=systemd.root)
+            where = next(
+                (
+                    f" in {Path(f.path).name}"
+                    for f in reversed(unit.files)
+                    if any(
+                        line.startswith("ExecStartPre=") and program in line for line in f.text.splitlines()
+                    )
+                ),
+                "",
+            )
+        how = f"exited {found['status']}" if found["code"] == "exited" else f"was {found['code']}"
+        return f"ExecStartPre={argv}{where} {how}"
+    return ""
+
+
+def finish(restarter: Restarter, change_id: str) -> StepAnswer:
     """The deployment served, the head passed its probe and every headless rank was checked (`check`):
-    this node's revision is final."""
+    this node's revision is final (a node the change did not write has nothing to finish)."""
+    if not _written(restarter, change_id):
+        return StepAnswer(restarter.unit, True, None, "not written")
     with restarter.store.lock():
         change = _change_of(restarter, change_id)
         rev = change.rev
@@ -420,18 +480,18 @@ def finish(restarter: Restarter, change_id: str) -> dict[str, Any]:
         rev.verified = True
         rev.reason = "the deployment served and passed the context-sized probe"
         change.enter(State.FINAL, rev.reason)
-        return {"service": restarter.unit, "ok": True, "revision": rev.number, "reason": ""}
+        return StepAnswer(restarter.unit, True, rev.number, str(rev.state))
 
 
-def _start_as_is(restarter: Restarter, head: bool) -> dict[str, Any]:
+def _start_as_is(restarter: Restarter, head: bool) -> StartAnswer:
     """Start the node's unit as it is (the head watched and probed): a node an interrupted change
     never wrote, restarted with the others so the deployment forms again."""
     systemd = restarter.systemd
-    answer: dict[str, Any] = {"service": restarter.unit, "revision": None, "cursor": systemd.journal_cursor()}
+    cursor = systemd.journal_cursor()
     if not head:
         systemd.reset_failed(restarter.unit)
         systemd.start(restarter.unit, no_block=True)
-        return {**answer, "ok": True}
+        return StartAnswer(restarter.unit, True, cursor)
     verdict, probe_result = restarter.restart_and_probe(read_service(systemd, restarter.service))
     ok = verdict.ok and probe_result is not None and probe_result.ok
     reason = (
@@ -441,29 +501,29 @@ def _start_as_is(restarter: Restarter, head: bool) -> dict[str, Any]:
         if not verdict.ok
         else f"the probe failed: {probe_result and probe_result.error}"
     )
-    return {**answer, "ok": ok, "reason": reason, "decisive_line": verdict.decisive_line}
+    return StartAnswer(restarter.unit, ok, cursor, reason=reason, decisive_line=verdict.decisive_line)
 
 
-def restore(restarter: Restarter, change_id: str, reason: str) -> dict[str, Any]:
+def restore(restarter: Restarter, change_id: str, reason: str) -> StepAnswer:
     """Write the node's previous unit back (rolling-back); the coordinator restarts every node after."""
     if not _written(restarter, change_id):
-        return {"service": restarter.unit, "ok": True, "revision": None, "state": "not written"}
+        return StepAnswer(restarter.unit, True, None, "not written")
     with restarter.store.lock():
         change = _change_of(restarter, change_id)
         rev = change.rev
         if rev.state in st.FINISHED:
-            return {"service": restarter.unit, "ok": True, "revision": rev.number, "state": str(rev.state)}
+            return StepAnswer(restarter.unit, True, rev.number, str(rev.state))
         if rev.state is not State.ROLLING_BACK:
             rev.reason = reason
             change.enter(State.ROLLING_BACK, f"putting the previous unit back: {reason}")
         restarter.install([(f.path, f.previous) for f in reversed(change.files)])
-        return {"service": restarter.unit, "ok": True, "revision": rev.number, "state": str(rev.state)}
+        return StepAnswer(restarter.unit, True, rev.number, str(rev.state))
 
 
-def settle(restarter: Restarter, change_id: str, ok: bool, reason: str) -> dict[str, Any]:
+def settle(restarter: Restarter, change_id: str, ok: bool, reason: str) -> StepAnswer:
     """The end of a rollback: rolled-back when the old deployment serves again, else rollback-failed."""
     if not _written(restarter, change_id):
-        return {"service": restarter.unit, "ok": True, "revision": None, "state": "not written"}
+        return StepAnswer(restarter.unit, True, None, "not written")
     with restarter.store.lock():
         change = _change_of(restarter, change_id)
         rev = change.rev
@@ -473,10 +533,10 @@ def settle(restarter: Restarter, change_id: str, ok: bool, reason: str) -> dict[
             else:
                 rev.reason += f"; and the rollback failed too: {reason}"
                 change.enter(State.ROLLBACK_FAILED, reason)
-        return {"service": restarter.unit, "ok": True, "revision": rev.number, "state": str(rev.state)}
+        return StepAnswer(restarter.unit, True, rev.number, str(rev.state))
 
 
-def plan(restarter: Restarter, request: PlanRequest, gpu_memory_utilization: float | None) -> dict[str, Any]:
+def plan(restarter: Restarter, request: PlanRequest, gpu_memory_utilization: float | None) -> PlanAnswer:
     """The head plans the whole deployment (its model files are here, not on the coordinator) with
     every node's GPUs in rank order (`request.world_gpus`), and says which flags every node gets."""
 
@@ -496,18 +556,19 @@ def plan(restarter: Restarter, request: PlanRequest, gpu_memory_utilization: flo
     service_plan = planned(gpu_memory_utilization)
     view, shown = service_plan.view, service_plan.plan
     applied = flags_to_apply(view.args, shown, shown.max_model_len, gpu_memory_utilization)
-    return {
-        "service": restarter.unit,
-        "plan": mask_json(shown.to_json(), view.secrets),
-        "text": mask(plan_text(shown, applied.text(shown)), view.secrets),
-        "result": shown.result,
-        "max_model_len": shown.max_model_len,
-        "flag_changes": applied.flag_changes,
-        "gpu_memory_utilization": applied.gpu_memory_utilization,
-        "least_gpu_memory_utilization": least_utilization(shown),
-        "applies": applied.text(shown),
-        "learned": service_plan.learned,
-    }
+    return PlanAnswer(
+        service=restarter.unit,
+        plan=mask_json(shown.to_json(), view.secrets),
+        text=mask(plan_text(shown, applied.text(shown)), view.secrets),
+        result=shown.result,
+        max_model_len=shown.max_model_len,
+        flag_changes=applied.flag_changes,
+        env_changes=dict(shown.env_changes),
+        gpu_memory_utilization=applied.gpu_memory_utilization,
+        least_gpu_memory_utilization=least_utilization(shown),
+        applies=applied.text(shown),
+        learned=service_plan.learned,
+    )
 
 
 def verify(restarter: Restarter, options: VerifyOptions) -> dict[str, Any]:

@@ -8,15 +8,21 @@ failure arrives as its own one-line error, with the host in front.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import selectors
 import shlex
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from vllm_ctxmgr.errors import CtxmgrError, UsageError, documented_exit_code
+from vllm_ctxmgr.wire import ErrorAnswer
 
 LOCAL_HOSTS = frozenset({"local", "localhost"})
 DEFAULT_SSH = ("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
@@ -84,43 +90,96 @@ class Link:
         when it failed."""
         label = label or host
         argv = self.argv(host, [*args, "--json"])
+        request = json.dumps(stdin).encode() if stdin is not None else b""
         try:
-            done = subprocess.run(
-                argv,
-                input=json.dumps(stdin) if stdin is not None else "",
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-            )
+            code, stdout, stderr = _run_bounded(argv, request, timeout, MAX_ANSWER_BYTES)
         except subprocess.TimeoutExpired:
             raise NodeError(
                 f"{host}: `ctxmgr {args[0] if args else ''}` did not answer within {timeout:.0f} s"
             ) from None
         except OSError as exc:
             raise NodeError(f"{label}: cannot run {argv[0]}: {exc.strerror or exc}") from None
-        answer = _answer(done.stdout)
-        if done.returncode != 0 or answer is None:
-            why = (answer or {}).get("error") or _last_line(done.stderr) or f"exit status {done.returncode}"
-            if answer is None and done.returncode == 255 and host not in LOCAL_HOSTS:
-                why = f"ssh failed: {_last_line(done.stderr) or 'no answer'}"
-            said = (answer or {}).get("exit_code")
-            code = documented_exit_code(said)
-            if said is not None and code is None:
+        except _TooLarge:
+            raise NodeError(f"{label}: its answer is larger than {MAX_ANSWER_BYTES} bytes") from None
+        answer, fault = _answer(stdout)
+        if code != 0 or answer is None:
+            error = ErrorAnswer.from_json(answer)
+            why = (error.error if error else "") or _last_line(stderr) or fault or f"exit status {code}"
+            if answer is None and code == 255 and host not in LOCAL_HOSTS:
+                why = f"ssh failed: {_last_line(stderr) or 'no answer'}"
+            said = error.exit_code if error else None
+            documented = documented_exit_code(said)
+            if said is not None and documented is None:
                 why = f"{why} (and an exit code ctxmgr never uses: {str(said)[:40]!r})"
-            raise NodeError(f"{label}: {why}", exit_code=code or None)
+            raise NodeError(f"{label}: {why}", exit_code=documented or None)
         return answer
 
 
-def _answer(stdout: str) -> dict[str, Any] | None:
-    """The one JSON object a `--json` command prints (stdout holds nothing else)."""
-    if len(stdout) > MAX_ANSWER_BYTES:
-        return None
+class _TooLarge(Exception):
+    """A node's answer went past the cap while it was being read."""
+
+
+def _run_bounded(argv: list[str], request: bytes, timeout: float, cap: int) -> tuple[int, bytes, bytes]:
+    """Run `argv` with `request` on its stdin; its stdout read up to `cap` bytes while reading (past
+    that it is killed: a node's answer is never held whole before it is judged), its stderr's last
+    64 KiB kept. TimeoutExpired past `timeout`."""
+    deadline = time.monotonic() + timeout
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    writer = threading.Thread(target=_feed, args=(proc.stdin, request), daemon=True)
+    writer.start()
+    out, err = bytearray(), bytearray()
     try:
-        value = json.loads(stdout)
+        with selectors.DefaultSelector() as selector:
+            selector.register(proc.stdout, selectors.EVENT_READ, out)
+            selector.register(proc.stderr, selectors.EVENT_READ, err)
+            while selector.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(argv, timeout)
+                for key, _ in selector.select(left):
+                    chunk = os.read(key.fd, 1 << 16)
+                    if not chunk:
+                        selector.unregister(key.fileobj)
+                        continue
+                    key.data.extend(chunk)
+                    if key.data is out and len(out) > cap:
+                        raise _TooLarge
+                    if key.data is err and len(err) > 1 << 17:
+                        del err[: len(err) - (1 << 16)]
+        code = proc.wait(max(deadline - time.monotonic(), 0.001))
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        proc.stdout.close()
+        proc.stderr.close()
+    writer.join(1)
+    return code, bytes(out), bytes(err)
+
+
+def _feed(pipe: IO[bytes], data: bytes) -> None:
+    with contextlib.suppress(OSError):  # a node step that exits without reading its request
+        pipe.write(data)
+    with contextlib.suppress(OSError):
+        pipe.close()
+
+
+def _answer(stdout: bytes) -> tuple[dict[str, Any] | None, str]:
+    """The one JSON object a `--json` command prints (stdout holds nothing else), or None and why not:
+    any fault in it (not UTF-8, not JSON, nested past the parser's depth) is the node's failure."""
+    if len(stdout) > MAX_ANSWER_BYTES:
+        return None, f"its answer is larger than {MAX_ANSWER_BYTES} bytes"
+    try:
+        value = json.loads(stdout.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None, "its answer is not UTF-8"
+    except RecursionError:
+        return None, "its answer is JSON nested too deeply"
     except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+        return None, ""
+    return (value, "") if isinstance(value, dict) else (None, "its answer is not a JSON object")
 
 
 def _last_line(text: str) -> str:

@@ -8,7 +8,7 @@ import shlex
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -45,6 +45,9 @@ from vllm_ctxmgr.nvml import gpus_from_file, gpus_from_json
 from vllm_ctxmgr.planning import PlanRequest, node_observations_from_json
 from vllm_ctxmgr.remote import DEFAULT_SSH, Link, NodeAddress
 from vllm_ctxmgr.verify import VerifyOptions
+from vllm_ctxmgr.wire import WIRE_VERSION, Message, PlanningOptions, PlanStdin, PrepareStdin, ReasonStdin
+
+T = TypeVar("T", bound=Message)
 
 NODES = "--node gpu-a:vllm-glm5 --node gpu-b:vllm-glm5"
 DEPLOYMENT_EXAMPLES = {
@@ -56,14 +59,14 @@ DEPLOYMENT_EXAMPLES = {
         "ctxmgr deployment set-context 200000 --file glm5.toml --yes --json",
     ),
     "rollback": examples(
-        "ctxmgr deployment rollback --file glm5.toml      # every node to before its last change"
+        "ctxmgr deployment rollback --file glm5.toml      # every node to before its last good change",
+        "ctxmgr deployment rollback --file glm5.toml --to glm5-20260101T120000-1a2b   # as it left them",
     ),
     "recover": examples("ctxmgr deployment recover --file glm5.toml       # after a killed coordinator"),
     "verify": examples(f"ctxmgr deployment verify {NODES}"),
 }
 MAX_STDIN_BYTES = 16 << 20  # a node step's request: flags, a reason, every node's GPUs
 MAX_DEPLOYMENT_FILE_BYTES = 1 << 20
-PLANNING_KEYS = ("weights_bytes", "vllm_version", "allow_long", "max_gpu_memory_utilization", "concurrency")
 
 
 # ---- the coordinator -------------------------------------------------------------------------------
@@ -182,7 +185,6 @@ def _request(
         if gpu_memory is None or gpu_count is None:
             raise UsageError("--gpu-memory and --gpu-count go together (each node's GPUs)")
         default_gpus = uniform_gpus(gpu_count, gpu_memory)
-    planning = {"weights_bytes": weights_bytes, "vllm_version": vllm_version, "allow_long": allow_long}
     say = (lambda _text: None) if as_json else (lambda text: echo(f"ctxmgr: {text}", err=True))
     return DeploymentRequest(
         context=context,
@@ -192,7 +194,7 @@ def _request(
         gpu_memory_utilization=gpu_memory_utilization,
         node_gpus=node_gpus,
         default_gpus=default_gpus,
-        planning={k: v for k, v in planning.items() if v not in (None, False)},
+        planning=PlanningOptions(weights_bytes, vllm_version, allow_long),
         on_step=say,
         wait_lock=wait_lock,
     )
@@ -374,18 +376,34 @@ def _ask(as_json: bool) -> Any:
     "--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time the head's start may take."
 )
 @click.option("--dry-run", is_flag=True, help="Print every node's diff; change nothing.")
+@click.option(
+    "--to",
+    "to",
+    default=None,
+    metavar="CHANGE|N",
+    help="Every node's unit as this deployment change left it: its id, or the head's revision number "
+    "(as `history` on a node shows them).",
+)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the deployment.")
 @click.pass_context
 @handle_errors
 def deployment_rollback_cmd(
-    ctx: click.Context, timeout: float, dry_run: bool, yes: bool, as_json: bool, **options: Any
+    ctx: click.Context,
+    timeout: float,
+    dry_run: bool,
+    to: str | None,
+    yes: bool,
+    as_json: bool,
+    **options: Any,
 ) -> None:
-    """Put every node's unit back as it was before the deployment's last change; restart them together."""
+    """Put every node's unit back as it was before the deployment's last good change (failed attempts
+    are skipped), or as change --to left it; restart them together."""
     request = _request(ctx, 0, as_json=as_json, **options)
     request.dry_run, request.start_timeout = dry_run, timeout
     if not dry_run and not yes:
         request.confirm = _ask(as_json)
-    _finish(rollback_deployment(request, ctx.find_root().obj["state_dir"]), as_json, dry_run=dry_run)
+    state_dir = ctx.find_root().obj["state_dir"]
+    _finish(rollback_deployment(request, state_dir, to), as_json, dry_run=dry_run)
 
 
 @deployment_group.command("recover", epilog=DEPLOYMENT_EXAMPLES["recover"])
@@ -427,24 +445,28 @@ def deployment_verify_cmd(ctx: click.Context, as_json: bool, **options: Any) -> 
 # ---- the steps on each node (run by the coordinator over ssh) ---------------------------------------
 
 
-def _stdin() -> dict[str, Any]:
-    """A node step's request from the coordinator (JSON on stdin; empty: none)."""
-    raw = sys.stdin.read(MAX_STDIN_BYTES + 1) if not sys.stdin.isatty() else ""
+def _stdin(kind: type[T]) -> T:
+    """A node step's request from the coordinator (one wire message, JSON on stdin), checked at the
+    door: bounded while read, UTF-8, JSON, the message's own fields and ranges."""
+    raw = sys.stdin.buffer.read(MAX_STDIN_BYTES + 1) if not sys.stdin.isatty() else b""
     if len(raw) > MAX_STDIN_BYTES:
         raise UsageError("the request on stdin is too large")
-    if not raw.strip():
-        return {}
+    if not raw.strip():  # none (a step run by hand): the message's defaults
+        return kind.from_json({"wire": WIRE_VERSION}, f"the `node {kind.step}` request")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UsageError("the request on stdin is not UTF-8") from None
+    except RecursionError:
+        raise UsageError("the request on stdin is JSON nested too deeply") from None
     except ValueError as exc:
         raise UsageError(f"the request on stdin is not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise UsageError("the request on stdin is not a JSON object")
-    return data
+    return kind.from_json(data, f"the `node {kind.step}` request")
 
 
-def _emit(answer: dict[str, Any], command: str) -> None:
-    emit_json({"command": f"node {command}", **answer})
+def _emit(answer: Message | dict[str, Any], command: str) -> None:
+    data = answer.to_json() if isinstance(answer, Message) else {"wire": WIRE_VERSION, **answer}
+    emit_json({"command": f"node {command}", **data})
 
 
 @click.group("node")
@@ -477,16 +499,20 @@ def node_plan_cmd(
 ) -> None:
     """The head's plan of the whole deployment, with every node's GPUs and every other node's last start
     (stdin: world_gpus, planning, node_observations)."""
-    request = _stdin()
-    world = request.get("world_gpus")
-    planning = {k: v for k, v in dict(request.get("planning") or {}).items() if k in PLANNING_KEYS}
+    request = _stdin(PlanStdin)
+    world = request.world_gpus
     world_gpus = gpus_from_json(world, "the deployment's nodes") if world else None
-    nodes = (
-        node_observations_from_json(request.get("node_observations"), len(world_gpus.gpus))
-        if world_gpus is not None
-        else ()
+    starts = [{"node": n.node, "ranks": list(n.ranks), "record": n.record} for n in request.node_observations]
+    nodes = node_observations_from_json(starts, len(world_gpus.gpus)) if world_gpus is not None else ()
+    planning = request.planning
+    plan_request = PlanRequest(
+        context,
+        world_gpus=world_gpus,
+        node_observations=nodes,
+        weights_bytes=planning.weights_bytes,
+        vllm_version=planning.vllm_version,
+        allow_long=planning.allow_long,
     )
-    plan_request = PlanRequest(context, world_gpus=world_gpus, node_observations=nodes, **planning)
     restarter = restarter_for(ctx, service, True, 0.0)
     _emit(node_steps.plan(restarter, plan_request, gpu_memory_utilization), "plan")
 
@@ -499,6 +525,7 @@ def node_plan_cmd(
 @click.option("--dropin", is_flag=True)
 @click.option("--dry-run", is_flag=True)
 @click.option("--undo", "undo_change", default=None, help="Put back what this node had before that change.")
+@click.option("--back-to", "back_to", default=None, help="Put back the unit that change installed.")
 @_json_flag
 @click.pass_context
 @handle_errors
@@ -511,21 +538,30 @@ def node_prepare_cmd(
     dropin: bool,
     dry_run: bool,
     undo_change: str | None,
+    back_to: str | None,
     as_json: bool,
 ) -> None:
-    """Write this node's new unit (stdin: flag_changes) and record its revision; restart nothing."""
-    flags = {str(k): str(v) for k, v in dict(_stdin().get("flag_changes") or {}).items()}
-    if "--max-model-len" not in flags:
-        raise UsageError("the flag changes do not set --max-model-len")
+    """Write this node's new unit (stdin: flag_changes, env_changes) and record its revision; restart
+    nothing. Only the flags a context change writes are taken (wire.check_context_flags)."""
+    asked = _stdin(PrepareStdin)
+    flags = asked.flag_changes
+    if flags["--max-model-len"] != str(max_model_len):
+        raise UsageError(
+            f"the flag changes set --max-model-len {flags['--max-model-len']}, not {max_model_len}"
+        )
     request = node_steps.PrepareRequest(
-        change_id,
-        flags,
-        expect_digest,
-        max_model_len,
-        float(flags["--gpu-memory-utilization"]) if "--gpu-memory-utilization" in flags else None,
-        dropin,
-        dry_run,
-        undo_change,
+        change_id=change_id,
+        flag_changes=flags,
+        expected_digest=expect_digest,
+        env_changes=asked.env_changes,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=float(flags["--gpu-memory-utilization"])
+        if "--gpu-memory-utilization" in flags
+        else None,
+        dropin=dropin,
+        dry_run=dry_run,
+        undo_change=undo_change,
+        back_to=back_to,
     )
     _emit(node_steps.prepare(restarter_for(ctx, service, True, 0.0), request), "prepare")
 
@@ -590,7 +626,7 @@ def node_finish_cmd(ctx: click.Context, service: str, change_id: str, as_json: b
 @handle_errors
 def node_restore_cmd(ctx: click.Context, service: str, change_id: str, as_json: bool) -> None:
     """Put this node's previous unit back (stdin: reason); restart nothing."""
-    reason = str(_stdin().get("reason") or "the deployment change failed")
+    reason = _stdin(ReasonStdin).reason or "the deployment change failed"
     _emit(node_steps.restore(restarter_for(ctx, service, True, 0.0), change_id, reason), "restore")
 
 
@@ -603,7 +639,7 @@ def node_restore_cmd(ctx: click.Context, service: str, change_id: str, as_json: 
 @handle_errors
 def node_settle_cmd(ctx: click.Context, service: str, change_id: str, ok: bool, as_json: bool) -> None:
     """The end of a rollback on this node: rolled-back, or rollback-failed (stdin: reason)."""
-    reason = str(_stdin().get("reason") or "")
+    reason = _stdin(ReasonStdin).reason
     _emit(node_steps.settle(restarter_for(ctx, service, True, 0.0), change_id, ok, reason), "settle")
 
 

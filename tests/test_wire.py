@@ -1,0 +1,264 @@
+"""The wire between a deployment's coordinator and `ctxmgr node STEP`: typed messages, checked at the
+door at both ends (issue 27.2; 29.4, 29.5, 29.10's node fields).
+
+The node end is the real `ctxmgr node` command fed a hostile request on stdin; the coordinator end is
+the real Coordinator talking to a stand-in node (a script in place of `ctxmgr`, as a hostile ssh gives
+one) whose answers are the ones the adversarial run sent.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm_ctxmgr.core.hardware import GIB, uniform_gpus
+from vllm_ctxmgr.errors import UsageError
+from vllm_ctxmgr.multinode import Coordinator, DeploymentRequest
+from vllm_ctxmgr.remote import Link, NodeAddress, NodeError
+from vllm_ctxmgr.wire import (
+    WIRE_VERSION,
+    PlanAnswer,
+    PrepareStdin,
+    ShowAnswer,
+    WireError,
+    check_context_flags,
+)
+
+MASTER = "--nnodes 2 --master-addr 10.0.0.1 --master-port 29501"
+HOSTILE_FLAGS = {
+    "--max-model-len": "16384",
+    "--worker-extension-cls": "attacker_pkg.Ext",
+    "--trust-remote-code": "",
+    "--model": "/tmp/evil",
+}
+
+
+def show_answer(rank: int, **fields: Any) -> dict[str, Any]:
+    """A `node show` answer as a real node prints it (the fields node.show fills)."""
+    argv = ["Qwen/Qwen3-8B", "-tp", "8", "--max-model-len", "8192", *MASTER.split(), "--node-rank", str(rank)]
+    answer: dict[str, Any] = {
+        "schema": 2,
+        "command": "node show",
+        "wire": WIRE_VERSION,
+        "service": f"vllm-n{rank}.service",
+        "unit_path": f"/etc/systemd/system/vllm-n{rank}.service",
+        "unit_digest": "ab" * 32,
+        "argv": argv + (["--headless"] if rank else []),
+        "environment": {"HF_HOME": "/data/hf"},
+        "vllm_version": "0.33.0",
+        "active_state": "active",
+        "gpus": None,
+        "in_progress": None,
+        "last_change": None,
+        "logged": {
+            "max_model_len": 8192,
+            "available_kv_gib": 30.5,
+            "kv_cache_tokens": 200000,
+            "model_loading_gib": 15.2,
+            "cuda_graph_gib": 0.5,
+            "ready": True,
+            "failure": None,
+        },
+        "observation": None,
+    }
+    answer.update(fields)
+    return answer
+
+
+def plan_answer(**fields: Any) -> dict[str, Any]:
+    """A `node plan` answer (the head's plan of the deployment), trimmed to the keys the wire reads."""
+    line = {name: {"bytes": 40 * GIB, "source": "estimate"} for name in ("total", "weights", "kv_budget")}
+    answer: dict[str, Any] = {
+        "wire": WIRE_VERSION,
+        "service": "vllm-n0.service",
+        "plan": {
+            "schema": 2,
+            "result": "feasible",
+            "reason": "fits",
+            "max_context": 65536,
+            "gpus": [line] * 16,
+        },
+        "text": "plan text",
+        "result": "feasible",
+        "max_model_len": 16384,
+        "flag_changes": {"--max-model-len": "16384"},
+        "gpu_memory_utilization": 0.9,
+        "least_gpu_memory_utilization": 0.8,
+        "applies": "set-context would write: --max-model-len 16384",
+        "learned": None,
+    }
+    answer.update(fields)
+    return answer
+
+
+def test_a_real_answer_passes_the_door_typed() -> None:
+    shown = ShowAnswer.from_json(show_answer(1))
+    assert shown.argv[-1] == "--headless" and shown.logged is not None and shown.logged.ready is True
+    planned = PlanAnswer.from_json(plan_answer()).planned
+    assert planned.max_context == 65536 and planned.gpus[0].kv_budget is not None
+    assert planned.gpus[0].kv_budget.bytes == 40 * GIB
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"argv": [1, 2]}, r"argv\[0\]=1 is not text"),
+        ({"environment": [1, 2]}, r"environment=\[1, 2\] is not an object"),
+        ({"in_progress": "x"}, r"in_progress='x' is not a JSON object"),
+        ({"in_progress": {"revision": -1, "state": "installed"}}, r"in_progress.revision=-1 is not in"),
+        ({"unit_digest": "x"}, r"unit_digest is not a SHA-256 digest"),
+        ({"logged": {"available_kv_gib": 9999.0}}, r"logged: available_kv_gib is above 4,096"),
+        ({"logged": {"model_loading_gib": float("nan")}}, r"model_loading_gib=nan is not a finite number"),
+        ({"observation": {"max_model_len": "x"}}, r"observation: max_model_len='x' is not a int"),
+        ({"wire": 2}, r"speaks wire version 2, this ctxmgr 1: install the same ctxmgr on every node"),
+        ({"service": None}, r"service=None is not text"),
+    ],
+)
+def test_a_wrongly_typed_show_answer_is_refused_in_one_line(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(WireError, match=message) as caught:
+        ShowAnswer.from_json(show_answer(1, **fields))
+    assert "\n" not in caught.value.message and caught.value.message.startswith("`node show` answer")
+
+
+def test_only_the_flags_a_context_change_writes_cross_the_wire() -> None:
+    check_context_flags(
+        {"--max-model-len": "16384", "--gpu-memory-utilization": "0.85"},
+        {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
+        "x",
+    )
+    refusals = [
+        ({"--worker-extension-cls": "attacker_pkg.Ext"}, {}, "is not a flag a context change writes"),
+        ({"--max-model-len": "16384 --trust-remote-code"}, {}, "is not a whole number"),
+        ({"--max-model-len": "0"}, {}, "is not a whole number"),
+        ({"--max-model-len": str(1 << 40)}, {}, "is not a whole number"),
+        ({"--gpu-memory-utilization": "nan"}, {}, r"is not in \(0, 1\]"),
+        ({"--gpu-memory-utilization": "1.5"}, {}, r"is not in \(0, 1\]"),
+        ({}, {"LD_PRELOAD": "/tmp/evil.so"}, "is not an environment variable a context change writes"),
+        ({}, {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1; rm"}, "is not 0 or 1"),
+    ]
+    for flags, env, message in refusals:
+        with pytest.raises(WireError, match=message):
+            check_context_flags(flags, env, "x")
+    # at both doors: the head's plan answer on the coordinator, the request on the node
+    with pytest.raises(WireError, match="--worker-extension-cls"):
+        PlanAnswer.from_json(plan_answer(flag_changes=HOSTILE_FLAGS))
+    with pytest.raises(WireError, match="--worker-extension-cls"):
+        PrepareStdin.from_json({"wire": WIRE_VERSION, "flag_changes": HOSTILE_FLAGS}, "request")
+
+
+def test_a_node_refuses_to_write_a_flag_a_context_change_does_not_change(workdir: Path) -> None:
+    """The node end: `ctxmgr node prepare` fed the head-chosen `--worker-extension-cls` refuses it in
+    one line, exit 2, before it reads (let alone writes) any unit."""
+    request = {"wire": WIRE_VERSION, "flag_changes": HOSTILE_FLAGS}
+    argv = [sys.executable, "-m", "vllm_ctxmgr", "--state-dir", str(workdir / "state"), "node", "prepare"]
+    argv += ["vllm-n1.service", "--change", "c1", "--max-model-len", "16384", "--expect-digest", "ab" * 32]
+    for extra in ([], ["--dry-run"]):
+        done = subprocess.run([*argv, *extra, "--json"], input=json.dumps(request), capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 2, done.stdout + done.stderr
+        error = json.loads(done.stdout)["error"]
+        assert "'--worker-extension-cls' is not a flag a context change writes" in error
+        assert "\n" not in error and not (workdir / "state").exists()
+    for bad in (b"\xff\xfe", b"[" * 100000, json.dumps({"wire": 0, "flag_changes": {}}).encode()):
+        done = subprocess.run([*argv, "--json"], input=bad, capture_output=True, timeout=60)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "unexpected" not in json.loads(done.stdout)["error"]
+
+
+def stand_in_node(workdir: Path, answers: dict[str, dict[str, Any]]) -> tuple[tuple[str, ...], Path]:
+    """A `ctxmgr` for `local` nodes that answers each step from `answers` (by step and service) and
+    logs every call: what a hostile node behind ssh sends."""
+    log = workdir / "calls.log"
+    script = workdir / "stand-in-node.py"
+    script.write_text(
+        "import json, sys\n"
+        f"answers = json.loads({json.dumps(json.dumps(answers))})\n"
+        "args = sys.argv[1:]\n"
+        f"open({str(log)!r}, 'a').write(' '.join(args) + '\\n')\n"
+        "step, service = args[1], [a for a in args if a.endswith('.service')][0]\n"
+        "print(json.dumps(answers[step + ' ' + service]))\n"
+    )
+    return (sys.executable, str(script)), log
+
+
+def two_node_request(workdir: Path, answers: dict[str, dict[str, Any]]) -> tuple[DeploymentRequest, Path]:
+    ctxmgr, log = stand_in_node(workdir, answers)
+    request = DeploymentRequest(
+        context=16384,
+        nodes=(NodeAddress("local", "vllm-n0.service"), NodeAddress("local", "vllm-n1.service")),
+        link=Link(local_ctxmgr=ctxmgr),
+        default_gpus=uniform_gpus(8, 80 * GIB),
+    )
+    return request, log
+
+
+def test_the_coordinator_refuses_a_heads_plan_that_names_another_flag(workdir: Path) -> None:
+    """The coordinator end: a head whose plan says `--worker-extension-cls` for every worker is refused
+    with one line naming it, and no node is asked to write anything."""
+    answers = {
+        "show vllm-n0.service": show_answer(0),
+        "show vllm-n1.service": show_answer(1),
+        "plan vllm-n0.service": plan_answer(flag_changes=HOSTILE_FLAGS),
+    }
+    request, log = two_node_request(workdir, answers)
+    with pytest.raises(
+        NodeError, match=r"^local:vllm-n0.service: `node plan` answer: '--worker-extension-cls'"
+    ):
+        Coordinator(request, workdir / "state").set_context()
+    assert "prepare" not in log.read_text()
+
+
+def test_a_wrongly_typed_node_answer_is_refused_with_the_nodes_name(workdir: Path) -> None:
+    answers = {
+        "show vllm-n0.service": show_answer(0),
+        "show vllm-n1.service": show_answer(1, in_progress="x"),
+    }
+    request, log = two_node_request(workdir, answers)
+    with pytest.raises(NodeError) as caught:
+        Coordinator(request, workdir / "state").set_context()
+    assert caught.value.message == (
+        "cannot read every node, nothing was changed: local:vllm-n1.service: "
+        "`node show` answer: in_progress='x' is not a JSON object"
+    )
+    assert "plan" not in log.read_text()
+
+
+def test_rollback_goes_before_the_last_good_change_or_to_the_one_named(workdir: Path) -> None:
+    """Issue 29.16, the coordinator's choice: a rolled-back attempt (c-b) is skipped, as one service's
+    rollback skips it; `--to` takes a change id or, as one service's rollback does, a revision number
+    (the head's, as the collection's `to: 3` passes it)."""
+    made = [
+        {"change": "c-a", "revision": 3, "state": "final", "max_model_len": 16384,
+         "previous_max_model_len": 8192},
+        {"change": "c-b", "revision": 4, "state": "rolled-back", "max_model_len": 32768,
+         "previous_max_model_len": 16384},
+    ]  # fmt: skip
+    answers = {
+        f"{step} vllm-n{rank}.service": answer
+        for rank in (0, 1)
+        for step, answer in (
+            ("show", show_answer(rank, deployment_changes=made, last_change=made[-1])),
+            ("prepare", {"wire": WIRE_VERSION, "service": f"vllm-n{rank}.service", "unit_path": "/u",
+                         "changed": True, "diff": "-8192\n+16384"}),
+        )
+    }  # fmt: skip
+    for to, context, words in (
+        (None, 8192, "--undo c-a"),
+        ("3", 16384, "--back-to c-a"),
+        ("c-a", 16384, "--back-to c-a"),
+    ):
+        request, log = two_node_request(workdir, answers)
+        request.dry_run = True
+        result = Coordinator(request, workdir / "state").rollback(to)
+        assert (str(result.result), result.max_model_len) == ("dry-run", context)
+        prepared = [line for line in log.read_text().splitlines() if line.startswith("node prepare")]
+        assert len(prepared) == 2 and all(words in line for line in prepared), prepared
+        log.unlink()
+    request, _log = two_node_request(workdir, answers)
+    with pytest.raises(UsageError, match=r"no final revision of deployment change c-b there"):
+        Coordinator(request, workdir / "state").rollback("4")
