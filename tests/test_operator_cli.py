@@ -119,7 +119,7 @@ def test_a_bare_ctxmgr_prints_its_help_and_exits_0() -> None:
 
 
 COMMANDS = ["facts", "gpus", "plan", "set-context", "rollback", "recover", "history", "observe", "verify",
-            "schedule", "unschedule", "status", "deployment plan", "deployment set-context",
+            "schedule", "unschedule", "status", "deployment", "deployment plan", "deployment set-context",
             "deployment rollback", "deployment recover", "deployment verify"]  # fmt: skip
 
 

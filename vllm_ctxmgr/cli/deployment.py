@@ -64,6 +64,11 @@ DEPLOYMENT_EXAMPLES = {
     ),
     "recover": examples("ctxmgr deployment recover --file glm5.toml       # after a killed coordinator"),
     "verify": examples(f"ctxmgr deployment verify {NODES}"),
+    "deployment": examples(
+        f"ctxmgr deployment plan 200000 {NODES}",
+        f"ctxmgr deployment set-context 200000 {NODES} --dry-run",
+        "ctxmgr deployment verify --file glm5.toml",
+    ),
 }
 MAX_STDIN_BYTES = 16 << 20  # a node step's request: flags, a reason, every node's GPUs
 MAX_DEPLOYMENT_FILE_BYTES = 1 << 20
@@ -290,7 +295,7 @@ def deployment_text(result: DeploymentResult) -> str:
     return "\n".join(lines)
 
 
-@click.group("deployment")
+@click.group("deployment", epilog=DEPLOYMENT_EXAMPLES["deployment"])
 def deployment_group() -> None:
     """One vLLM deployment over several machines (vLLM's --nnodes / --headless), changed as one.
 
