@@ -503,7 +503,9 @@ backend {BACKEND}
         control = self.directory / "cp"
         control.mkdir(exist_ok=True)
         ssh_args = f"-o UserKnownHostsFile={ssh / 'known_hosts'} -o StrictHostKeyChecking=yes"
-        if len(str(control)) < 60:  # %C adds 40 characters; a unix socket path must fit in 108
+        # a unix socket path must fit in 108 bytes: %C adds 41 characters ("/" and a 40-character hash) and
+        # ssh binds a temporary name first, 17 more (".XXXXXXXXXXXXXXXX"); longer: no multiplexing
+        if len(str(control)) + 41 + 17 < 108:
             ssh_args += f" -o ControlMaster=auto -o ControlPersist=120s -o ControlPath={control}/%C"
         (self.directory / "ansible.cfg").write_text(
             f"""[defaults]

@@ -62,7 +62,8 @@ def bed(request: pytest.FixtureRequest) -> Iterator[FleetBed]:
     version, _, name = str(request.param).partition("/")
     venv = ansible_venv(version)
     require(fleet_available(venv), f"the fleet bed with ansible-core {version}")
-    directory = REPO_ROOT / ".cache" / "fleet" / f"t{os.getpid()}-{version}{'-' + name if name else ''}"
+    # short: ssh's ControlPath socket lies below it (tests/fleet/bed.py), within a unix socket's 108 bytes
+    directory = REPO_ROOT / ".cache" / "fleet" / f"t{os.getpid()}-{version}{'-' + name[:1] if name else ''}"
     tarball = build_collection(directory / "build", venv)
     fleet = FleetBed.up(directory, venv=venv)
     try:
