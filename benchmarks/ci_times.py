@@ -14,6 +14,7 @@ time there is its setup, call and teardown, so a bed booted by a test's fixture 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -56,13 +57,15 @@ def read_report(path: Path) -> list[Case]:
         for kind in ("failure", "error", "skipped"):
             if case.find(kind) is not None:
                 outcome = kind
+        # pytest-xdist's loadgroup appends "@GROUP" to a test's name; the group is not the test's name
+        name = re.sub(r"@[^\[\]]*$", "", case.get("name", ""))
         cases.append(
             Case(
-                name=f"{case.get('classname', '')}::{case.get('name', '')}",
+                name=f"{case.get('classname', '')}::{name}",
                 seconds=float(case.get("time") or 0.0),
                 tier=props.get("tier", "?"),
                 multinode=props.get("multinode") == "True",
-                worker=props.get("worker", "?"),
+                worker=props.get("worker", "(skipped)"),  # a test skipped by a mark never reaches setup
                 outcome=outcome,
             )
         )

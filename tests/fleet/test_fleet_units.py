@@ -282,7 +282,7 @@ def test_with_nodes_every_parameter_of_one_hosts_command_is_passed() -> None:
     # one host's command line for the same parameters: the deployment's says no less
     single = module.command_argv({**PARAMS, "command": "rollback", "to": 3, "wait_lock": 30.0}, False)
     assert set(single) - {"--service", "vllm-glm5"} <= set(rollback)
-    # the deployment's --wait-lock is ctxmgr's own option (click parses it, nothing runs); --to,
+    # the deployment's --wait-lock and --to are ctxmgr's own options (click parses them, nothing runs);
     # --probe-tokens and --long-probe of a deployment are not yet: ctxmgr refuses them by name
     import click
 
@@ -291,5 +291,7 @@ def test_with_nodes_every_parameter_of_one_hosts_command_is_passed() -> None:
         ctx = ctxmgr_main.make_context("ctxmgr", argv[1:2])
         sub = ctxmgr_main.get_command(ctx, "deployment").get_command(ctx, command)  # type: ignore[union-attr]
         assert sub.make_context(command, argv[3:], parent=ctx).params["wait_lock"] == 5.0
-    with pytest.raises(click.UsageError, match="--to"):
-        sub.make_context("rollback", rollback[3:], parent=ctx)
+    assert sub.make_context("rollback", rollback[3:], parent=ctx).params["to"] == "3"
+    set_context = ctxmgr_main.get_command(ctx, "deployment").get_command(ctx, "set-context")  # type: ignore[union-attr]
+    with pytest.raises(click.UsageError, match="--probe-tokens"):
+        set_context.make_context("set-context", change[3:], parent=ctx)

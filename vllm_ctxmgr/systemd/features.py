@@ -119,6 +119,7 @@ USES: tuple[Use, ...] = (
     _old(PROPERTY, "ExecMainCode", "org.freedesktop.systemd1(5)"),
     _old(PROPERTY, "ExecMainStatus", "org.freedesktop.systemd1(5)"),
     _old(PROPERTY, "ExecStart", "org.freedesktop.systemd1(5)"),
+    _old(PROPERTY, "ExecStartPre", "org.freedesktop.systemd1(5)"),  # node.py: which pre-command failed
     _old(PROPERTY, "Environment", "org.freedesktop.systemd1(5)"),
     _old(PROPERTY, "ActiveEnterTimestampMonotonic", "org.freedesktop.systemd1(5)"),
     _old(PROPERTY, "InactiveEnterTimestampMonotonic", "org.freedesktop.systemd1(5)"),
