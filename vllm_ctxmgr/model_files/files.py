@@ -30,16 +30,10 @@ def read_bounded(path: Path, limit: int) -> bytes:
 
 
 def json_depth_ok(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether VALUE nests no deeper than LIMIT (iterative: deep input must not recurse)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth > limit:
-                return False
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return True
+    """Whether VALUE nests no deeper than LIMIT, at the model files' own limit (core.nesting's walk)."""
+    from vllm_ctxmgr.core.nesting import depth_ok
+
+    return depth_ok(value, limit)
 
 
 def json_values_at_most(data: bytes) -> int:
