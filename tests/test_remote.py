@@ -66,6 +66,14 @@ def test_a_node_answer_is_its_json_object_and_its_failure_names_the_host(workdir
     garbage = Link(local_ctxmgr=_script(workdir, "print('not json')"))
     with pytest.raises(NodeError, match="local: exit status 0"):
         garbage.call("local", ["node", "show", "u"], timeout=30)
+    # a step that dies before it can answer: the last line it wrote to stderr, as text
+    crashed = Link(
+        local_ctxmgr=_script(
+            workdir, "import sys\nsys.stderr.write('boom: no ctxmgr here\\n')\nraise SystemExit(3)"
+        )
+    )
+    with pytest.raises(NodeError, match=r"^local: boom: no ctxmgr here$"):
+        crashed.call("local", ["node", "show", "u"], timeout=30)
 
 
 def test_an_unreachable_host_is_an_ssh_failure_with_the_host_first() -> None:

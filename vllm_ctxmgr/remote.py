@@ -119,10 +119,11 @@ class _TooLarge(Exception):
     """A node's answer went past the cap while it was being read."""
 
 
-def _run_bounded(argv: list[str], request: bytes, timeout: float, cap: int) -> tuple[int, bytes, bytes]:
+def _run_bounded(argv: list[str], request: bytes, timeout: float, cap: int) -> tuple[int, bytes, str]:
     """Run `argv` with `request` on its stdin; its stdout read up to `cap` bytes while reading (past
     that it is killed: a node's answer is never held whole before it is judged), its stderr's last
-    64 KiB kept. TimeoutExpired past `timeout`."""
+    64 KiB kept, as text (ssh's and a crashed step's words, quoted in the error). TimeoutExpired past
+    `timeout`."""
     deadline = time.monotonic() + timeout
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -156,7 +157,7 @@ def _run_bounded(argv: list[str], request: bytes, timeout: float, cap: int) -> t
         proc.stdout.close()
         proc.stderr.close()
     writer.join(1)
-    return code, bytes(out), bytes(err)
+    return code, bytes(out), err.decode("utf-8", "replace")
 
 
 def _feed(pipe: IO[bytes], data: bytes) -> None:
