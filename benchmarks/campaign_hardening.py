@@ -41,7 +41,7 @@ OFFLINE = ["--gpu-memory", "80G", "--gpu-count", "1", "--gpu-name", "NVIDIA H100
 # ---- running one trial ------------------------------------------------------------------------
 
 
-from trials import Tally, isolated, outcome_problem  # noqa: E402  (benchmarks/trials.py)
+from trials import Tally, isolated, outcome_problem, run_sections  # noqa: E402  (benchmarks/trials.py)
 
 # ---- state-dir attacks ------------------------------------------------------------------------
 
@@ -906,14 +906,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--scenarios", type=int, default=40, help="container-path scenarios (12 paths each)")
     parser.add_argument("--show", type=int, default=5, help="failures printed per section")
-    args = parser.parse_args()
-    unknown = [name for name in args.sections if name not in SECTIONS]
-    if unknown:
-        parser.error(f"no section {unknown[0]!r} (sections: {', '.join(SECTIONS)})")
-    WORK.mkdir(parents=True, exist_ok=True)
-    failed = sum(SECTIONS[name](args) for name in args.sections or SECTIONS)
-    shutil.rmtree(WORK, ignore_errors=True)
-    sys.exit(1 if failed else 0)
+    run_sections(parser, SECTIONS, WORK)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ TIB = 1 << 40
 # ---- running one trial ------------------------------------------------------------------------
 
 
-from trials import Tally, isolated, outcome_problem  # noqa: E402  (benchmarks/trials.py)
+from trials import Tally, isolated, outcome_problem, run_sections  # noqa: E402  (benchmarks/trials.py)
 
 
 def cli(*args: str) -> tuple[int, str]:
@@ -665,15 +665,7 @@ def main() -> None:
     parser.add_argument("--editor", type=int, default=400, help="ExecStart word sequences")
     parser.add_argument("--gguf", type=int, default=60, help="GGUF files per kind")
     parser.add_argument("--show", type=int, default=5, help="failures printed per section")
-    args = parser.parse_args()
-    unknown = [name for name in args.sections if name not in SECTIONS]
-    if unknown:
-        parser.error(f"no section {unknown[0]!r} (sections: {', '.join(SECTIONS)})")
-    WORK.mkdir(parents=True, exist_ok=True)
-    failed = sum(SECTIONS[name](args) for name in args.sections or SECTIONS)
-    shutil.rmtree(WORK, ignore_errors=True)
-    print(f"total failed {failed}")
-    sys.exit(1 if failed else 0)
+    run_sections(parser, SECTIONS, WORK)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ LOGS = [REPO / "tests" / "data" / "vllm-logs", Path("/work/shared/vllm-logs")]
 # ---- running one trial ------------------------------------------------------------------------
 
 
-from trials import Tally, isolated, outcome_problem  # noqa: E402  (benchmarks/trials.py)
+from trials import Tally, isolated, outcome_problem, run_sections  # noqa: E402  (benchmarks/trials.py)
 
 
 def needs_root(name: str) -> bool:
@@ -706,14 +706,7 @@ def main() -> None:
     if args.inner_full:
         print(json.dumps(_full_trials(Path(args.inner_full), args.seed)))
         return
-    unknown = [name for name in args.sections if name not in SECTIONS]
-    if unknown:
-        parser.error(f"no section {unknown[0]!r} (sections: {', '.join(SECTIONS)})")
-    WORK.mkdir(parents=True, exist_ok=True)
-    failed = sum(SECTIONS[name](args) for name in args.sections or SECTIONS)
-    print(f"{'total':<16} failed {failed}")
-    shutil.rmtree(WORK, ignore_errors=True)
-    sys.exit(1 if failed else 0)
+    run_sections(parser, SECTIONS, WORK, args)
 
 
 if __name__ == "__main__":

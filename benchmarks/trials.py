@@ -7,10 +7,14 @@ read that was planted, ...) is each section's own oracle.
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
+import shutil
+import sys
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NoReturn
 
 from vllm_ctxmgr.errors import CtxmgrError
 
@@ -68,3 +72,23 @@ def outcome_problem(outcome: tuple[str, Any]) -> str | None:
     if kind == "refused" and "\n" in value.strip():
         return f"an error of more than one line: {value[:120]!r}"
     return None
+
+
+def run_sections(
+    parser: argparse.ArgumentParser,
+    sections: Mapping[str, Callable[[argparse.Namespace], int]],
+    work: Path,
+    args: argparse.Namespace | None = None,
+) -> NoReturn:
+    """A campaign's main: the sections named on the command line (every one by default), each given the
+    parsed arguments (`args`, where the campaign parsed them already) and returning its failures, in a
+    work folder of this run's own; exits 1 on any."""
+    args = args if args is not None else parser.parse_args()
+    unknown = [name for name in args.sections if name not in sections]
+    if unknown:
+        parser.error(f"no section {unknown[0]!r} (sections: {', '.join(sections)})")
+    work.mkdir(parents=True, exist_ok=True)
+    failed = sum(sections[name](args) for name in args.sections or sections)
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"{'total':<16} failed {failed}")
+    sys.exit(1 if failed else 0)
