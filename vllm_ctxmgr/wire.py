@@ -17,6 +17,7 @@ import types
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin, get_type_hints
 
+from vllm_ctxmgr.core.bounds import MAX_BYTES, MAX_CONTEXT
 from vllm_ctxmgr.core.facts import ALLOW_LONG_ENV
 from vllm_ctxmgr.core.observations import ObservationRecord
 from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA
@@ -26,8 +27,6 @@ WIRE_VERSION = 1  # bump when a message's fields change meaning; both ends must 
 MAX_TEXT = 4 << 20  # one text field (a diff, a plan's text)
 MAX_ITEMS = 1 << 16  # one list or object (argv words, GPU lines, environment items)
 MAX_INT = 1 << 62
-MAX_MODEL_LEN = 1 << 32  # as observations.LIMITS
-MAX_KV_CACHE_MEMORY_BYTES = 1 << 50
 MAX_CHANGES_SHOWN = 256  # a node's deployment revisions `node show` lists, the newest
 
 # what a context change may write on a node, and nothing else: a head's plan that names another flag
@@ -162,7 +161,7 @@ def check_context_flags(flags: dict[str, str], env: dict[str, str], what: str) -
             if not 0 < number <= 1:
                 raise WireError(f"{what}: {name} {value[:40]!r} is not in (0, 1]")
             continue
-        limit = MAX_MODEL_LEN if name == "--max-model-len" else MAX_KV_CACHE_MEMORY_BYTES
+        limit = MAX_CONTEXT if name == "--max-model-len" else MAX_BYTES
         if not re.fullmatch(r"[1-9][0-9]{0,15}", value) or int(value) > limit:
             raise WireError(f"{what}: {name} {value[:40]!r} is not a whole number in [1, {limit}]")
     for name, value in env.items():
@@ -304,7 +303,7 @@ class ShowAnswer(Message):
                 continue
             _in_range(what, f"{name}.revision", change.revision, 0, MAX_INT)
             for key in ("max_model_len", "previous_max_model_len"):
-                _in_range(what, f"{name}.{key}", getattr(change, key), 1, MAX_MODEL_LEN)
+                _in_range(what, f"{name}.{key}", getattr(change, key), 1, MAX_CONTEXT)
         if self.logged is not None:
             ObservationRecord.from_json(asdict(self.logged), f"{what}: logged")
         if self.observation is not None:
@@ -354,7 +353,7 @@ class PlannedDeployment:
             raise WireError(
                 f"{what}: plan.result {made.result[:40]!r} is not feasible, infeasible or unknown"
             )
-        _in_range(what, "plan.max_context", made.max_context, 0, MAX_MODEL_LEN)
+        _in_range(what, "plan.max_context", made.max_context, 0, MAX_CONTEXT)
         for i, line in enumerate(made.gpus):
             for name in ("total", "weights", "kv_budget", "kv_needed", "headroom"):
                 figure = getattr(line, name)
@@ -388,7 +387,7 @@ class PlanAnswer(Message):
         PlannedDeployment.from_record(self.plan, what)
         if self.result not in ("feasible", "infeasible", "unknown"):
             raise WireError(f"{what}: result {self.result[:40]!r} is not feasible, infeasible or unknown")
-        _in_range(what, "max_model_len", self.max_model_len, 1, MAX_MODEL_LEN)
+        _in_range(what, "max_model_len", self.max_model_len, 1, MAX_CONTEXT)
         for name in ("gpu_memory_utilization", "least_gpu_memory_utilization"):
             _in_range(what, name, getattr(self, name), 0, 1, low_open=True)
         check_context_flags(self.flag_changes, self.env_changes, what)
@@ -449,7 +448,7 @@ class CheckAnswer(Message):
     max_model_len: int | None = None
 
     def check(self, what: str) -> None:
-        _in_range(what, "max_model_len", self.max_model_len, 1, MAX_MODEL_LEN)
+        _in_range(what, "max_model_len", self.max_model_len, 1, MAX_CONTEXT)
 
 
 @dataclass(frozen=True)
@@ -482,7 +481,7 @@ class VerifyAnswer(Message):
     def check(self, what: str) -> None:
         if self.result not in ("ok", "degraded", "failed"):
             raise WireError(f"{what}: result {self.result[:40]!r} is not ok, degraded or failed")
-        _in_range(what, "max_model_len", self.max_model_len, 1, MAX_MODEL_LEN)
+        _in_range(what, "max_model_len", self.max_model_len, 1, MAX_CONTEXT)
 
 
 @dataclass(frozen=True)
