@@ -84,6 +84,9 @@ def plan_exec_ops(command: VllmCommand, changes: Mapping[str, str | None]) -> li
                     ops.append(WordOp(i + 1, "delete"))
             elif inline:
                 ops.append(WordOp(i, "replace", (f"{w.value.split('=', 1)[0]}={new}",)))
+            elif not takes_as_value(new):  # argparse would read it as a flag: only `--flag=value` holds it
+                ops.append(WordOp(i, "replace", (f"{w.value}={new}",)))
+                ops.append(WordOp(i + 1, "delete"))
             else:
                 ops.append(WordOp(i + 1, "replace", (new,)))
             done.add(flag)
@@ -91,7 +94,11 @@ def plan_exec_ops(command: VllmCommand, changes: Mapping[str, str | None]) -> li
             continue
         i += 1
     missing = [(f, v) for f, v in changes.items() if v is not None and f not in done]
-    added = tuple(word for flag, new in missing for word in (flag, new))
+    added = tuple(
+        word
+        for flag, new in missing
+        for word in ((flag, new) if takes_as_value(new) else (f"{flag}={new}",))
+    )
     if missing and end is not None:
         ops.append(WordOp(end, "before", added))
     elif missing:
