@@ -224,3 +224,16 @@ def test_environment_items_round_trip(value: str) -> None:
     assert "\n" not in item
     [word] = split_words(item)
     assert resolve_specifiers(word.value) == f"NAME={value}"  # `$` is not special in Environment=
+
+
+@pytest.mark.parametrize("flag", ["--served-model-name", "--tokenizer-mode"])  # in the unit / added
+@pytest.mark.parametrize("value", ["--", "-x", "--enforce-eager"])
+def test_a_value_argparse_would_take_for_a_flag_is_written_joined(flag: str, value: str) -> None:
+    """Found by the property above: `--served-model-name --` ended the options, and vLLM lost every
+    flag after it. `--flag=value` is the one form argparse gives such a value to the flag."""
+    unit = load("vllm-glm5")
+    edit = edit_unit(unit, {flag: value, "--max-model-len": "100000"})
+    assert f"{flag}={value}" in edit.new_text
+    args = serve_args(ServiceUnit(unit.name, (UnitFile.parse(edit.path, edit.new_text),)))
+    assert args.max_model_len == 100000
+    assert args.flags[flag] == value
