@@ -95,9 +95,7 @@ def plan_exec_ops(command: VllmCommand, changes: Mapping[str, str | None]) -> li
         i += 1
     missing = [(f, v) for f, v in changes.items() if v is not None and f not in done]
     added = tuple(
-        word
-        for flag, new in missing
-        for word in ((flag, new) if takes_as_value(new) else (f"{flag}={new}",))
+        word for flag, new in missing for word in ((flag, new) if takes_as_value(new) else (f"{flag}={new}",))
     )
     if missing and end is not None:
         ops.append(WordOp(end, "before", added))
