@@ -320,7 +320,7 @@ def _key_commands(unit_path: Path, state: Path) -> dict[str, Callable[[], str]]:
         return result.output
 
     def view() -> Any:
-        from vllm_ctxmgr.service import view_from_unit
+        from vllm_ctxmgr.systemd.service import view_from_unit
         from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 
         return view_from_unit(ServiceUnit.load_with_dropins(unit_path))
@@ -377,7 +377,7 @@ def campaign_keys(args: argparse.Namespace) -> int:
         unit_path.write_text(f"[Service]\n{extra}ExecStart={exec_start}\n")
 
         def probe_key(path: Path = unit_path) -> str | None:
-            from vllm_ctxmgr.service import view_from_unit
+            from vllm_ctxmgr.systemd.service import view_from_unit
             from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 
             return view_from_unit(ServiceUnit.load_with_dropins(path)).api_key
@@ -491,7 +491,7 @@ def campaign_yaml(args: argparse.Namespace) -> int:
         unit = ServiceUnit("t.service", (unit_file,))
 
         def load(unit: ServiceUnit = unit) -> Any:
-            from vllm_ctxmgr.service import view_from_unit
+            from vllm_ctxmgr.systemd.service import view_from_unit
 
             view = view_from_unit(unit, root)
             return (_sane(view), view.api_key)
@@ -562,8 +562,8 @@ def _record_sane(record: dict[str, Any]) -> str | None:
 
 def campaign_imports(args: argparse.Namespace) -> int:
     from vllm_ctxmgr import files
+    from vllm_ctxmgr.change.planning import MAX_IMPORT_BYTES, imported_observation
     from vllm_ctxmgr.errors import UsageError
-    from vllm_ctxmgr.planning import MAX_IMPORT_BYTES, imported_observation
 
     tally = Tally("imports", args.show)
     directory = WORK / "imports" / uuid.uuid4().hex[:10]
@@ -575,8 +575,8 @@ def campaign_imports(args: argparse.Namespace) -> int:
         record = imported_observation(raw.decode(errors="replace"), path, **match)  # type: ignore[arg-type]
         problem = _record_sane(record)
         if problem is None:
+            from vllm_ctxmgr.change.planning import PlanRequest, observations_from_store, plan_for
             from vllm_ctxmgr.core.serve_args import ServeArgs
-            from vllm_ctxmgr.planning import PlanRequest, observations_from_store, plan_for
 
             request = PlanRequest(8192, gpu_memory=80 << 30, gpu_count=1, gpu_name="NVIDIA H100 80GB HBM3")
             plan_for(

@@ -361,7 +361,7 @@ def campaign_values(args: argparse.Namespace) -> int:
         )
         tally.add(f"toml {text[:30]!r}", cli_problem(outcome, refuse=True))
     # node show fields: every field, every type
-    from vllm_ctxmgr.remote import NodeAddress
+    from vllm_ctxmgr.deployment.remote import NodeAddress
 
     expected_types: dict[str, Callable[[Any], bool]] = {
         "argv": lambda v: isinstance(v, list) and all(isinstance(w, str) for w in v),
@@ -394,7 +394,7 @@ def campaign_values(args: argparse.Namespace) -> int:
         for value in values:
 
             def show(f: str = field, v: Any = value) -> bool:
-                from vllm_ctxmgr.multinode import checked_show
+                from vllm_ctxmgr.deployment.coordinator import checked_show
 
                 checked_show({f: v}, NodeAddress.parse("node1:vllm-x"))
                 return True

@@ -100,7 +100,7 @@ def campaign_textfile(args: argparse.Namespace) -> int:
         return 0
     from prometheus_client.parser import text_string_to_metric_families
 
-    from vllm_ctxmgr.metrics import write_textfile
+    from vllm_ctxmgr.monitor.metrics import write_textfile
 
     tally = Tally("textfile", args.show)
     modes = (0o755, 0o700, 0o775, 0o777, 0o757, 0o770, 0o1777, 0o1775, 0o1757, 0o3777)
@@ -360,8 +360,8 @@ def campaign_state_full(args: argparse.Namespace) -> int:
 def campaign_exit_codes(args: argparse.Namespace) -> int:
     from ansible_collections.vllm.ctxmgr.plugins.modules import ctxmgr as module
     from vllm_ctxmgr import errors
+    from vllm_ctxmgr.deployment.remote import Link, NodeError
     from vllm_ctxmgr.errors import ExitCode, VerifyExit
-    from vllm_ctxmgr.remote import Link, NodeError
 
     tally = Tally("exit-codes", args.show)
     documented = getattr(errors, "DOCUMENTED_EXIT_CODES", {int(c) for c in (*ExitCode, *VerifyExit)})
@@ -469,7 +469,7 @@ def campaign_hosts(args: argparse.Namespace) -> int:
     from click.testing import CliRunner
 
     from vllm_ctxmgr.cli.main import main
-    from vllm_ctxmgr.remote import NodeAddress
+    from vllm_ctxmgr.deployment.remote import NodeAddress
 
     tally = Tally("hosts", args.show)
     directory = WORK / "hosts"

@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from vllm_ctxmgr.change.planning import PlanRequest, plan_for
 from vllm_ctxmgr.core.deployment import LORA_FLAGS
 from vllm_ctxmgr.core.hardware import GIB
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
 from vllm_ctxmgr.core.vllm_flag_list import VLLM_FLAGS
 from vllm_ctxmgr.core.vllm_flags import MODELLED, classify
 from vllm_ctxmgr.errors import CtxmgrError
-from vllm_ctxmgr.planning import PlanRequest, plan_for
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "examples" / "models"

@@ -24,11 +24,11 @@ sys.path.insert(0, str(REPO))
 from tests.support.demo import make_vllm_wrapper, offline_gpu_args, standin_unit  # noqa: E402
 from tests.support.sandbox import Sandbox, sandbox_available  # noqa: E402
 from tests.support.standin import free_port  # noqa: E402
+from vllm_ctxmgr.change.planning import PlanRequest  # noqa: E402
+from vllm_ctxmgr.change.restart import Restarter  # noqa: E402
+from vllm_ctxmgr.change.walk import SetContextRequest, set_context  # noqa: E402
 from vllm_ctxmgr.cli.common import SIZE  # noqa: E402
-from vllm_ctxmgr.deploy import SetContextRequest, set_context  # noqa: E402
-from vllm_ctxmgr.planning import PlanRequest  # noqa: E402
 from vllm_ctxmgr.probe import wait_until_serving  # noqa: E402
-from vllm_ctxmgr.restart import Restarter  # noqa: E402
 from vllm_ctxmgr.store import ServiceStore  # noqa: E402
 
 ROUNDS = 3

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from tests.support.demo import offline_gpu_args
 from vllm_ctxmgr.cli.main import main
 from vllm_ctxmgr.masking import api_keys_in_args, vllm_api_keys
-from vllm_ctxmgr.service import view_from_unit
+from vllm_ctxmgr.systemd.service import view_from_unit
 from vllm_ctxmgr.systemd.unit_edit import edit_unit, unified_diff
 from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
 

@@ -248,9 +248,10 @@ def test_plan_on_a_local_model_reads_no_unit_store_or_log() -> None:
     *shown, modules = run.stdout.splitlines()  # a plan that fits returns from main (exit 0)
     assert any(line.startswith("FEASIBLE") for line in shown)
     loaded = set(ast.literal_eval(modules))
-    assert "vllm_ctxmgr.planning" in loaded
-    for room in ("service", "store", "observing", "systemd.systemctl", "vllm_log.watcher", "model_files.gguf",
-                 "core.verdict", "deploy", "change", "restart"):  # fmt: skip
+    assert "vllm_ctxmgr.change.planning" in loaded
+    for room in ("systemd.service", "store", "change.observing", "systemd.systemctl", "vllm_log.watcher",
+                 "model_files.gguf", "core.verdict", "change.walk", "change.states",
+                 "change.restart"):  # fmt: skip
         assert f"vllm_ctxmgr.{room}" not in loaded, room
 
 

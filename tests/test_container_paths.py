@@ -16,7 +16,7 @@ from tests.ctxmgr_cli import run_ctxmgr
 from tests.support.demo import GLM5_CONFIG_DIR, make_vllm_wrapper, offline_gpu_args, standin_unit
 from tests.support.standin import free_port
 from vllm_ctxmgr.errors import CtxmgrError, UnitError
-from vllm_ctxmgr.service import view_from_unit
+from vllm_ctxmgr.systemd.service import view_from_unit
 from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
 from vllm_ctxmgr.systemd.vllm_command import container_volumes, find_vllm_command, host_path
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from vllm_ctxmgr.change.planning import PlanRequest, plan_for
 from vllm_ctxmgr.errors import CtxmgrError, UnitError
-from vllm_ctxmgr.planning import PlanRequest, plan_for
-from vllm_ctxmgr.service import container_vllm_version, view_from_unit
+from vllm_ctxmgr.systemd.service import container_vllm_version, view_from_unit
 from vllm_ctxmgr.systemd.unit_edit import edit_unit
 from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
 from vllm_ctxmgr.systemd.vllm_command import container_volumes, find_vllm_command, host_path

@@ -310,7 +310,7 @@ def test_calibration_compares_with_the_utilisation_really_applied() -> None:
     import math
 
     from tests.ctxmgr_cli import ctxmgr_command
-    from vllm_ctxmgr.observing import calibration
+    from vllm_ctxmgr.change.observing import calibration
     from vllm_ctxmgr.vllm_log.watcher import observe_start
 
     argv = [*ctxmgr_command(), "plan", "200000", "--model", "examples/models/glm-5", "-tp", "8",
@@ -484,8 +484,8 @@ def test_a_terminal_sees_the_diff_before_the_restart_and_a_live_status_while_vll
 def test_without_a_terminal_the_status_is_a_plain_timestamped_line_at_most_every_interval(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    from vllm_ctxmgr.change.observing import StartProgress
     from vllm_ctxmgr.cli.common import LiveStatus
-    from vllm_ctxmgr.observing import StartProgress
 
     live = LiveStatus(enabled=True, terminal=False, every=3600)
     live.last -= 3600  # the first interval has passed

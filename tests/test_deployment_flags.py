@@ -480,9 +480,9 @@ def plan_named(model: str, *flags: str) -> list[dict]:
 def test_a_unit_on_0_33_with_a_flag_0_33_lacks_is_refused_as_argparse_does() -> None:
     from dataclasses import replace
 
+    from vllm_ctxmgr.change.planning import PlanRequest, plan_for
     from vllm_ctxmgr.core.serve_args import parse_serve_argv
     from vllm_ctxmgr.errors import UsageError
-    from vllm_ctxmgr.planning import PlanRequest, plan_for
 
     request = PlanRequest(32768, gpu_memory=80 * GIB, gpu_count=4)
     args = parse_serve_argv([LLAMA70B, "-tp", "4", "--disable-log-requests", "--swap-space", "4"])
@@ -518,9 +518,9 @@ def test_a_units_flags_are_read_by_its_own_releases_parser(
 ) -> None:
     from dataclasses import replace
 
+    from vllm_ctxmgr.change.planning import PlanRequest, plan_for
     from vllm_ctxmgr.core.serve_args import parse_serve_argv
     from vllm_ctxmgr.errors import UsageError
-    from vllm_ctxmgr.planning import PlanRequest, plan_for
 
     request = PlanRequest(32768, gpu_memory=80 * GIB, gpu_count=4)
     args = replace(parse_serve_argv([LLAMA70B, "-tp", "4", *flags]), vllm_version=version)

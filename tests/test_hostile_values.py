@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from vllm_ctxmgr.cli.main import main
-from vllm_ctxmgr.wire import WIRE_VERSION
+from vllm_ctxmgr.deployment.wire import WIRE_VERSION
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = str(REPO / "examples" / "models" / "qwen3-32b")
@@ -85,7 +85,7 @@ WIRE = @WIRE@
 args = sys.argv[1:]
 if args[:2] == ["node", "show"]:
     show = json.loads(open(sys.argv[0] + ".show").read())
-    # what every `node show` answer carries on the wire (vllm_ctxmgr/wire.py ShowAnswer), where the test
+    # what every `node show` answer carries on the wire (deployment/wire.py ShowAnswer), where the test
     # does not say otherwise
     base = {"wire": WIRE, "service": "vllm-x.service", "unit_digest": "ab" * 32, "active_state": "active"}
     print(json.dumps({**base, **show}))

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from vllm_ctxmgr.change.planning import PlanRequest, plan_for
 from vllm_ctxmgr.core.facts import LayerKind
 from vllm_ctxmgr.core.hardware import GIB, Platform
 from vllm_ctxmgr.core.kv.layout import kv_cache_layout
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.errors import ModelFactsError, UsageError
 from vllm_ctxmgr.model_files.load import load_model_facts
-from vllm_ctxmgr.planning import PlanRequest, plan_for
-from vllm_ctxmgr.service import installed_cuda_version, view_from_unit
+from vllm_ctxmgr.systemd.service import installed_cuda_version, view_from_unit
 from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 
 MODELS = Path(__file__).resolve().parent.parent / "examples" / "models"

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_ctxmgr.core.verdict import DEGRADED, OK, Verification
 from vllm_ctxmgr.errors import CtxmgrError, UnsafePathError, UsageError
-from vllm_ctxmgr.metrics import write_textfile
+from vllm_ctxmgr.monitor.metrics import write_textfile
 
 GIB = 1 << 30
 

@@ -31,10 +31,10 @@ from tests.support.demo import (
 from tests.support.sandbox import Sandbox
 from tests.support.standin import free_port
 from vllm_ctxmgr.core.hardware import GIB, uniform_gpus
-from vllm_ctxmgr.multinode import Coordinator, DeploymentRequest
-from vllm_ctxmgr.remote import Link, NodeAddress
+from vllm_ctxmgr.deployment.coordinator import Coordinator, DeploymentRequest
+from vllm_ctxmgr.deployment.remote import Link, NodeAddress
+from vllm_ctxmgr.deployment.wire import PlanningOptions
 from vllm_ctxmgr.store import ServiceStore, State
-from vllm_ctxmgr.wire import PlanningOptions
 
 HEAD, RANK1 = "vllm-mn-head", "vllm-mn-rank1"
 # TP 8 x PP 2 over two 8-GPU nodes: each node one pipeline stage, the weights split over 16 GPUs

@@ -15,6 +15,7 @@ from dataclasses import replace
 import pytest
 
 from tests.test_plan import TOTAL, glm5, gpu
+from vllm_ctxmgr.change.planning import node_observations_from_json
 from vllm_ctxmgr.core.budget import kv_budget_at_utilization
 from vllm_ctxmgr.core.calibration import NodeObservation
 from vllm_ctxmgr.core.hardware import GIB, GpuState
@@ -22,7 +23,6 @@ from vllm_ctxmgr.core.observations import Observation, ObservationRecord
 from vllm_ctxmgr.core.plan import PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.errors import UsageError
-from vllm_ctxmgr.planning import node_observations_from_json
 
 TARGET = 200_000
 ARGS = ServeArgs(

@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from tests.support.deadline import deadline
+from vllm_ctxmgr.change.planning import imported_observation
 from vllm_ctxmgr.cli.main import main
 from vllm_ctxmgr.errors import ExitCode, UsageError
-from vllm_ctxmgr.planning import imported_observation
 
 REPO = Path(__file__).resolve().parent.parent
 # what `ctxmgr observe --json` wrote on host 1 (deploy's record: the figures and the configuration)
@@ -104,8 +104,8 @@ def test_the_record_type_is_the_one_door_for_stored_lines_too() -> None:
     """Issue 14 item 2: ObservationRecord.from_json checks a stored line as it checks an import; a line
     that no start could log (a stored 999 GiB budget on a 95.6 GiB GPU, a 1e308) is left out of the
     plan's observations instead of wedging every later plan, and a good line reads back whole."""
+    from vllm_ctxmgr.change.planning import observations_from_store
     from vllm_ctxmgr.core.observations import ObservationError, ObservationRecord
-    from vllm_ctxmgr.planning import observations_from_store
 
     good = ObservationRecord.from_json(GOOD, "observations.jsonl")
     assert ObservationRecord.from_json(good.to_json(), "again") == good

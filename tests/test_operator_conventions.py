@@ -19,8 +19,8 @@ from tests.ctxmgr_cli import run_ctxmgr
 from tests.support.demo import make_vllm_wrapper, offline_gpu_args, standin_unit
 from tests.support.sandbox import Sandbox
 from tests.support.standin import free_port
+from vllm_ctxmgr.change.planning import imported_observation
 from vllm_ctxmgr.errors import UsageError
-from vllm_ctxmgr.planning import imported_observation
 from vllm_ctxmgr.probe import wait_until_serving
 
 REPO = Path(__file__).resolve().parent.parent

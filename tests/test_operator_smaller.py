@@ -16,12 +16,12 @@ from tests.ctxmgr_cli import ctxmgr_command
 from tests.support.sandbox import Sandbox
 from tests.test_verdict import facts, observation  # noqa: F401  (the fixture, from a real log)
 from vllm_ctxmgr.core.verdict import OK, decide, record
-from vllm_ctxmgr.metrics import write_textfile
+from vllm_ctxmgr.monitor.metrics import write_textfile
+from vllm_ctxmgr.monitor.schedule import ScheduleRequest, render_units, timer_schedule
+from vllm_ctxmgr.monitor.status import ServiceStatus, status_table
+from vllm_ctxmgr.monitor.verify import TRIGGER_ENV, trigger_of_this_run
 from vllm_ctxmgr.report import verification_text
-from vllm_ctxmgr.schedule import ScheduleRequest, render_units, timer_schedule
-from vllm_ctxmgr.status import ServiceStatus, status_table
 from vllm_ctxmgr.systemd.unit_file import UnitFile
-from vllm_ctxmgr.verify import TRIGGER_ENV, trigger_of_this_run
 
 REPO = Path(__file__).resolve().parent.parent
 NOW = 1_790_000_000.0

@@ -27,7 +27,12 @@ PURE_STDLIB = {"__future__", "collections", "dataclasses", "difflib", "enum", "f
                "itertools", "json", "math", "re", "typing"}  # fmt: skip
 # the edges: one concern each; none may reach up into the orchestrator or the CLI
 EDGES = ("model_files", "systemd", "vllm_log", "probe", "nvml", "store", "files")
-ORCHESTRATION = ("deploy", "planning", "observing", "restart", "change", "recovery")
+# the rooms above the edges: one service's change, a deployment over nodes, monitoring. Each is a package
+# whose modules have a row of their own in the table below
+LAYERS = ("change", "deployment", "monitor")
+# what a layer may never reach: the change is used by the other two and uses neither; monitoring may act
+# through the change but knows nothing of deployments (the deployment's node steps use both)
+NEVER = {"change": ("deployment", "monitor"), "monitor": ("deployment",)}
 
 
 def module_name(path: Path) -> str:
@@ -116,8 +121,15 @@ def test_nothing_imports_the_cli_and_no_edge_imports_the_orchestrator() -> None:
         if not name.startswith("vllm_ctxmgr.cli") and name != "vllm_ctxmgr.__main__":
             assert not any(d.startswith("vllm_ctxmgr.cli") for d in deps), name
         if name.split(".")[1:2] and name.split(".")[1] in EDGES:
-            for room in ORCHESTRATION:
-                assert f"vllm_ctxmgr.{room}" not in deps, name
+            for room in LAYERS:
+                assert not any(d.startswith(f"vllm_ctxmgr.{room}") for d in deps), name
+
+
+def test_no_layer_reaches_a_layer_it_must_not() -> None:
+    for name, deps in package_graph().items():
+        layer = name.split(".")[1] if name.count(".") else ""
+        for forbidden in NEVER.get(layer, ()):
+            assert not [d for d in deps if d.startswith(f"vllm_ctxmgr.{forbidden}")], name
 
 
 def build_wheel(tmp_path: Path) -> Path:
@@ -165,7 +177,7 @@ def test_the_installed_ctxmgr_runs_from_its_wheel_not_from_this_checkout() -> No
 # What each room may import besides `errors`: the table of docs/architecture.md, which must say the same.
 ALLOWED = {
     "errors": set(),
-    "core": {"core"},
+    "core": set(),
     "masking": set(),
     "files": set(),
     "model_files": {"core", "files"},
@@ -174,63 +186,69 @@ ALLOWED = {
     "probe": {"masking"},
     "nvml": {"core", "files"},
     "store": {"masking"},
-    "service": {"core", "files", "masking", "systemd"},
-    "observing": {"core", "nvml", "probe", "service", "store", "systemd", "vllm_log"},
-    "planning": {"core", "model_files", "nvml", "observing", "service", "store", "systemd"},
-    "restart": {"core", "masking", "observing", "probe", "service", "store", "systemd", "vllm_log"},
-    "change": {"restart", "store"},
-    "recovery": {"change", "restart", "service", "store"},
-    "deploy": {
-        "change",
+    "change.observing": {"core", "nvml", "probe", "store", "systemd", "vllm_log"},
+    "change.planning": {"change.observing", "core", "model_files", "nvml", "store", "systemd"},
+    "change.restart": {"change.observing", "core", "masking", "probe", "store", "systemd", "vllm_log"},
+    "change.states": {"change.restart", "store"},
+    "change.recovery": {"change.restart", "change.states", "store", "systemd"},
+    "change.walk": {
+        "change.observing",
+        "change.planning",
+        "change.recovery",
+        "change.restart",
+        "change.states",
         "core",
-        "observing",
-        "planning",
-        "recovery",
-        "restart",
-        "service",
         "store",
         "systemd",
     },
-    "verify": {
-        "change",
+    "monitor.verify": {
+        "change.planning",
+        "change.restart",
+        "change.states",
+        "change.walk",
         "core",
-        "deploy",
-        "planning",
         "probe",
-        "restart",
-        "service",
         "store",
         "systemd",
         "vllm_log",
     },
-    "schedule": {"metrics", "service", "store", "systemd"},
-    "status": {"report", "schedule", "service", "store", "systemd", "verify"},
-    "metrics": {"core", "store"},
+    "monitor.schedule": {"monitor.metrics", "store", "systemd"},
+    "monitor.status": {"monitor.schedule", "monitor.verify", "report", "store", "systemd"},
+    "monitor.metrics": {"core", "store"},
     "report": {"core"},
-    "wire": {"core"},
-    "remote": {"wire"},
-    "node": {
-        "change",
+    "deployment.wire": {"core"},
+    "deployment.remote": {"deployment.wire"},
+    "deployment.node": {
+        "change.observing",
+        "change.planning",
+        "change.restart",
+        "change.states",
         "core",
+        "deployment.wire",
         "masking",
+        "monitor.verify",
         "nvml",
-        "observing",
-        "planning",
         "report",
-        "restart",
-        "service",
         "store",
         "systemd",
-        "verify",
         "vllm_log",
-        "wire",
     },
-    "multinode": {"change", "core", "nvml", "remote", "store", "wire"},
+    "deployment.coordinator": {
+        "change.states",
+        "core",
+        "deployment.remote",
+        "deployment.wire",
+        "nvml",
+        "store",
+    },
 }
 
 
 def room_of(module: str) -> str:
+    """An edge is one room; in a layer's package each module is a room (`change.walk`)."""
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] in LAYERS:
+        return f"{parts[1]}.{parts[2]}"
     return parts[1] if len(parts) > 1 else "vllm_ctxmgr"
 
 
@@ -238,6 +256,9 @@ def test_every_import_is_an_arrow_of_the_documented_table() -> None:
     for module, deps in package_graph().items():
         room = room_of(module)
         if room in ("cli", "__main__", "vllm_ctxmgr"):
+            continue
+        if room in LAYERS:  # a layer's __init__ only says what the package is
+            assert deps == set(), module
             continue
         assert room in ALLOWED, f"{module}: a room docs/architecture.md does not name"
         for dep in deps:

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from vllm_ctxmgr.cli.main import main
 from vllm_ctxmgr.core.budget import default_gpu_memory_utilization
 from vllm_ctxmgr.errors import UnitError
-from vllm_ctxmgr.service import view_from_unit
+from vllm_ctxmgr.systemd.service import view_from_unit
 from vllm_ctxmgr.systemd.unit_edit import edit_unit
 from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 

@@ -26,7 +26,7 @@ from vllm_ctxmgr.core.plan import PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import ServeArgs, parse_serve_argv
 from vllm_ctxmgr.errors import UsageError
 from vllm_ctxmgr.model_files.load import load_model_facts
-from vllm_ctxmgr.service import installed_flashinfer
+from vllm_ctxmgr.systemd.service import installed_flashinfer
 from vllm_ctxmgr.vllm_log.patterns import parse_line
 from vllm_ctxmgr.vllm_log.watcher import observe_start
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from vllm_ctxmgr.deployment.remote import Link, NodeAddress, NodeError
 from vllm_ctxmgr.errors import ExitCode, UsageError
-from vllm_ctxmgr.remote import Link, NodeAddress, NodeError
 
 
 def test_node_address_takes_host_and_unit_and_refuses_the_rest() -> None:

@@ -21,7 +21,7 @@ from tests.support.demo import make_vllm_wrapper, standin_unit
 from tests.support.sandbox import Sandbox
 from tests.support.standin import free_port
 from vllm_ctxmgr.errors import UsageError
-from vllm_ctxmgr.schedule import (
+from vllm_ctxmgr.monitor.schedule import (
     ScheduleRequest,
     check_calendar,
     format_timespan,

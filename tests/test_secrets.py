@@ -15,7 +15,7 @@ from tests.ctxmgr_cli import Run, run_ctxmgr
 from tests.support.demo import make_vllm_wrapper, offline_gpu_args, standin_unit
 from tests.support.standin import free_port
 from vllm_ctxmgr.masking import mask, mask_json, secrets_of
-from vllm_ctxmgr.service import view_from_unit
+from vllm_ctxmgr.systemd.service import view_from_unit
 from vllm_ctxmgr.systemd.unit_edit import unified_diff
 from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
 

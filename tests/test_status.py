@@ -12,7 +12,7 @@ from tests.ctxmgr_cli import run_ctxmgr
 from tests.support.demo import make_vllm_wrapper, standin_unit
 from tests.support.sandbox import Sandbox
 from tests.support.standin import free_port
-from vllm_ctxmgr.status import ServiceStatus, status_table
+from vllm_ctxmgr.monitor.status import ServiceStatus, status_table
 from vllm_ctxmgr.store import ServiceStore
 
 REPO = Path(__file__).resolve().parent.parent

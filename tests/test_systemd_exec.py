@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from tests.systemd_fixtures import InstallUnit
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
 from vllm_ctxmgr.errors import UnitError
-from vllm_ctxmgr.service import view_from_unit
 from vllm_ctxmgr.systemd.quoting import exec_argv, parse_env_file, split_words
+from vllm_ctxmgr.systemd.service import view_from_unit
 from vllm_ctxmgr.systemd.systemctl import Systemd, cmdline_argv
 from vllm_ctxmgr.systemd.unit_edit import edit_unit
 from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile, read_environment_file

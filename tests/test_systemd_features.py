@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ctxmgr.deploy import verify_warnings
-from vllm_ctxmgr.schedule import next_run
+from vllm_ctxmgr.change.walk import verify_warnings
+from vllm_ctxmgr.monitor.schedule import next_run
 from vllm_ctxmgr.systemd import features
 from vllm_ctxmgr.systemd.features import FLOOR, USES, option_known, parse_version
 from vllm_ctxmgr.systemd.systemctl import _verify_problems, new_problems, parse_timestamp

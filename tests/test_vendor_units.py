@@ -228,8 +228,8 @@ def test_a_dropin_ctxmgr_created_is_removed_by_recover_after_a_kill(
 def test_findings_the_unit_already_had_do_not_block_a_change_new_ones_do(  # type: ignore[no-untyped-def]
     sandbox, install_unit, workdir
 ) -> None:
-    from vllm_ctxmgr.deploy import verify_candidate
-    from vllm_ctxmgr.service import read_service
+    from vllm_ctxmgr.change.walk import verify_candidate
+    from vllm_ctxmgr.systemd.service import read_service
 
     text = standin_unit(make_vllm_wrapper(workdir), port=free_port())
     harmless = "MemoryLimit=64G\nExecStartPre=/opt/ctxmgr-absent/check-gpus\n"

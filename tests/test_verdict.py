@@ -43,8 +43,8 @@ from vllm_ctxmgr.core.verdict import (
     utc_clock,
     version_reasons,
 )
+from vllm_ctxmgr.monitor.verify import rollback_target
 from vllm_ctxmgr.store import GOOD, Revision, State
-from vllm_ctxmgr.verify import rollback_target
 from vllm_ctxmgr.vllm_log.watcher import observe_start
 
 LOGS = Path(__file__).resolve().parent / "data" / "vllm-logs"  # the shared real logs, kept in the repo

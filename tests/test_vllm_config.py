@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
+from vllm_ctxmgr.change.planning import PlanRequest, plan_for
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.errors import CtxmgrError
-from vllm_ctxmgr.planning import PlanRequest, plan_for
-from vllm_ctxmgr.service import VLLM_CONFIG_MAX_BYTES, view_from_unit
+from vllm_ctxmgr.systemd.service import VLLM_CONFIG_MAX_BYTES, view_from_unit
 from vllm_ctxmgr.systemd.unit_edit import edit_unit
 from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
 

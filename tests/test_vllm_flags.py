@@ -301,8 +301,8 @@ def test_the_committed_table_is_what_the_generator_reads_from_every_release() ->
 
 
 def test_a_dry_run_repeats_the_named_flags() -> None:
-    from vllm_ctxmgr.deploy import ChangeResult
-    from vllm_ctxmgr.planning import PlanRequest, plan_for
+    from vllm_ctxmgr.change.planning import PlanRequest, plan_for
+    from vllm_ctxmgr.change.walk import ChangeResult
     from vllm_ctxmgr.report import change_text
 
     args = parse_serve_argv([LLAMA70B, "-tp", "4", "--enable-eplb", "--max-model-len", "8192"])

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tests.support.sandbox import Sandbox
-from vllm_ctxmgr.observing import watch_start
+from vllm_ctxmgr.change.observing import watch_start
 
 MULTINODE = Path(__file__).parent / "data" / "vllm-logs-multinode"
 

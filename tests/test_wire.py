@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 
 from vllm_ctxmgr.core.hardware import GIB, uniform_gpus
-from vllm_ctxmgr.errors import UsageError
-from vllm_ctxmgr.multinode import Coordinator, DeploymentRequest
-from vllm_ctxmgr.remote import Link, NodeAddress, NodeError
-from vllm_ctxmgr.wire import (
+from vllm_ctxmgr.deployment.coordinator import Coordinator, DeploymentRequest
+from vllm_ctxmgr.deployment.remote import Link, NodeAddress, NodeError
+from vllm_ctxmgr.deployment.wire import (
     WIRE_VERSION,
     PlanAnswer,
     PrepareStdin,
@@ -28,6 +27,7 @@ from vllm_ctxmgr.wire import (
     WireError,
     check_context_flags,
 )
+from vllm_ctxmgr.errors import UsageError
 
 MASTER = "--nnodes 2 --master-addr 10.0.0.1 --master-port 29501"
 HOSTILE_FLAGS = {

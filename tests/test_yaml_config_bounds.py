@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.deadline import deadline
 from vllm_ctxmgr.errors import CtxmgrError
-from vllm_ctxmgr.service import view_from_unit
+from vllm_ctxmgr.systemd.service import view_from_unit
 from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
 
 REPO = Path(__file__).resolve().parent.parent

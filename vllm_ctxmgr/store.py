@@ -535,7 +535,7 @@ class Revision:
     host: str | None = None  # where
     ctxmgr_version: str | None = None  # with which ctxmgr
     invocation_id: str | None = None  # the unit's InvocationID when the change was recorded
-    # the multi-node change (multinode.py) this revision is one node's part of; None: a one-host change
+    # the multi-node change (the coordinator) this revision is one node's part of; None: a one-host change
     deployment: str | None = None
     steps: list[Step] = field(default_factory=list)
     # every unit file it changed, in the order written: {path, unit, previous}, each copy's name in the

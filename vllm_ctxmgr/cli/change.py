@@ -9,7 +9,12 @@ from typing import Any
 import click
 
 from vllm_ctxmgr import files, report
-from vllm_ctxmgr.change import ChangeResult, Result
+from vllm_ctxmgr.change.observing import observe_last_start
+from vllm_ctxmgr.change.planning import MAX_IMPORT_BYTES, PlanRequest, imported_observation
+from vllm_ctxmgr.change.recovery import recover_if_needed
+from vllm_ctxmgr.change.restart import Restarter
+from vllm_ctxmgr.change.states import ChangeResult, Result
+from vllm_ctxmgr.change.walk import SetContextRequest, rollback, set_context
 from vllm_ctxmgr.cli.common import (
     CONTEXT,
     COUNT,
@@ -29,16 +34,11 @@ from vllm_ctxmgr.cli.common import (
     systemd_for,
 )
 from vllm_ctxmgr.cli.plan import context_from
-from vllm_ctxmgr.deploy import SetContextRequest, rollback, set_context
 from vllm_ctxmgr.errors import CtxmgrError, UsageError
 from vllm_ctxmgr.nvml import read_nvml
-from vllm_ctxmgr.observing import observe_last_start
-from vllm_ctxmgr.planning import MAX_IMPORT_BYTES, PlanRequest, imported_observation
-from vllm_ctxmgr.recovery import recover_if_needed
-from vllm_ctxmgr.restart import Restarter
-from vllm_ctxmgr.service import read_service
 from vllm_ctxmgr.store import ServiceStore
 from vllm_ctxmgr.systemd.names import canonical_unit
+from vllm_ctxmgr.systemd.service import read_service
 
 
 @click.command("set-context", epilog=EXAMPLES["set-context"])

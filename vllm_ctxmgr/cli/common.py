@@ -34,9 +34,9 @@ from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError, VerifyExit
 from vllm_ctxmgr.masking import scrub
 
 if TYPE_CHECKING:
-    from vllm_ctxmgr.change import ChangeResult
-    from vllm_ctxmgr.observing import StartProgress
-    from vllm_ctxmgr.restart import Restarter
+    from vllm_ctxmgr.change.observing import StartProgress
+    from vllm_ctxmgr.change.restart import Restarter
+    from vllm_ctxmgr.change.states import ChangeResult
     from vllm_ctxmgr.systemd.systemctl import Systemd
 
 SCHEMA_VERSION = 2  # of every --json object; a field's meaning never changes without a new version
@@ -321,7 +321,7 @@ class TimeSpan(click.ParamType):
         self.low, self.high, self.allow_zero = low, high, allow_zero
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        from vllm_ctxmgr.schedule import format_timespan, parse_timespan
+        from vllm_ctxmgr.monitor.schedule import format_timespan, parse_timespan
 
         seconds = float(value) if isinstance(value, (int, float)) else parse_timespan(str(value))
         if seconds is None or not math.isfinite(seconds):
@@ -399,7 +399,7 @@ def complete_services(ctx: click.Context, param: click.Parameter, incomplete: st
     root's parsed options; any failure completes nothing rather than printing into the shell."""
     from click.shell_completion import CompletionItem
 
-    from vllm_ctxmgr.status import vllm_units
+    from vllm_ctxmgr.monitor.status import vllm_units
     from vllm_ctxmgr.systemd.systemctl import Systemd
 
     root = ctx.find_root().params
@@ -612,7 +612,7 @@ def gpu_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def restarter_for(ctx: click.Context, service: str, as_json: bool, timeout: float) -> Restarter:
     """The restart path for a service systemd knows, under its canonical name (an alias shares the
     real unit's lock, journal and history); an unknown service stops here, before anything is written."""
-    from vllm_ctxmgr.restart import Restarter
+    from vllm_ctxmgr.change.restart import Restarter
     from vllm_ctxmgr.store import ServiceStore
     from vllm_ctxmgr.systemd.names import canonical_unit
 
@@ -707,7 +707,7 @@ def finish(
     Ansible's check mode reads it.
     """
     from vllm_ctxmgr import report
-    from vllm_ctxmgr.change import Result
+    from vllm_ctxmgr.change.states import Result
 
     data = result.to_json()
     data = {"command": result.action, **data, "dry_run": dry_run}
@@ -724,7 +724,7 @@ def finish(
 
 
 def log_change(systemd: Systemd, result: ChangeResult) -> None:
-    from vllm_ctxmgr.change import Result
+    from vllm_ctxmgr.change.states import Result
     from vllm_ctxmgr.systemd.log import Priority, send
 
     # journald priorities of the results of a change: what an operator's alerting should see

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
-from vllm_ctxmgr import node as node_steps
+from vllm_ctxmgr.change.planning import PlanRequest, node_observations_from_json
 from vllm_ctxmgr.cli.common import (
     CONTEXT,
     PARALLEL,
@@ -30,9 +30,8 @@ from vllm_ctxmgr.cli.common import (
 )
 from vllm_ctxmgr.core import nesting
 from vllm_ctxmgr.core.hardware import uniform_gpus
-from vllm_ctxmgr.errors import UsageError, VerifyExit
-from vllm_ctxmgr.files import read_regular
-from vllm_ctxmgr.multinode import (
+from vllm_ctxmgr.deployment import node as node_steps
+from vllm_ctxmgr.deployment.coordinator import (
     DeploymentRequest,
     DeploymentResult,
     plan_deployment,
@@ -41,11 +40,19 @@ from vllm_ctxmgr.multinode import (
     set_deployment_context,
     verify_deployment,
 )
+from vllm_ctxmgr.deployment.remote import DEFAULT_SSH, Link, NodeAddress
+from vllm_ctxmgr.deployment.wire import (
+    WIRE_VERSION,
+    Message,
+    PlanningOptions,
+    PlanStdin,
+    PrepareStdin,
+    ReasonStdin,
+)
+from vllm_ctxmgr.errors import UsageError, VerifyExit
+from vllm_ctxmgr.files import read_regular
+from vllm_ctxmgr.monitor.verify import VerifyOptions
 from vllm_ctxmgr.nvml import gpus_from_file, gpus_from_json
-from vllm_ctxmgr.planning import PlanRequest, node_observations_from_json
-from vllm_ctxmgr.remote import DEFAULT_SSH, Link, NodeAddress
-from vllm_ctxmgr.verify import VerifyOptions
-from vllm_ctxmgr.wire import WIRE_VERSION, Message, PlanningOptions, PlanStdin, PrepareStdin, ReasonStdin
 
 T = TypeVar("T", bound=Message)
 

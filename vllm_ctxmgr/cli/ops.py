@@ -20,15 +20,15 @@ from vllm_ctxmgr.cli.common import (
     systemd_for,
 )
 from vllm_ctxmgr.core.verdict import FAILED, Verification
-from vllm_ctxmgr.metrics import check_textfile_path, write_textfile
+from vllm_ctxmgr.monitor.metrics import check_textfile_path, write_textfile
+from vllm_ctxmgr.monitor.schedule import ScheduleRequest, schedule_service, unschedule_service
+from vllm_ctxmgr.monitor.status import fleet_status, status_table
+from vllm_ctxmgr.monitor.verify import VerifyOptions, act_on_failure, verify_service
 from vllm_ctxmgr.report import verification_text
-from vllm_ctxmgr.schedule import ScheduleRequest, schedule_service, unschedule_service
-from vllm_ctxmgr.status import fleet_status, status_table
 from vllm_ctxmgr.store import ServiceStore
 from vllm_ctxmgr.systemd.log import Priority, send
 from vllm_ctxmgr.systemd.names import canonical_unit
 from vllm_ctxmgr.systemd.systemctl import Systemd
-from vllm_ctxmgr.verify import VerifyOptions, act_on_failure, verify_service
 
 ON_FAILURE = ("none", "restart", "rollback")
 

@@ -31,7 +31,7 @@ from vllm_ctxmgr.cli.common import (
 from vllm_ctxmgr.errors import ExitCode, UnitError, UsageError
 
 if TYPE_CHECKING:
-    from vllm_ctxmgr.service import ServiceView
+    from vllm_ctxmgr.systemd.service import ServiceView
 
 
 def context_from(context: int | None, max_model_len: int | None) -> int:
@@ -124,9 +124,9 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     Exit: 0 feasible, 3 infeasible, 6 unknown (no memory information), 2 usage.
     """
     from vllm_ctxmgr import report
+    from vllm_ctxmgr.change.planning import PlanRequest, largest_context, plan_as_run, plan_for, plan_service
     from vllm_ctxmgr.core.change_policy import flags_to_apply
     from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, ServeArgs, with_overrides
-    from vllm_ctxmgr.planning import PlanRequest, largest_context, plan_as_run, plan_for, plan_service
 
     # the words after the options first: a misspelt option of plan's own (`--modle DIR`) is named as
     # such, not answered with what its absence means
@@ -144,13 +144,13 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     # no CONTEXT: the one the unit (or a vLLM flag after the options, `--max_model_len 64k`) gives
     given = context is not None or max_model_len is not None
     if service:
-        from vllm_ctxmgr.service import read_service
+        from vllm_ctxmgr.systemd.service import read_service
 
         restarter = restarter_for(ctx, service, True, 60.0)
         if not given:  # plan_service reads the unit again with the plan; this is only for its context
             unit_args = with_overrides(read_service(restarter.systemd, restarter.unit).args, overrides)
     elif unit_file:
-        from vllm_ctxmgr.service import view_from_unit
+        from vllm_ctxmgr.systemd.service import view_from_unit
         from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 
         unit_view = view_from_unit(ServiceUnit.load_with_dropins(unit_file))

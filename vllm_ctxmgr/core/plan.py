@@ -156,7 +156,7 @@ class PlanOptions:
     # the routed experts' bytes (all ranks), where the shard headers say: with DP > 1 vLLM splits
     # them over DP x TP (fused_moe/config.py flatten_tp_across_dp_and_pcp)
     expert_weight_bytes: int | None = None
-    # the GPUs given are every node's of a multi-node deployment, in rank order (multinode.py): the
+    # the GPUs given are every node's of a multi-node deployment, in rank order (the coordinator): the
     # plan is the whole deployment's, not one node's
     whole_deployment: bool = False
 

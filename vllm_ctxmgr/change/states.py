@@ -8,8 +8,8 @@
 (state, ISO time, note), BEFORE the step it names begins. So a run killed anywhere leaves a record
 that names the step under way, and recovery.py finishes from there.
 
-The forward walk lives in deploy.py; the backward walk (`roll_back`) lives here because deploy and
-recovery both take it, and recovery must not import deploy (deploy runs recovery first).
+The forward walk lives in walk.py; the backward walk (`roll_back`) lives here because walk and
+recovery both take it, and recovery must not import walk (walk runs recovery first).
 
 SIGTERM, SIGINT and SIGHUP during a change (what Ansible's async timeout, systemd and a terminal send)
 fail the change like any other failure: the previous unit is put back and the exit is non-zero. A
@@ -30,8 +30,8 @@ from types import FrameType
 from typing import Any
 
 from vllm_ctxmgr import store as st
+from vllm_ctxmgr.change.restart import Restarter
 from vllm_ctxmgr.errors import ExitCode
-from vllm_ctxmgr.restart import Restarter
 from vllm_ctxmgr.store import FileChange, Revision, ServiceStore, State, Step, crash_point
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

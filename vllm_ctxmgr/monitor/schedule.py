@@ -24,11 +24,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vllm_ctxmgr.errors import SystemdError, UsageError
-from vllm_ctxmgr.metrics import check_textfile_path
-from vllm_ctxmgr.service import read_service
+from vllm_ctxmgr.monitor.metrics import check_textfile_path
 from vllm_ctxmgr.store import atomic_write
 from vllm_ctxmgr.systemd.names import canonical_unit
 from vllm_ctxmgr.systemd.render import render
+from vllm_ctxmgr.systemd.service import read_service
 from vllm_ctxmgr.systemd.systemctl import Systemd, parse_timestamp
 
 IDENTIFIER = "ctxmgr-verify"

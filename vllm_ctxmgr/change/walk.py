@@ -5,7 +5,7 @@
     recorded -> installed -> restarting -> serving -> probed -> final
 
 and any failure on the way (a signal included) takes change.roll_back: rolling-back -> rolled-back |
-rollback-failed. change.py owns the states and the record, restart.py the restart / watch / probe path,
+rollback-failed. states.py owns the states and the record, restart.py the restart / watch / probe path,
 recovery.py what an interrupted run left, planning.plan_service the plan; set_context and rollback tie
 them together under the service's one lock.
 
@@ -22,7 +22,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from vllm_ctxmgr import store as st
-from vllm_ctxmgr.change import (
+from vllm_ctxmgr.change.observing import calibration, capacity
+from vllm_ctxmgr.change.planning import PlanRequest, plan_service
+from vllm_ctxmgr.change.recovery import recover_if_needed
+from vllm_ctxmgr.change.restart import InstallError, Restarter
+from vllm_ctxmgr.change.states import (
     Abandoned,
     Change,
     ChangeResult,
@@ -38,12 +42,8 @@ from vllm_ctxmgr.core.change_policy import flags_to_apply
 from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, multi_node_flag
 from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UnitError, UsageError
-from vllm_ctxmgr.observing import calibration, capacity
-from vllm_ctxmgr.planning import PlanRequest, plan_service
-from vllm_ctxmgr.recovery import recover_if_needed
-from vllm_ctxmgr.restart import InstallError, Restarter
-from vllm_ctxmgr.service import ServiceView, read_service
 from vllm_ctxmgr.store import FileChange, Revision, ServiceStore, State, Step
+from vllm_ctxmgr.systemd.service import ServiceView, read_service
 from vllm_ctxmgr.systemd.systemctl import Systemd, new_problems, verify_did_not_run
 from vllm_ctxmgr.systemd.unit_edit import edit_unit, unified_diff
 

@@ -22,10 +22,10 @@ from vllm_ctxmgr.core.plan_record import StoredPlan
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.probe import cache_config_info
-from vllm_ctxmgr.service import ServiceView, read_service
 from vllm_ctxmgr.store import ServiceStore
 from vllm_ctxmgr.systemd.journal import JournalEntry
 from vllm_ctxmgr.systemd.names import unit_name
+from vllm_ctxmgr.systemd.service import ServiceView, read_service
 from vllm_ctxmgr.systemd.systemctl import Systemd
 from vllm_ctxmgr.vllm_log.watcher import StartVerdict, StartWatcher, last_invocation_start, observe_start
 

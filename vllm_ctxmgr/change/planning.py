@@ -33,8 +33,8 @@ from vllm_ctxmgr.model_files.load import load_expert_weight_bytes, load_model_fa
 from vllm_ctxmgr.nvml import gpus_from_file, read_nvml
 
 if TYPE_CHECKING:  # a service's plan reads the unit, the store and the running vLLM: imported there
-    from vllm_ctxmgr.service import ServiceView
     from vllm_ctxmgr.store import ServiceStore
+    from vllm_ctxmgr.systemd.service import ServiceView
     from vllm_ctxmgr.systemd.systemctl import Systemd
 
 
@@ -362,8 +362,8 @@ def plan_service(
     the PIDs of its own processes (whose GPU memory a restart frees). `overrides` replaces unit
     arguments (plan's vLLM flags); `argv_check` warns where the running vLLM got other arguments.
     """
-    from vllm_ctxmgr.observing import learn_from_running_instance
-    from vllm_ctxmgr.service import read_service, running_argv_mismatch
+    from vllm_ctxmgr.change.observing import learn_from_running_instance
+    from vllm_ctxmgr.systemd.service import read_service, running_argv_mismatch
 
     view = read_service(systemd, service)
     learned = learn_from_running_instance(systemd, store, service, view, keep_observation)

@@ -1,4 +1,4 @@
-"""One node's part of a change to a vLLM deployment that spans machines (multinode.py coordinates).
+"""One node's part of a change to a vLLM deployment that spans machines (coordinator.py coordinates).
 
 Each node keeps its own revision, lock and journal: the coordinator runs these steps there, over ssh,
 as `ctxmgr node STEP SERVICE --json`, and holds the whole deployment in step between them (every node
@@ -27,25 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from vllm_ctxmgr import store as st
-from vllm_ctxmgr.change import Change
+from vllm_ctxmgr.change.observing import last_start_of, observation_record
+from vllm_ctxmgr.change.planning import PlanRequest, ServicePlan, plan_service
+from vllm_ctxmgr.change.restart import InstallError, Restarter
+from vllm_ctxmgr.change.states import Change
 from vllm_ctxmgr.core.change_policy import flags_to_apply, least_utilization
-from vllm_ctxmgr.errors import CtxmgrError, UnitError, UsageError
-from vllm_ctxmgr.masking import mask, mask_json
-from vllm_ctxmgr.nvml import read_nvml
-from vllm_ctxmgr.observing import last_start_of, observation_record
-from vllm_ctxmgr.planning import PlanRequest, ServicePlan, plan_service
-from vllm_ctxmgr.report import plan_text
-from vllm_ctxmgr.restart import InstallError, Restarter
-from vllm_ctxmgr.service import ServiceView, read_service
-from vllm_ctxmgr.store import FileChange, Revision, State, Step
-from vllm_ctxmgr.systemd.names import unit_name
-from vllm_ctxmgr.systemd.quoting import split_words
-from vllm_ctxmgr.systemd.systemctl import Systemd
-from vllm_ctxmgr.systemd.unit_edit import UnitEdit, edit_unit, unified_diff
-from vllm_ctxmgr.systemd.unit_file import ServiceUnit
-from vllm_ctxmgr.verify import VerifyOptions, verify_service
-from vllm_ctxmgr.vllm_log.watcher import StartWatcher, last_start, observe_start
-from vllm_ctxmgr.wire import (
+from vllm_ctxmgr.deployment.wire import (
     MAX_CHANGES_SHOWN,
     CheckAnswer,
     InProgress,
@@ -58,6 +45,19 @@ from vllm_ctxmgr.wire import (
     StepAnswer,
     StopAnswer,
 )
+from vllm_ctxmgr.errors import CtxmgrError, UnitError, UsageError
+from vllm_ctxmgr.masking import mask, mask_json
+from vllm_ctxmgr.monitor.verify import VerifyOptions, verify_service
+from vllm_ctxmgr.nvml import read_nvml
+from vllm_ctxmgr.report import plan_text
+from vllm_ctxmgr.store import FileChange, Revision, State, Step
+from vllm_ctxmgr.systemd.names import unit_name
+from vllm_ctxmgr.systemd.quoting import split_words
+from vllm_ctxmgr.systemd.service import ServiceView, read_service
+from vllm_ctxmgr.systemd.systemctl import Systemd
+from vllm_ctxmgr.systemd.unit_edit import UnitEdit, edit_unit, unified_diff
+from vllm_ctxmgr.systemd.unit_file import ServiceUnit
+from vllm_ctxmgr.vllm_log.watcher import StartWatcher, last_start, observe_start
 
 LOGGED_LINES = 20000  # of the journal, to find the last start in
 LOGGED_KEYS = (

@@ -34,15 +34,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from vllm_ctxmgr.change import Abandoned, Interrupted, Result, signals_raise
+from vllm_ctxmgr.change.states import Abandoned, Interrupted, Result, signals_raise
 from vllm_ctxmgr.core.hardware import GpuState
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
 from vllm_ctxmgr.core.topology import NodeRole, NodeUnit, Topology, read_topology, with_ray_gpus, world_gpus
-from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
-from vllm_ctxmgr.nvml import gpus_from_json
-from vllm_ctxmgr.remote import Link, NodeAddress, NodeError
-from vllm_ctxmgr.store import ServiceStore
-from vllm_ctxmgr.wire import (
+from vllm_ctxmgr.deployment.remote import Link, NodeAddress, NodeError
+from vllm_ctxmgr.deployment.wire import (
     CheckAnswer,
     LastChange,
     Message,
@@ -60,6 +57,9 @@ from vllm_ctxmgr.wire import (
     StopAnswer,
     VerifyAnswer,
 )
+from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
+from vllm_ctxmgr.nvml import gpus_from_json
+from vllm_ctxmgr.store import ServiceStore
 
 T = TypeVar("T", bound=Message)
 

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from vllm_ctxmgr.deployment.wire import ErrorAnswer
 from vllm_ctxmgr.errors import CtxmgrError, UsageError, documented_exit_code
-from vllm_ctxmgr.wire import ErrorAnswer
 
 LOCAL_HOSTS = frozenset({"local", "localhost"})
 DEFAULT_SSH = ("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")

@@ -14,14 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from vllm_ctxmgr.change.observing import Printer, StartProgress, observation_record, quiet, watch_start
 from vllm_ctxmgr.core.observations import ObservationRecord
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.masking import mask
-from vllm_ctxmgr.observing import Printer, StartProgress, observation_record, quiet, watch_start
 from vllm_ctxmgr.probe import ProbeResult, cache_config_info, probe, wait_until_serving
-from vllm_ctxmgr.service import ServiceView, read_service
 from vllm_ctxmgr.store import FileChange, ServiceStore, atomic_write, crash_point
 from vllm_ctxmgr.systemd.names import unit_name
+from vllm_ctxmgr.systemd.service import ServiceView, read_service
 from vllm_ctxmgr.systemd.systemctl import Systemd
 from vllm_ctxmgr.vllm_log.watcher import StartVerdict
 

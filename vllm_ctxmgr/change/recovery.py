@@ -1,6 +1,6 @@
 """Finish what an interrupted ctxmgr run left: the one recovery routine.
 
-A run killed at any step leaves a record that names the step under way (change.py). `recover`, run by
+A run killed at any step leaves a record that names the step under way (states.py). `recover`, run by
 itself or first thing by the next set-context or rollback on the service (holding its lock), reads the
 newest unfinished record and does only what is left; `recover_if_needed` gives the order.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from vllm_ctxmgr.change import (
+from vllm_ctxmgr.change.restart import Restarter
+from vllm_ctxmgr.change.states import (
     Abandoned,
     Change,
     ChangeResult,
@@ -21,9 +22,8 @@ from vllm_ctxmgr.change import (
     signals_fail,
 )
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode
-from vllm_ctxmgr.restart import Restarter
-from vllm_ctxmgr.service import read_service
 from vllm_ctxmgr.store import Revision, State
+from vllm_ctxmgr.systemd.service import read_service
 
 
 def recover_if_needed(restarter: Restarter) -> ChangeResult | None:

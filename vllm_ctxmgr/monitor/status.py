@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from vllm_ctxmgr.errors import CtxmgrError, UnitError
+from vllm_ctxmgr.monitor.schedule import UNIT_PREFIX, next_run, timer_name, timer_state
+from vllm_ctxmgr.monitor.verify import LAST_VERIFY
 from vllm_ctxmgr.report import gib
-from vllm_ctxmgr.schedule import UNIT_PREFIX, next_run, timer_name, timer_state
-from vllm_ctxmgr.service import read_service
 from vllm_ctxmgr.store import ServiceStore
+from vllm_ctxmgr.systemd.service import read_service
 from vllm_ctxmgr.systemd.systemctl import Systemd
-from vllm_ctxmgr.verify import LAST_VERIFY
 
 
 @dataclass

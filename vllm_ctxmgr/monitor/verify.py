@@ -18,19 +18,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from vllm_ctxmgr.change import ChangeResult
+from vllm_ctxmgr.change.planning import gather_gpus
+from vllm_ctxmgr.change.restart import Restarter
+from vllm_ctxmgr.change.states import ChangeResult
+from vllm_ctxmgr.change.walk import rollback
 from vllm_ctxmgr.core.budget import cuda_graphs_in_budget, default_gpu_memory_utilization, is_cpu_deployment
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.verdict import UnitFacts, Verification, VerifyFacts, decide, record
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
-from vllm_ctxmgr.deploy import rollback
 from vllm_ctxmgr.errors import CtxmgrError
-from vllm_ctxmgr.planning import gather_gpus
 from vllm_ctxmgr.probe import cache_config_info, probe
-from vllm_ctxmgr.restart import Restarter
-from vllm_ctxmgr.service import read_service
 from vllm_ctxmgr.store import GOOD, Revision, ServiceStore, State
 from vllm_ctxmgr.systemd.journal import parse_journal_json
+from vllm_ctxmgr.systemd.service import read_service
 from vllm_ctxmgr.systemd.systemctl import Systemd
 from vllm_ctxmgr.vllm_log.patterns import classify
 from vllm_ctxmgr.vllm_log.watcher import observe_start
