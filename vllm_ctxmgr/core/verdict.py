@@ -125,6 +125,7 @@ class Verification:
     reasons: list[str] = field(default_factory=list)  # why it is not ok
     notes: list[str] = field(default_factory=list)  # what was not checked, and other context
     max_model_len: int | None = None  # what vLLM reports (else the unit's)
+    planned_max_model_len: int | None = None  # the newest good revision's: what ctxmgr last put in place
     probe_ok: bool | None = None
     probe_latency_s: float | None = None
     probe: dict[str, Any] = field(default_factory=dict)
@@ -324,6 +325,8 @@ def decide(facts: VerifyFacts, clock: Clock = utc_clock) -> Verification:
     result = Verification(facts.service, OK, facts.time, notes=list(facts.notes))
     result.unit = asdict(unit)
     result.revision = facts.current_revision
+    good = [r for r in facts.revisions if r.get("state") in GOOD_STATES]
+    result.planned_max_model_len = good[-1].get("max_model_len") if good else None
     observation = facts.observation or {}
     probe = facts.probe or {}
     if probe:
