@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.require import require
 from vllm_ctxmgr.core.verdict import DEGRADED, Verification
-from vllm_ctxmgr.metrics import write_textfile
+from vllm_ctxmgr.monitor.metrics import write_textfile
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCE = REPO / "examples" / "monitoring"
