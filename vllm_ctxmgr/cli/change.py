@@ -15,25 +15,22 @@ from vllm_ctxmgr.change.recovery import recover_if_needed
 from vllm_ctxmgr.change.restart import Restarter
 from vllm_ctxmgr.change.states import ChangeResult, Result
 from vllm_ctxmgr.change.walk import SetContextRequest, rollback, set_context
-from vllm_ctxmgr.cli.common import (
+from vllm_ctxmgr.cli.confirm import confirmation
+from vllm_ctxmgr.cli.examples import EXAMPLES
+from vllm_ctxmgr.cli.finish import finish
+from vllm_ctxmgr.cli.output import echo, emit_json, handle_errors
+from vllm_ctxmgr.cli.params import (
     CONTEXT,
     COUNT,
-    EXAMPLES,
     TIMEOUT,
     UTILIZATION,
     WAIT_LOCK,
-    confirmation,
-    echo,
-    emit_json,
-    finish,
     gpu_options,
-    handle_errors,
     refuse_old_rules,
-    restarter_for,
-    service_param,
-    systemd_for,
 )
 from vllm_ctxmgr.cli.plan import context_from
+from vllm_ctxmgr.cli.restarter import restarter_for, systemd_for
+from vllm_ctxmgr.cli.service_param import service_param
 from vllm_ctxmgr.errors import CtxmgrError, UsageError
 from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.store import ServiceStore

@@ -13,7 +13,9 @@ from typing import Any, TypeVar
 import click
 
 from vllm_ctxmgr.change.planning import PlanRequest, node_observations_from_json
-from vllm_ctxmgr.cli.common import (
+from vllm_ctxmgr.cli.examples import examples
+from vllm_ctxmgr.cli.output import echo, emit_json, handle_errors
+from vllm_ctxmgr.cli.params import (
     CONTEXT,
     PARALLEL,
     SIZE,
@@ -21,13 +23,9 @@ from vllm_ctxmgr.cli.common import (
     UTILIZATION,
     VLLM_VERSION,
     WAIT_LOCK,
-    echo,
-    emit_json,
-    examples,
-    handle_errors,
     refuse_old_rules,
-    restarter_for,
 )
+from vllm_ctxmgr.cli.restarter import restarter_for
 from vllm_ctxmgr.core import nesting
 from vllm_ctxmgr.core.hardware import uniform_gpus
 from vllm_ctxmgr.deployment import node as node_steps

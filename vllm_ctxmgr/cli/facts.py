@@ -5,7 +5,9 @@ from __future__ import annotations
 import click
 
 from vllm_ctxmgr import report
-from vllm_ctxmgr.cli.common import EXAMPLES, VLLM_VERSION, echo, emit_json, handle_errors
+from vllm_ctxmgr.cli.examples import EXAMPLES
+from vllm_ctxmgr.cli.output import echo, emit_json, handle_errors
+from vllm_ctxmgr.cli.params import VLLM_VERSION
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.nvml import read_nvml

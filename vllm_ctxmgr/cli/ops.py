@@ -8,17 +8,12 @@ from pathlib import Path
 
 import click
 
-from vllm_ctxmgr.cli.common import (
-    EXAMPLES,
-    TIMEOUT,
-    WAIT_LOCK,
-    echo,
-    emit_json,
-    handle_errors,
-    invoking_user,
-    service_param,
-    systemd_for,
-)
+from vllm_ctxmgr.cli.examples import EXAMPLES
+from vllm_ctxmgr.cli.finish import invoking_user
+from vllm_ctxmgr.cli.output import echo, emit_json, handle_errors
+from vllm_ctxmgr.cli.params import TIMEOUT, WAIT_LOCK
+from vllm_ctxmgr.cli.restarter import systemd_for
+from vllm_ctxmgr.cli.service_param import service_param
 from vllm_ctxmgr.core.verdict import FAILED, Verification
 from vllm_ctxmgr.monitor.metrics import check_textfile_path, write_textfile
 from vllm_ctxmgr.monitor.schedule import ScheduleRequest, schedule_service, unschedule_service

@@ -12,22 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from vllm_ctxmgr.cli.common import (
-    BLOCK_SIZE,
-    CONTEXT,
-    COUNT,
-    EXAMPLES,
-    PARALLEL,
-    UTILIZATION,
-    VLLM_BYTES,
-    closest_option,
-    echo,
-    emit_json,
-    gpu_options,
-    handle_errors,
-    restarter_for,
-    service_param,
-)
+from vllm_ctxmgr.cli.examples import EXAMPLES
+from vllm_ctxmgr.cli.group import closest_option
+from vllm_ctxmgr.cli.output import echo, emit_json, handle_errors
+from vllm_ctxmgr.cli.params import BLOCK_SIZE, CONTEXT, COUNT, PARALLEL, UTILIZATION, VLLM_BYTES, gpu_options
+from vllm_ctxmgr.cli.restarter import restarter_for
+from vllm_ctxmgr.cli.service_param import service_param
 from vllm_ctxmgr.errors import ExitCode, UnitError, UsageError
 
 if TYPE_CHECKING:
