@@ -21,12 +21,18 @@ from vllm_ctxmgr.cli.finish import finish
 from vllm_ctxmgr.cli.output import echo, emit_json, handle_errors
 from vllm_ctxmgr.cli.params import (
     CONTEXT,
-    COUNT,
-    TIMEOUT,
-    UTILIZATION,
-    WAIT_LOCK,
+    edit_option,
+    gpu_memory_utilization_option,
     gpu_options,
+    json_changed_option,
+    json_option,
+    long_probe_option,
+    max_model_len_option,
+    probe_tokens_option,
     refuse_old_rules,
+    start_timeout_option,
+    wait_lock_option,
+    yes_option,
 )
 from vllm_ctxmgr.cli.plan import context_from
 from vllm_ctxmgr.cli.restarter import restarter_for, systemd_for
@@ -41,29 +47,18 @@ from vllm_ctxmgr.systemd.service import read_service
 @click.command("set-context", epilog=EXAMPLES["set-context"])
 @click.argument("context", type=CONTEXT, required=False)
 @service_param()
-@click.option("--max-model-len", "max_model_len", type=CONTEXT, default=None, help="The same as CONTEXT.")
-@click.option("--gpu-memory-utilization", type=UTILIZATION, default=None,
-              help="Use this utilisation instead of the planner's choice.")  # fmt: skip
-@click.option("--probe-tokens", type=COUNT, default=None,
-              help="max_tokens of the probe (default: what fills the context).")  # fmt: skip
-@click.option("--long-probe", is_flag=True, help="Also send a prompt of about 90% of the context.")
-@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time a start may take.")
+@max_model_len_option
+@gpu_memory_utilization_option.but(help="Use this utilisation instead of the planner's choice.")
+@probe_tokens_option
+@long_probe_option
+@start_timeout_option
 @click.option("--dry-run", is_flag=True, help="Print the plan and the unit diff; change nothing.")
 @click.option("--force", is_flag=True, help="Apply even when the plan says it will not fit.")
-@click.option("--wait-lock", type=WAIT_LOCK, default=0.0, help="Time to wait for another run on the service.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the service.")
-@click.option(
-    "--edit",
-    type=click.Choice(["in-place", "dropin"]),
-    envvar="CTXMGR_EDIT",
-    default="in-place",
-    show_default=True,
-    help="in-place: change the file that holds ExecStart=. dropin: leave the unit file alone and write "
-    "ExecStart= to UNIT.d/50-ctxmgr.conf, as `systemctl edit` would (for a unit that configuration "
-    "management renders). Env CTXMGR_EDIT.",
-)
+@wait_lock_option
+@yes_option
+@edit_option
 @gpu_options
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
+@json_changed_option
 @click.pass_context
 @handle_errors
 def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int | None, service: str,
@@ -104,11 +99,11 @@ def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int 
     default=None,
     help="Revision to return to (default: the previous good one; see `ctxmgr history`).",
 )
-@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time a start may take.")
+@start_timeout_option
 @click.option("--dry-run", is_flag=True, help="Print the unit diff; change nothing.")
-@click.option("--wait-lock", type=WAIT_LOCK, default=0.0, help="Time to wait for another run on the service.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the service.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
+@wait_lock_option
+@yes_option
+@json_changed_option
 @click.pass_context
 @handle_errors
 def rollback_cmd(ctx: click.Context, service: str, to: int | None, timeout: float, dry_run: bool,
@@ -122,8 +117,8 @@ def rollback_cmd(ctx: click.Context, service: str, to: int | None, timeout: floa
 
 @click.command("recover", epilog=EXAMPLES["recover"])
 @service_param()
-@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time a start may take.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
+@start_timeout_option
+@json_changed_option
 @click.pass_context
 @handle_errors
 def recover_cmd(ctx: click.Context, service: str, timeout: float, as_json: bool) -> None:
@@ -140,7 +135,7 @@ def recover_cmd(ctx: click.Context, service: str, timeout: float, as_json: bool)
 
 @click.command("history", epilog=EXAMPLES["history"])
 @service_param()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option
 @click.pass_context
 @handle_errors
 def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
@@ -167,9 +162,7 @@ def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
     help="Store an observation that `ctxmgr observe --json` wrote on another host of the same GPU model "
     "and vLLM version, so this host plans from that real start.",
 )
-@click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON object (its `record` is what --import takes)."
-)
+@json_option.but(help="Print one JSON object (its `record` is what --import takes).")
 @click.pass_context
 @handle_errors
 def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_json: bool) -> None:

@@ -1,4 +1,4 @@
-"""The confirmation before a change restarts a service."""
+"""The confirmation before a change restarts a service (or every node of a deployment)."""
 
 from __future__ import annotations
 
@@ -36,10 +36,16 @@ def confirmation(yes: bool, as_json: bool, unit: str) -> Callable[[ChangeResult]
             question = f"first put back the unit that revision {result.pending_recovery} replaced"
         else:
             question = f"restart {unit} with max_model_len {result.max_model_len}"
-        if not sys.stdin.isatty():
-            raise UsageError(
-                f"{question}: not a terminal, so nothing was changed; pass --yes to apply without a prompt"
-            )
-        return click.confirm(f"{question}?", default=False, err=True)
+        return ask_before(question)
 
     return ask
+
+
+def ask_before(question: str) -> bool:
+    """The operator's yes, asked on the terminal (a service's change and a deployment's ask the same);
+    with no terminal to ask on, nothing is changed and the error says how to apply without a prompt."""
+    if not sys.stdin.isatty():
+        raise UsageError(
+            f"{question}: not a terminal, so nothing was changed; pass --yes to apply without a prompt"
+        )
+    return click.confirm(f"{question}?", default=False, err=True)

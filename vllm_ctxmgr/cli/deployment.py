@@ -7,23 +7,33 @@ import json
 import shlex
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
 from vllm_ctxmgr.change.planning import PlanRequest, node_observations_from_json
+from vllm_ctxmgr.cli.confirm import ask_before
 from vllm_ctxmgr.cli.examples import examples
+from vllm_ctxmgr.cli.finish import conclude
 from vllm_ctxmgr.cli.output import echo, emit_json, handle_errors
 from vllm_ctxmgr.cli.params import (
     CONTEXT,
-    PARALLEL,
-    SIZE,
-    TIMEOUT,
-    UTILIZATION,
-    VLLM_VERSION,
-    WAIT_LOCK,
+    allow_long_option,
+    edit_option,
+    gpu_count_option,
+    gpu_memory_option,
+    gpu_memory_utilization_option,
+    json_option,
+    options,
+    probe_timeout_option,
     refuse_old_rules,
+    start_timeout_option,
+    vllm_version_option,
+    wait_lock_option,
+    weights_bytes_option,
+    yes_option,
 )
 from vllm_ctxmgr.cli.restarter import restarter_for
 from vllm_ctxmgr.core import nesting
@@ -82,58 +92,36 @@ MAX_DEPLOYMENT_FILE_BYTES = 1 << 20
 # ---- the coordinator -------------------------------------------------------------------------------
 
 
-def _deployment_options(func: Any) -> Any:
-    for option in reversed(
-        [
-            click.option(
-                "--node",
-                "nodes",
-                multiple=True,
-                metavar="HOST:UNIT",
-                help="A node of the deployment (every node, head and headless; HOST `local` is this one).",
-            ),
-            click.option(
-                "--file",
-                "deployment_file",
-                type=click.Path(dir_okay=False),
-                default=None,
-                help="A deployment file (TOML: [[node]] host, service, gpus_from; ssh, remote_ctxmgr).",
-            ),
-            click.option("--ssh", default=None, help=f"The ssh command (default: {' '.join(DEFAULT_SSH)})."),
-            click.option("--remote-ctxmgr", default=None, help="ctxmgr on the nodes (default: ctxmgr)."),
-            click.option(
-                "--gpu-memory", type=SIZE, default=None, help="Every node's GPU memory, where NVML is absent."
-            ),
-            click.option(
-                "--gpu-count",
-                type=PARALLEL,
-                default=None,
-                help="GPUs per node (with --gpu-memory).",
-            ),
-            click.option("--weights-bytes", type=SIZE, default=None, help="Weights of all ranks together."),
-            click.option(
-                "--vllm-version", type=VLLM_VERSION, default=None, help="Plan by this vLLM's rules."
-            ),
-            click.option(
-                "--allow-long", is_flag=True, help="Allow a context above the model's derived maximum."
-            ),
-            click.option(
-                "--gpu-memory-utilization",
-                type=UTILIZATION,
-                default=None,
-                help="Every node's utilisation instead of the planner's choice.",
-            ),
-            click.option(
-                "--wait-lock",
-                type=WAIT_LOCK,
-                default=0.0,
-                help="Time to wait for another run on the deployment (as a service's --wait-lock).",
-            ),
-            click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
-        ]
-    ):
-        func = option(func)
-    return func
+# the coordinator's options: the deployment's nodes and how to reach them, then the shared options of a
+# plan and a change, said of every node
+_deployment_options = options(
+    click.option(
+        "--node",
+        "nodes",
+        multiple=True,
+        metavar="HOST:UNIT",
+        help="A node of the deployment (every node, head and headless; HOST `local` is this one).",
+    ),
+    click.option(
+        "--file",
+        "deployment_file",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="A deployment file (TOML: [[node]] host, service, gpus_from; ssh, remote_ctxmgr).",
+    ),
+    click.option("--ssh", default=None, help=f"The ssh command (default: {' '.join(DEFAULT_SSH)})."),
+    click.option("--remote-ctxmgr", default=None, help="ctxmgr on the nodes (default: ctxmgr)."),
+    gpu_memory_option.but(help="Every node's GPU memory, where NVML is absent."),
+    gpu_count_option.but(help="GPUs per node (with --gpu-memory)."),
+    weights_bytes_option.but(help="Weights of all ranks together."),
+    vllm_version_option.but(help="Plan by this vLLM's rules."),
+    allow_long_option,
+    gpu_memory_utilization_option.but(help="Every node's utilisation instead of the planner's choice."),
+    wait_lock_option.but(help="Time to wait for another run on the deployment (as a service's --wait-lock)."),
+    json_option,
+)
+_head_timeout = start_timeout_option.but(help="Time the head's start may take.")
+_yes = yes_option.but(help="Do not ask before changing the deployment.")
 
 
 def _local_ctxmgr(ctx: click.Context) -> tuple[str, ...]:
@@ -260,16 +248,9 @@ def _read_deployment_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _finish(result: DeploymentResult, as_json: bool, dry_run: bool = False) -> None:
-    """As common.finish: on a dry run `changed` means "would change" (Ansible's check mode)."""
-    data = {"command": f"deployment {result.action}", **result.to_json(), "dry_run": dry_run}
-    if dry_run:
-        data["changed"] = str(result.result) == "dry-run"
-    if as_json:
-        emit_json(data)
-    else:
-        echo(deployment_text(result))
-    sys.exit(result.exit_code)
+def _finish(result: DeploymentResult, as_json: bool, dry_run: bool = False) -> NoReturn:
+    """A deployment's end as a service's (cli.finish.conclude): its report or one JSON object, its code."""
+    conclude(f"deployment {result.action}", result, lambda: deployment_text(result), as_json, dry_run=dry_run)
 
 
 def deployment_text(result: DeploymentResult) -> str:
@@ -326,19 +307,11 @@ def deployment_plan_cmd(ctx: click.Context, context: int, as_json: bool, **optio
 @deployment_group.command("set-context", epilog=DEPLOYMENT_EXAMPLES["set-context"])
 @click.argument("context", type=CONTEXT)
 @_deployment_options
-@click.option(
-    "--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time the head's start may take."
-)
+@_head_timeout
 @click.option("--dry-run", is_flag=True, help="Print the plan and every node's diff; change nothing.")
 @click.option("--force", is_flag=True, help="Apply even when the plan says it will not fit.")
-@click.option(
-    "--edit",
-    type=click.Choice(["in-place", "dropin"]),
-    default="in-place",
-    show_default=True,
-    help="Where each node's change is written (as set-context --edit).",
-)
-@click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the deployment.")
+@edit_option.but(envvar=None, help="Where each node's change is written (as set-context --edit).")
+@_yes
 @click.pass_context
 @handle_errors
 def deployment_set_context_cmd(
@@ -362,29 +335,26 @@ def deployment_set_context_cmd(
         timeout,
     )
     if not dry_run and not yes:
-        request.confirm = _ask(as_json)
+        request.confirm = _confirmation(as_json)
     _finish(set_deployment_context(request, ctx.find_root().obj["state_dir"]), as_json, dry_run=dry_run)
 
 
-def _ask(as_json: bool) -> Any:
+def _confirmation(as_json: bool) -> Callable[[DeploymentResult], bool]:
+    """What a deployment's change shows and asks before any node is written: every node's diff and the
+    plan, then the one question (--yes: neither, --json: the question only)."""
+
     def ask(result: DeploymentResult) -> bool:
         if not as_json:
             echo(deployment_text(result), err=True)
         question = f"restart every node of {result.deployment} with max_model_len {result.max_model_len}"
-        if not sys.stdin.isatty():
-            raise UsageError(
-                f"{question}: not a terminal, so nothing was changed; pass --yes to apply without a prompt"
-            )
-        return click.confirm(f"{question}?", default=False, err=True)
+        return ask_before(question)
 
     return ask
 
 
 @deployment_group.command("rollback", epilog=DEPLOYMENT_EXAMPLES["rollback"])
 @_deployment_options
-@click.option(
-    "--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time the head's start may take."
-)
+@_head_timeout
 @click.option("--dry-run", is_flag=True, help="Print every node's diff; change nothing.")
 @click.option(
     "--to",
@@ -394,7 +364,7 @@ def _ask(as_json: bool) -> Any:
     help="Every node's unit as this deployment change left it: its id, or the head's revision number "
     "(as `history` on a node shows them).",
 )
-@click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the deployment.")
+@_yes
 @click.pass_context
 @handle_errors
 def deployment_rollback_cmd(
@@ -411,16 +381,14 @@ def deployment_rollback_cmd(
     request = _request(ctx, 0, as_json=as_json, **options)
     request.dry_run, request.start_timeout = dry_run, timeout
     if not dry_run and not yes:
-        request.confirm = _ask(as_json)
+        request.confirm = _confirmation(as_json)
     state_dir = ctx.find_root().obj["state_dir"]
     _finish(rollback_deployment(request, state_dir, to), as_json, dry_run=dry_run)
 
 
 @deployment_group.command("recover", epilog=DEPLOYMENT_EXAMPLES["recover"])
 @_deployment_options
-@click.option(
-    "--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time the head's start may take."
-)
+@_head_timeout
 @click.pass_context
 @handle_errors
 def deployment_recover_cmd(ctx: click.Context, timeout: float, as_json: bool, **options: Any) -> None:
@@ -484,7 +452,7 @@ def node_group() -> None:
     """The steps of a multi-node change on one node (`ctxmgr deployment` runs them over ssh)."""
 
 
-_json_flag = click.option("--json", "as_json", is_flag=True, help="Print one JSON object (always).")
+_json_flag = json_option.but(help="Print one JSON object (always).")
 
 
 @node_group.command("show")
@@ -500,7 +468,7 @@ def node_show_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
 @node_group.command("plan")
 @click.argument("service")
 @click.option("--context", type=CONTEXT, required=True)
-@click.option("--gpu-memory-utilization", type=UTILIZATION, default=None)
+@gpu_memory_utilization_option
 @_json_flag
 @click.pass_context
 @handle_errors
@@ -578,7 +546,7 @@ def node_prepare_cmd(
 
 @node_group.command("stop")
 @click.argument("service")
-@click.option("--timeout", type=TIMEOUT, default="5min", show_default=True)
+@start_timeout_option.but(default="5min", help=None)
 @_json_flag
 @click.pass_context
 @handle_errors
@@ -592,7 +560,7 @@ def node_stop_cmd(ctx: click.Context, service: str, timeout: float, as_json: boo
 @click.option("--change", "change_id", required=True)
 @click.option("--head", is_flag=True, help="Watch until it serves, then probe (the head).")
 @click.option("--back", is_flag=True, help="The start of a rollback.")
-@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True)
+@start_timeout_option.but(help=None)
 @_json_flag
 @click.pass_context
 @handle_errors
@@ -655,7 +623,7 @@ def node_settle_cmd(ctx: click.Context, service: str, change_id: str, ok: bool, 
 
 @node_group.command("verify")
 @click.argument("service")
-@click.option("--timeout", type=TIMEOUT, default="2min", show_default=True, help="Time the probe may wait.")
+@probe_timeout_option
 @_json_flag
 @click.pass_context
 @handle_errors

@@ -1,11 +1,14 @@
-"""The end of a change: its result printed, logged to the journal, its exit code."""
+"""The end of a change (a service's or a deployment's): its result printed, logged to the journal, its
+exit code."""
 
 from __future__ import annotations
 
+import functools
 import getpass
 import os
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from vllm_ctxmgr.cli.output import echo, emit_json
 
@@ -14,29 +17,50 @@ if TYPE_CHECKING:
     from vllm_ctxmgr.systemd.systemctl import Systemd
 
 
+class Outcome(Protocol):
+    """What a command that may change something ends with: a service's ChangeResult or a
+    deployment's DeploymentResult."""
+
+    @property
+    def result(self) -> str: ...  # a Result (a StrEnum), or a plan's feasible | infeasible | unknown
+
+    @property
+    def exit_code(self) -> int: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
 def finish(
     result: ChangeResult, as_json: bool, *, dry_run: bool = False, systemd: Systemd | None = None
-) -> None:
-    """Print a change's result, log it to the journal, exit with its code.
+) -> NoReturn:
+    """Print a service's change, log it to the journal, exit with its code."""
+    from vllm_ctxmgr import report
+
+    if systemd is not None and not dry_run:
+        log_change(systemd, result)
+    # the diff and the plan were shown before the restart (confirmation): the end says how it went
+    text = functools.partial(report.change_text, result, shown_before=not dry_run)
+    conclude(result.action, result, text, as_json, dry_run=dry_run)
+
+
+def conclude(
+    command: str, outcome: Outcome, text: Callable[[], str], as_json: bool, *, dry_run: bool = False
+) -> NoReturn:
+    """Print what a command did (its text, or one JSON object) and exit with its code.
 
     The automation contract: on a dry run `changed` means "would change" and `dry_run` is true, as
     Ansible's check mode reads it.
     """
-    from vllm_ctxmgr import report
     from vllm_ctxmgr.change.states import Result
 
-    data = result.to_json()
-    data = {"command": result.action, **data, "dry_run": dry_run}
+    data = {"command": command, **outcome.to_json(), "dry_run": dry_run}
     if dry_run:
-        data["changed"] = result.result is Result.DRY_RUN
-    if systemd is not None and not dry_run:
-        log_change(systemd, result)
+        data["changed"] = outcome.result == Result.DRY_RUN
     if as_json:
         emit_json(data)
     else:
-        # the diff and the plan were shown before the restart (confirmation): the end says how it went
-        echo(report.change_text(result, shown_before=not dry_run))
-    sys.exit(result.exit_code)
+        echo(text())
+    sys.exit(outcome.exit_code)
 
 
 def log_change(systemd: Systemd, result: ChangeResult) -> None:

@@ -7,8 +7,9 @@ bounds is imported inside it."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import click
 
@@ -182,103 +183,151 @@ class ServiceName(click.ParamType):
 
 
 CONTEXT = ContextArg()
-
-
 SIZE = ByteSize()
-
-
 VLLM_BYTES = VllmBytes()
-
-
 BLOCK_SIZE = BlockSize()
-
-
 VLLM_VERSION = VllmVersionArg()
-
-
 SERVICE = ServiceName()
-
-
 UTILIZATION = Finite(0.0, 1.0, min_open=True)
-
-
 TIMEOUT = TimeSpan(0.0, 7 * 24 * 3600.0)  # a start may take minutes, never "for ever"
-
-
 WAIT_LOCK = TimeSpan(0.0, 24 * 3600.0, allow_zero=True)
-
-
 PARALLEL = click.IntRange(1, MAX_PARALLEL)  # the same bounds as a unit's or a YAML file's flags
-
-
 COUNT = click.IntRange(1, MAX_COUNT)
 
 
-def gpu_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Where the GPUs' memory comes from when NVML is not the answer (offline, another host)."""
-    for option in reversed(
-        [
-            click.option(
-                "--gpu-memory",
-                type=SIZE,
-                default=None,
-                help="Plan offline: memory of each GPU, with its unit: 95.6GiB, 80G (x 2^30), 80GB or "
-                "80g (x 10^9).",
-            ),
-            click.option(
-                "--gpu-count",
-                type=click.IntRange(1, MAX_PARALLEL),
-                default=None,
-                help="Plan offline: number of GPUs.",
-            ),
-            click.option(
-                "--gpu-name",
-                default=None,
-                help="Plan offline: the GPU model (e.g. 'NVIDIA H200'), which decides backends and defaults.",
-            ),
-            click.option(
-                "--gpus-from",
-                type=click.Path(dir_okay=False),
-                default=None,
-                help="`ctxmgr gpus --json` output.",
-            ),
-            click.option(
-                "--weights-bytes",
-                type=SIZE,
-                default=None,
-                help="Weights of all ranks together, with its unit (e.g. 406.7GiB).",
-            ),
-            click.option(
-                "--concurrency",
-                type=click.IntRange(1, 1 << 16),
-                default=1,
-                show_default=True,
-                help="Size the KV cache for this many requests of the full context at once.",
-            ),
-            click.option(
-                "--vllm-version",
-                type=VLLM_VERSION,
-                default=None,
-                help="Plan by this vLLM's rules (default: the version the unit runs, else the newest known).",
-            ),
-            click.option(
-                "--cuda-version",
-                default=None,
-                metavar="X.Y",
-                help="CUDA runtime of the vLLM the unit runs (its torch's, e.g. 12.8): it picks backends "
-                "(FlashInfer GDN prefill on SM10x/12x only from 13). Default: read from the unit's venv.",
-            ),
-            click.option(
-                "--allow-long", is_flag=True, help="Allow a context above the model's derived maximum."
-            ),
-            click.option(
-                "--max-gpu-memory-utilization",
-                type=Finite(0.01, 1.0),
-                default=0.95,
-                show_default=True,
-                help="Never pick a utilisation above this.",
-            ),
-        ]
-    ):
-        func = option(func)
-    return func
+# ---- the options several commands share, each declared once -------------------------------------
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class SharedOption:
+    """An option several commands take, declared once (its name, type, default and help), so two
+    commands cannot drift apart on what --timeout or --gpu-memory parse. A command whose subject differs
+    (every node of a deployment, not one service) says so in its own help with `but(help=...)`."""
+
+    decls: tuple[str, ...]
+    attrs: Mapping[str, Any]
+
+    def __call__(self, func: F) -> F:
+        return click.option(*self.decls, **self.attrs)(func)
+
+    def but(self, **changes: Any) -> SharedOption:
+        """The same option, with these of its attributes (its help, its default) changed."""
+        return SharedOption(self.decls, {**self.attrs, **changes})
+
+
+def shared(*decls: str, **attrs: Any) -> SharedOption:
+    return SharedOption(decls, attrs)
+
+
+def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    """Several options as one decorator, shown in --help in the order given."""
+
+    def decorate(func: F) -> F:
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return decorate
+
+
+json_option = shared("--json", "as_json", is_flag=True, help="Print one JSON object.")
+# the commands that may change something: their object says whether they did
+json_changed_option = json_option.but(help="Print one JSON object (with `changed`).")
+yes_option = shared("--yes", "-y", is_flag=True, help="Do not ask before changing the service.")
+start_timeout_option = shared(
+    "--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time a start may take."
+)
+probe_timeout_option = shared(
+    "--timeout", type=TIMEOUT, default="2min", show_default=True, help="Time the probe may wait."
+)
+wait_lock_option = shared(
+    "--wait-lock", type=WAIT_LOCK, default=0.0, help="Time to wait for another run on the service."
+)
+max_model_len_option = shared(
+    "--max-model-len", "max_model_len", type=CONTEXT, default=None, help="The same as CONTEXT."
+)
+gpu_memory_utilization_option = shared("--gpu-memory-utilization", type=UTILIZATION, default=None)
+probe_tokens_option = shared(
+    "--probe-tokens",
+    type=COUNT,
+    default=None,
+    help="max_tokens of the probe (default: what fills the context).",
+)
+long_probe_option = shared(
+    "--long-probe", is_flag=True, help="Also send a prompt of about 90% of the context."
+)
+edit_option = shared(
+    "--edit",
+    type=click.Choice(["in-place", "dropin"]),
+    envvar="CTXMGR_EDIT",
+    default="in-place",
+    show_default=True,
+    help="in-place: change the file that holds ExecStart=. dropin: leave the unit file alone and write "
+    "ExecStart= to UNIT.d/50-ctxmgr.conf, as `systemctl edit` would (for a unit that configuration "
+    "management renders). Env CTXMGR_EDIT.",
+)
+
+gpu_memory_option = shared(
+    "--gpu-memory",
+    type=SIZE,
+    default=None,
+    help="Plan offline: memory of each GPU, with its unit: 95.6GiB, 80G (x 2^30), 80GB or 80g (x 10^9).",
+)
+gpu_count_option = shared("--gpu-count", type=PARALLEL, default=None, help="Plan offline: number of GPUs.")
+gpus_from_option = shared(
+    "--gpus-from", type=click.Path(dir_okay=False), default=None, help="`ctxmgr gpus --json` output."
+)
+weights_bytes_option = shared(
+    "--weights-bytes",
+    type=SIZE,
+    default=None,
+    help="Weights of all ranks together, with its unit (e.g. 406.7GiB).",
+)
+vllm_version_option = shared(
+    "--vllm-version",
+    type=VLLM_VERSION,
+    default=None,
+    help="Plan by this vLLM's rules (default: the version the unit runs, else the newest known).",
+)
+allow_long_option = shared(
+    "--allow-long", is_flag=True, help="Allow a context above the model's derived maximum."
+)
+
+# the planning options of `plan` and `set-context`: where the GPUs' memory comes from when NVML is not
+# the answer (offline, another host), and the rules to plan by
+gpu_options = options(
+    gpu_memory_option,
+    gpu_count_option,
+    shared(
+        "--gpu-name",
+        default=None,
+        help="Plan offline: the GPU model (e.g. 'NVIDIA H200'), which decides backends and defaults.",
+    ),
+    gpus_from_option,
+    weights_bytes_option,
+    shared(
+        "--concurrency",
+        type=click.IntRange(1, 1 << 16),
+        default=1,
+        show_default=True,
+        help="Size the KV cache for this many requests of the full context at once.",
+    ),
+    vllm_version_option,
+    shared(
+        "--cuda-version",
+        default=None,
+        metavar="X.Y",
+        help="CUDA runtime of the vLLM the unit runs (its torch's, e.g. 12.8): it picks backends "
+        "(FlashInfer GDN prefill on SM10x/12x only from 13). Default: read from the unit's venv.",
+    ),
+    allow_long_option,
+    shared(
+        "--max-gpu-memory-utilization",
+        type=Finite(0.01, 1.0),
+        default=0.95,
+        show_default=True,
+        help="Never pick a utilisation above this.",
+    ),
+)

@@ -15,7 +15,17 @@ import click
 from vllm_ctxmgr.cli.examples import EXAMPLES
 from vllm_ctxmgr.cli.group import closest_option
 from vllm_ctxmgr.cli.output import echo, emit_json, handle_errors
-from vllm_ctxmgr.cli.params import BLOCK_SIZE, CONTEXT, COUNT, PARALLEL, UTILIZATION, VLLM_BYTES, gpu_options
+from vllm_ctxmgr.cli.params import (
+    BLOCK_SIZE,
+    CONTEXT,
+    COUNT,
+    PARALLEL,
+    VLLM_BYTES,
+    gpu_memory_utilization_option,
+    gpu_options,
+    json_option,
+    max_model_len_option,
+)
 from vllm_ctxmgr.cli.restarter import restarter_for
 from vllm_ctxmgr.cli.service_param import service_param
 from vllm_ctxmgr.errors import ExitCode, UnitError, UsageError
@@ -80,7 +90,7 @@ def vllm_overrides(
 )
 @click.argument("context", type=CONTEXT, required=False)
 @service_param(required=False, argument=False)  # a word after CONTEXT may be a vLLM flag's value
-@click.option("--max-model-len", "max_model_len", type=CONTEXT, default=None, help="The same as CONTEXT.")
+@max_model_len_option
 @click.option("--model", "model", default=None, help="HF model dir, cached repo id, or GGUF file.")
 @click.option("--unit", "unit_file", type=click.Path(dir_okay=False), default=None,
               help="Read a unit file (and its FILE.d/*.conf drop-ins).")  # fmt: skip
@@ -92,7 +102,7 @@ def vllm_overrides(
 @click.option("--block-size", type=BLOCK_SIZE, default=None, help="vLLM's --block-size (tokens per block).")
 @click.option("--max-num-batched-tokens", type=COUNT, default=None, help="vLLM's --max-num-batched-tokens.")
 @click.option("--max-num-seqs", type=COUNT, default=None, help="vLLM's --max-num-seqs.")
-@click.option("--gpu-memory-utilization", type=UTILIZATION, default=None, help="vLLM's utilisation (0-1].")
+@gpu_memory_utilization_option.but(help="vLLM's utilisation (0-1].")
 @click.option(
     "--kv-cache-memory-bytes",
     type=VLLM_BYTES,
@@ -100,7 +110,7 @@ def vllm_overrides(
     help="vLLM's --kv-cache-memory-bytes, parsed as vLLM does: 20g = 20e9 bytes, 20G = 20 GiB.",
 )
 @gpu_options
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option
 @click.pass_context
 @handle_errors
 def plan(ctx: click.Context, context: int | None, max_model_len: int | None, model: str | None,
