@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TypedDict, Unpack
 
 import click
 
@@ -21,6 +21,7 @@ from vllm_ctxmgr.cli.finish import finish
 from vllm_ctxmgr.cli.output import echo, emit_json, handle_errors
 from vllm_ctxmgr.cli.params import (
     CONTEXT,
+    PlanningFlags,
     edit_option,
     gpu_memory_utilization_option,
     gpu_options,
@@ -64,7 +65,7 @@ from vllm_ctxmgr.systemd.service import read_service
 def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int | None, service: str,
                     gpu_memory_utilization: float | None, probe_tokens: int | None, long_probe: bool,
                     timeout: float, dry_run: bool, force: bool, wait_lock: float, yes: bool, edit: str,
-                    as_json: bool, **options: Any) -> None:  # fmt: skip
+                    as_json: bool, **options: Unpack[PlanningFlags]) -> None:  # fmt: skip
     """Set a service's context to CONTEXT: plan, render, restart, watch, probe, roll back on failure.
 
     \b
@@ -195,7 +196,15 @@ def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_js
     ))  # fmt: skip
 
 
-def import_match(restarter: Restarter) -> dict[str, Any]:
+class ImportMatch(TypedDict):
+    """What an imported observation is checked against (planning.imported_observation's keywords)."""
+
+    service: str
+    vllm_version: str | None
+    gpu_names: list[str]
+
+
+def import_match(restarter: Restarter) -> ImportMatch:
     """What an imported observation must match: this service, its vLLM, this host's GPUs (each only
     where it can be known here)."""
     version: str | None = None

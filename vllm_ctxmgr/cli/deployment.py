@@ -8,8 +8,9 @@ import shlex
 import sys
 import tomllib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypedDict, TypeVar, Unpack
 
 import click
 
@@ -120,6 +121,24 @@ _deployment_options = options(
     wait_lock_option.but(help="Time to wait for another run on the deployment (as a service's --wait-lock)."),
     json_option,
 )
+
+
+class DeploymentFlags(TypedDict):
+    """What _deployment_options hand a command, by name (all but --json), for _request."""
+
+    nodes: tuple[str, ...]
+    deployment_file: str | None
+    ssh: str | None
+    remote_ctxmgr: str | None
+    gpu_memory: int | None
+    gpu_count: int | None
+    weights_bytes: int | None
+    vllm_version: str | None
+    allow_long: bool
+    gpu_memory_utilization: float | None
+    wait_lock: float
+
+
 _head_timeout = start_timeout_option.but(help="Time the head's start may take.")
 _yes = yes_option.but(help="Do not ask before changing the deployment.")
 
@@ -152,31 +171,27 @@ def _request(
     wait_lock: float = 0.0,
 ) -> DeploymentRequest:
     """The request from the flags and the deployment file (the flags win where both say)."""
-    data: dict[str, Any] = {}
-    if deployment_file:
-        data = _read_deployment_file(Path(deployment_file))
+    data = _read_deployment_file(Path(deployment_file)) if deployment_file else DeploymentFile()
     addresses = [NodeAddress.parse(n) for n in nodes]
     node_gpus = {}
     per_host: dict[str, tuple[str, ...]] = {}
-    for entry in data.get("node", []):
-        address = NodeAddress.parse(f"{entry['host']}:{entry['service']}", f"{deployment_file}: [[node]]")
+    for entry in data.nodes:
+        address = NodeAddress.parse(f"{entry.host}:{entry.service}", f"{deployment_file}: [[node]]")
         if not nodes:
             addresses.append(address)
-        if entry.get("ctxmgr"):
-            per_host[address.host] = tuple(entry["ctxmgr"])
-        if entry.get("gpus_from"):
-            node_gpus[address.host] = gpus_from_file(
-                _beside(Path(deployment_file or "."), entry["gpus_from"])
-            )
+        if entry.ctxmgr:
+            per_host[address.host] = entry.ctxmgr
+        if entry.gpus_from:
+            node_gpus[address.host] = gpus_from_file(_beside(Path(deployment_file or "."), entry.gpus_from))
     if not addresses:
         raise UsageError("name the deployment's nodes: --node HOST:UNIT for each, or --file DEPLOYMENT.toml")
     link = Link(
         local_ctxmgr=_local_ctxmgr(ctx),
         per_host=per_host,
-        ssh=tuple(shlex.split(ssh)) if ssh else tuple(data.get("ssh") or DEFAULT_SSH),
+        ssh=tuple(shlex.split(ssh)) if ssh else data.ssh or DEFAULT_SSH,
         remote_ctxmgr=tuple(shlex.split(remote_ctxmgr))
         if remote_ctxmgr
-        else tuple(data.get("remote_ctxmgr") or ("ctxmgr",)),
+        else data.remote_ctxmgr or ("ctxmgr",),
     )
     default_gpus = None
     if gpu_memory is not None or gpu_count is not None:
@@ -188,7 +203,7 @@ def _request(
         context=context,
         nodes=tuple(addresses),
         link=link,
-        name=str(data["name"]) if data.get("name") else None,
+        name=data.name,
         gpu_memory_utilization=gpu_memory_utilization,
         node_gpus=node_gpus,
         default_gpus=default_gpus,
@@ -198,18 +213,38 @@ def _request(
     )
 
 
-def _beside(deployment_file: Path, gpus_from: object) -> Path:
+def _beside(deployment_file: Path, gpus_from: str) -> Path:
     """A [[node]]'s gpus_from: beside the deployment file (or absolute), never up through `..`."""
-    name = Path(str(gpus_from))
+    name = Path(gpus_from)
     if ".." in name.parts:
         raise UsageError(
-            f"{deployment_file}: gpus_from {str(gpus_from)!r} goes up through '..': name the file beside "
+            f"{deployment_file}: gpus_from {gpus_from!r} goes up through '..': name the file beside "
             "the deployment file, or by its absolute path"
         )
     return deployment_file.parent / name
 
 
-def _read_deployment_file(path: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FileNode:
+    """A [[node]] of a deployment file."""
+
+    host: str
+    service: str
+    gpus_from: str | None = None  # its `ctxmgr gpus --json` file, beside the deployment file
+    ctxmgr: tuple[str, ...] | None = None  # ctxmgr's command on this node (instead of remote_ctxmgr)
+
+
+@dataclass(frozen=True)
+class DeploymentFile:
+    """A deployment file, checked: its name, how to reach its nodes, and the nodes."""
+
+    name: str | None = None
+    ssh: tuple[str, ...] = ()
+    remote_ctxmgr: tuple[str, ...] = ()
+    nodes: tuple[FileNode, ...] = ()
+
+
+def _read_deployment_file(path: Path) -> DeploymentFile:
     """A small TOML file: name, ssh, remote_ctxmgr, and [[node]] host / service / gpus_from."""
     try:
         raw = read_regular(path, MAX_DEPLOYMENT_FILE_BYTES, what="deployment file")
@@ -245,7 +280,20 @@ def _read_deployment_file(path: Path) -> dict[str, Any]:
         value = data.get(key)
         if value is not None and not (isinstance(value, list) and all(isinstance(w, str) for w in value)):
             raise UsageError(f'{path}: {key} must be a list of words, e.g. ["ssh", "-F", "ssh_config"]')
-    return data
+    return DeploymentFile(
+        name=str(data["name"]) if data.get("name") else None,
+        ssh=tuple(data.get("ssh") or ()),
+        remote_ctxmgr=tuple(data.get("remote_ctxmgr") or ()),
+        nodes=tuple(
+            FileNode(
+                entry["host"],
+                entry["service"],
+                gpus_from=str(entry["gpus_from"]) if entry.get("gpus_from") else None,
+                ctxmgr=tuple(entry["ctxmgr"]) if entry.get("ctxmgr") else None,
+            )
+            for entry in nodes
+        ),
+    )
 
 
 def _finish(result: DeploymentResult, as_json: bool, dry_run: bool = False) -> NoReturn:
@@ -298,7 +346,9 @@ def deployment_group() -> None:
 @_deployment_options
 @click.pass_context
 @handle_errors
-def deployment_plan_cmd(ctx: click.Context, context: int, as_json: bool, **options: Any) -> None:
+def deployment_plan_cmd(
+    ctx: click.Context, context: int, as_json: bool, **options: Unpack[DeploymentFlags]
+) -> None:
     """Plan CONTEXT for the whole deployment; change nothing."""
     request = _request(ctx, context, as_json=as_json, **options)
     _finish(plan_deployment(request, ctx.find_root().obj["state_dir"]), as_json)
@@ -323,7 +373,7 @@ def deployment_set_context_cmd(
     edit: str,
     yes: bool,
     as_json: bool,
-    **options: Any,
+    **options: Unpack[DeploymentFlags],
 ) -> None:
     """Set every node's max_model_len to CONTEXT, restart the deployment as one; roll all back on failure."""
     refuse_old_rules(options.get("vllm_version"), "deployment set-context")
@@ -374,7 +424,7 @@ def deployment_rollback_cmd(
     to: str | None,
     yes: bool,
     as_json: bool,
-    **options: Any,
+    **options: Unpack[DeploymentFlags],
 ) -> None:
     """Put every node's unit back as it was before the deployment's last good change (failed attempts
     are skipped), or as change --to left it; restart them together."""
@@ -391,7 +441,9 @@ def deployment_rollback_cmd(
 @_head_timeout
 @click.pass_context
 @handle_errors
-def deployment_recover_cmd(ctx: click.Context, timeout: float, as_json: bool, **options: Any) -> None:
+def deployment_recover_cmd(
+    ctx: click.Context, timeout: float, as_json: bool, **options: Unpack[DeploymentFlags]
+) -> None:
     """Finish a deployment change an interrupted run left in progress: every node it wrote gets its
     previous unit back, and every node restarts together."""
     request = _request(ctx, 0, as_json=as_json, **options)
@@ -403,7 +455,7 @@ def deployment_recover_cmd(ctx: click.Context, timeout: float, as_json: bool, **
 @_deployment_options
 @click.pass_context
 @handle_errors
-def deployment_verify_cmd(ctx: click.Context, as_json: bool, **options: Any) -> None:
+def deployment_verify_cmd(ctx: click.Context, as_json: bool, **options: Unpack[DeploymentFlags]) -> None:
     """Check every node: the head as `ctxmgr verify` does, each headless rank active with no failure
     since its start and the head's max_model_len. Exit codes as verify: 0 ok, 1 degraded, 2 failed,
     70 crashed."""

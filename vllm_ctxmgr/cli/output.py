@@ -7,8 +7,8 @@ import functools
 import json
 import re
 import sys
-from collections.abc import Callable
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping
+from typing import NoReturn, ParamSpec, TypedDict, TypeVar
 
 import click
 
@@ -40,7 +40,7 @@ def echo(message: object = "", err: bool = False) -> None:
     click.echo(printable(scrub(str(message))), err=err)
 
 
-def emit_json(data: dict[str, Any]) -> None:
+def emit_json(data: Mapping[str, object]) -> None:
     """The one JSON object a command prints with --json: `schema` first, then the command's fields."""
     echo(json.dumps({"schema": SCHEMA_VERSION, **data}, indent=2, sort_keys=False, default=str))
 
@@ -50,7 +50,17 @@ def usage_exit(command: str | None) -> int:
     return VerifyExit.UNKNOWN if command == "verify" else ExitCode.USAGE
 
 
-def error_object(command: str | None, message: str, exit_code: int) -> dict[str, Any]:
+class ErrorObject(TypedDict):
+    """The one JSON object of a command that failed (before `schema` is added)."""
+
+    command: str | None
+    result: str  # error | locked
+    changed: bool
+    error: str
+    exit_code: int
+
+
+def error_object(command: str | None, message: str, exit_code: int) -> ErrorObject:
     result = "locked" if command != "verify" and exit_code == ExitCode.LOCKED else "error"
     return {"command": command, "result": result, "changed": False, "error": message, "exit_code": exit_code}
 
@@ -64,12 +74,16 @@ def fail(message: str, exit_code: int, *, as_json: bool, command: str | None) ->
     sys.exit(exit_code)
 
 
-def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def handle_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Expected failures: one line on stderr (or one JSON object with --json) and the documented exit
     code; a permission problem names the path; tracebacks only with --debug."""
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         ctx = click.get_current_context()
         debug = bool(ctx.find_root().params.get("debug"))
         # verify's exit codes go by the command's own name (`deployment verify` too); the JSON names

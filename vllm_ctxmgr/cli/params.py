@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import click
 
@@ -294,6 +294,22 @@ vllm_version_option = shared(
 allow_long_option = shared(
     "--allow-long", is_flag=True, help="Allow a context above the model's derived maximum."
 )
+
+
+class PlanningFlags(TypedDict):
+    """What gpu_options hand the command, by name: the fields of change.planning.PlanRequest they set."""
+
+    gpu_memory: int | None
+    gpu_count: int | None
+    gpu_name: str | None
+    gpus_from: str | None
+    weights_bytes: int | None
+    concurrency: int
+    vllm_version: str | None
+    cuda_version: str | None
+    allow_long: bool
+    max_gpu_memory_utilization: float
+
 
 # the planning options of `plan` and `set-context`: where the GPUs' memory comes from when NVML is not
 # the answer (offline, another host), and the rules to plan by

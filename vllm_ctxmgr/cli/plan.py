@@ -7,6 +7,7 @@ What the plan runs on (the planner, the model's files, a unit) is imported insid
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
@@ -45,11 +46,11 @@ def context_from(context: int | None, max_model_len: int | None) -> int:
 
 
 def vllm_overrides(
-    explicit: dict[str, Any],
+    explicit: Mapping[str, object],
     extra: list[str],
     vllm_version: str | None = None,
     command: click.Command | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """ServeArgs fields from ctxmgr's vLLM options and from any other vLLM flag given after them.
 
     The extra words are parsed by the same parser that reads a unit's ExecStart, so `plan` understands

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from vllm_ctxmgr.cli.params import SERVICE
 from vllm_ctxmgr.errors import UsageError
 
+if TYPE_CHECKING:
+    from click.shell_completion import CompletionItem
 
-def complete_services(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+
+def complete_services(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Shell completion of the host's vLLM services, found the way `ctxmgr status` finds them.
 
     The group's callback has not run while the shell completes, so the systemd to ask comes from the
@@ -45,17 +48,18 @@ def one_service(argument: str | None, option: str | None, *, required: bool = Tr
     return chosen
 
 
-def service_param(
-    required: bool = True, argument: bool = True
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+Command = Callable[..., None]  # a click command's callback: click passes its parameters by name
+
+
+def service_param(required: bool = True, argument: bool = True) -> Callable[[Command], Command]:
     """SERVICE as an optional argument and as --service, merged into the command's `service`, both
     completed with the host's vLLM services. Place it right after the command's other arguments."""
 
-    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(func: Command) -> Command:
         @functools.wraps(func)
-        def wrapper(*args: Any, service_arg: str | None = None, **kwargs: Any) -> Any:
+        def wrapper(*args: Any, service_arg: str | None = None, **kwargs: Any) -> None:
             kwargs["service"] = one_service(service_arg, kwargs.get("service"), required=required)
-            return func(*args, **kwargs)
+            func(*args, **kwargs)
 
         wrapper = click.option(
             "--service",
