@@ -95,7 +95,7 @@ class VllmBytes(ByteSize):
 class Finite(click.FloatRange):
     """A FloatRange that also refuses nan and inf (a plain range check lets nan through)."""
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         number = super().convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)

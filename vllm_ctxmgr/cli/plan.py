@@ -27,7 +27,6 @@ from vllm_ctxmgr.cli.params import (
     json_option,
     max_model_len_option,
 )
-from vllm_ctxmgr.cli.restarter import restarter_for
 from vllm_ctxmgr.cli.service_param import service_param
 from vllm_ctxmgr.errors import ExitCode, UnitError, UsageError
 
@@ -145,6 +144,7 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     # no CONTEXT: the one the unit (or a vLLM flag after the options, `--max_model_len 64k`) gives
     given = context is not None or max_model_len is not None
     if service:
+        from vllm_ctxmgr.cli.restarter import restarter_for
         from vllm_ctxmgr.systemd.service import read_service
 
         restarter = restarter_for(ctx, service, True, 60.0)
