@@ -13,7 +13,7 @@ from vllm_ctxmgr.core.hardware import GpuState, gib
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.vllm_versions import rules_line
 
-if TYPE_CHECKING:  # only verify's text reads one; a plan's text should not load the verdict
+if TYPE_CHECKING:  # types only: a plan's text should not load the verdict (verify's text reads one)
     from collections.abc import Mapping, Sequence
 
     from vllm_ctxmgr.core.plan import Figure, GpuMemory, Plan
