@@ -427,7 +427,7 @@ SEQUENCES = ["\x1b[2K", "\x1b[1A", "\r", "\x1b[32m", "\x1b[0m", "\x1b]0;title\x0
 
 
 def campaign_controls(args: argparse.Namespace) -> int:
-    from vllm_ctxmgr.cli.common import echo
+    from vllm_ctxmgr.cli.output import echo
 
     tally = Tally("controls", args.show)
     rng = random.Random(args.seed)

@@ -27,7 +27,7 @@ from tests.support.standin import free_port  # noqa: E402
 from vllm_ctxmgr.change.planning import PlanRequest  # noqa: E402
 from vllm_ctxmgr.change.restart import Restarter  # noqa: E402
 from vllm_ctxmgr.change.walk import SetContextRequest, set_context  # noqa: E402
-from vllm_ctxmgr.cli.common import SIZE  # noqa: E402
+from vllm_ctxmgr.cli.params import SIZE  # noqa: E402
 from vllm_ctxmgr.probe import wait_until_serving  # noqa: E402
 from vllm_ctxmgr.store import ServiceStore  # noqa: E402
 

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_ctxmgr.cli.common import SCHEMA_VERSION
 from vllm_ctxmgr.cli.main import main
+from vllm_ctxmgr.cli.output import SCHEMA_VERSION
 from vllm_ctxmgr.errors import ExitCode, UsageError, VerifyExit
 from vllm_ctxmgr.systemd.names import unit_name
 

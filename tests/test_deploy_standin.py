@@ -485,7 +485,7 @@ def test_without_a_terminal_the_status_is_a_plain_timestamped_line_at_most_every
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from vllm_ctxmgr.change.observing import StartProgress
-    from vllm_ctxmgr.cli.common import LiveStatus
+    from vllm_ctxmgr.cli.progress import LiveStatus
 
     live = LiveStatus(enabled=True, terminal=False, every=3600)
     live.last -= 3600  # the first interval has passed

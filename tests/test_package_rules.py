@@ -280,7 +280,8 @@ def test_the_documented_table_is_the_one_the_test_enforces() -> None:
 
 
 # What `ctxmgr --help`, a command's --help and a completion TAB may load: click, the group, the light
-# cli/common.py and what it needs to print (errors, masking); no command's module, nothing heavy.
+# the light shared modules of cli/ and what they need to print (errors, masking); no command's module,
+# nothing heavy.
 HEAVY_THIRD_PARTY = ("transformers", "gguf", "jinja2", "requests", "prometheus_client", "pynvml", "numpy")
 # core.bounds: the size flags' bounds the CLI's option types are built from (constants and one function)
 LIGHT_MODULES = {

@@ -169,8 +169,8 @@ def test_a_nodes_terminal_controls_never_reach_the_operators_terminal(
     workdir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Issue 29, item 14: escape codes and a carriage return in a node's error printed a green "all
-    nodes OK" over the error line. The door every text leaves by (cli.common.echo) takes them out."""
-    from vllm_ctxmgr.cli.common import echo, fail
+    nodes OK" over the error line. The door every text leaves by (cli.output.echo) takes them out."""
+    from vllm_ctxmgr.cli.output import echo, fail
 
     hostile = "the probe failed\x1b[2K\r\x1b[32mall nodes OK\x1b[0m\x07\x1b]0;owned\x07\x9b2J\x7f\tend"
     link = Link(

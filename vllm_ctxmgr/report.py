@@ -6,7 +6,7 @@ import shutil
 import textwrap
 from collections import Counter
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vllm_ctxmgr.core.budget import DEFAULT_MARGIN_FRACTION, DEFAULT_MARGIN_MIN_BYTES, margin_bytes
 from vllm_ctxmgr.core.facts import LayerKind, ModelFacts, derived_max_model_len
@@ -14,7 +14,10 @@ from vllm_ctxmgr.core.hardware import GpuState, gib
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.vllm_versions import rules_line
 
-if TYPE_CHECKING:  # only verify's text reads one; a plan's text should not load the verdict
+if TYPE_CHECKING:  # types only: a plan's text should not load the verdict (verify's text reads one)
+    from collections.abc import Mapping, Sequence
+
+    from vllm_ctxmgr.core.plan import Figure, GpuMemory, Plan
     from vllm_ctxmgr.core.verdict import Verification
 
 
@@ -115,14 +118,14 @@ def bar(parts: list[tuple[str, int]], total: int, width: int | None = None) -> s
     return "[" + text.ljust(width, ".") + "]"
 
 
-def _fig(figure: Any) -> str:
+def _fig(figure: Figure) -> str:
     return gib(figure.bytes)
 
 
 HEADLINE = {"feasible": "FEASIBLE", "infeasible": "NOT FEASIBLE", "unknown": "UNKNOWN"}
 
 
-def plan_text(plan: Any, command_change: str = "") -> str:
+def plan_text(plan: Plan, command_change: str = "") -> str:
     """The memory table per GPU, a stacked bar each, the chosen flags and the verdict.
     Long because it is the plan's text top to bottom, a line or a table per part."""
     out: list[str] = []
@@ -185,10 +188,10 @@ def plan_text(plan: Any, command_change: str = "") -> str:
     return "\n".join(out)
 
 
-def _gpu_rows(plan: Any) -> list[tuple[str, list[Any]]]:
+def _gpu_rows(plan: Plan) -> list[tuple[str, list[GpuMemory]]]:
     """GPUs whose every figure is the same, one row ("0-7"): eight identical lines hide the one that
     differs. Consecutive GPUs only, so a row's label reads as a range."""
-    rows: list[tuple[list[int], tuple[Any, ...], list[Any]]] = []
+    rows: list[tuple[list[int], tuple[int | None, ...], list[GpuMemory]]] = []
     for g in plan.gpus:
         key = tuple(
             getattr(g, name).bytes
@@ -203,7 +206,7 @@ def _gpu_rows(plan: Any) -> list[tuple[str, list[Any]]]:
     return [(f"{idx[0]}-{idx[-1]}" if len(idx) > 1 else str(idx[0]), gpus) for idx, _key, gpus in rows]
 
 
-def _gpu_table(plan: Any) -> list[str]:
+def _gpu_table(plan: Plan) -> list[str]:
     """The memory table: weights apart from the rest of the non-KV memory, the margin in its own column
     (headroom = KV budget - KV needed - margin), identical GPUs as one row, and a bar per row."""
     rows = _gpu_rows(plan)
@@ -259,7 +262,7 @@ def _wrapped(text: str, indent: str, width: int = 110) -> list[str]:
     return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ")
 
 
-def _margin_line(g: Any) -> str:
+def _margin_line(g: GpuMemory) -> str:
     """What the margin is and what it is for, in the GPU's own figures."""
     margin = g.margin.bytes or 0
     if not margin:
@@ -279,7 +282,7 @@ def _margin_line(g: Any) -> str:
     return text
 
 
-def _confidence_line(plan: Any, now: float | None = None) -> str:
+def _confidence_line(plan: Plan, now: float | None = None) -> str:
     """calibrated (from which start, how old) or estimated, with the error band in this plan's GiB."""
     import time
 
@@ -305,9 +308,9 @@ def _confidence_line(plan: Any, now: float | None = None) -> str:
     return line
 
 
-def _context_limit(plan: Any) -> str:
+def _context_limit(plan: Plan) -> str:
     """What sets the largest context: the model's limit, the target (no limit known), or memory."""
-    limit = getattr(plan, "max_context_limit", None)
+    limit = plan.max_context_limit
     if limit == "model":
         return f" (the model's limit: {plan.derived_max_model_len_key})"
     if limit == "target":
@@ -317,7 +320,31 @@ def _context_limit(plan: Any) -> str:
     return ""
 
 
-def change_text(result: Any, shown_before: bool = False) -> str:
+class ChangeReport(Protocol):
+    """What the text of a change reads: change.states.ChangeResult, said here as a shape since report
+    sits under the change layer and imports only the core."""
+
+    service: str
+    action: str  # set-context | rollback | recover
+    result: str  # a change.states.Result (a StrEnum)
+    revision: int | None
+    previous_max_model_len: int | None
+    max_model_len: int | None
+    previous_gpu_memory_utilization: float | None
+    gpu_memory_utilization: float | None
+    reason: str
+    decisive_line: str
+    suggestion: str
+    diff: str
+    plan: Mapping[str, Any]  # a core.plan_record.PlanRecord; empty where no plan was made
+    probe: Mapping[str, Any]
+    observation: Mapping[str, Any]
+    calibration: Mapping[str, Any]  # predicted vs observed KV capacity
+    pending_recovery: int | None
+    warnings: Sequence[str]
+
+
+def change_text(result: ChangeReport, shown_before: bool = False) -> str:
     """What a set-context / rollback / recover did, in plain words. `shown_before`: the diff and the plan
     were printed before the restart (as "planned"), so a change that went ahead is not shown twice.
     Long because it is one headline per result of the one vocabulary, plus the plan and diff parts."""
@@ -371,14 +398,14 @@ def change_text(result: Any, shown_before: bool = False) -> str:
             f"{result.service}: recovered revision {result.revision}: the interrupted change "
             f"{before} -> {after} {done}; it runs {now}. {result.reason}"
         )
-    if getattr(result, "pending_recovery", None) is not None:
+    if result.pending_recovery is not None:
         headline = f"{result.service}: a recovery is pending. {result.reason}"
     out.append(headline)
     if result.decisive_line:
         out.append(f"decisive line: {result.decisive_line}")
     if result.suggestion:
         out.append(f"{'note' if result.result == 'unchanged' else 'what to try'}: {result.suggestion}")
-    out.extend(f"warning: {warning}" for warning in getattr(result, "warnings", ()))
+    out.extend(f"warning: {warning}" for warning in result.warnings)
     if result.plan:  # the unit's flags that change GPU memory and that the plan did not count
         out.extend(
             f"warning: {warning}"
@@ -399,7 +426,7 @@ def change_text(result: Any, shown_before: bool = False) -> str:
         ]
         if facts:
             out.append("measured: " + ", ".join(facts))
-    cal = getattr(result, "calibration", None) or {}
+    cal = result.calibration
     if "observed_num_gpu_blocks" in cal:
         unit = "tokens" if "observed_capacity_tokens" in cal else "blocks"
         predicted = cal.get("predicted_capacity_tokens", cal["predicted_num_gpu_blocks"])

@@ -78,7 +78,7 @@ class ChangeResult:
     warnings: list[str] = field(default_factory=list)  # verify findings the unit had before the change
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON types for --json; cli.common adds `command` and `dry_run` around them."""
+        """Plain JSON types for --json; cli.finish adds `command` and `dry_run` around them."""
         data = asdict(self)
         data["result"] = str(self.result)
         return data

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TypedDict, Unpack
 
 import click
 
@@ -15,25 +15,29 @@ from vllm_ctxmgr.change.recovery import recover_if_needed
 from vllm_ctxmgr.change.restart import Restarter
 from vllm_ctxmgr.change.states import ChangeResult, Result
 from vllm_ctxmgr.change.walk import SetContextRequest, rollback, set_context
-from vllm_ctxmgr.cli.common import (
+from vllm_ctxmgr.cli.confirm import confirmation
+from vllm_ctxmgr.cli.examples import EXAMPLES
+from vllm_ctxmgr.cli.finish import finish
+from vllm_ctxmgr.cli.output import echo, emit_json, handle_errors
+from vllm_ctxmgr.cli.params import (
     CONTEXT,
-    COUNT,
-    EXAMPLES,
-    TIMEOUT,
-    UTILIZATION,
-    WAIT_LOCK,
-    confirmation,
-    echo,
-    emit_json,
-    finish,
+    PlanningFlags,
+    edit_option,
+    gpu_memory_utilization_option,
     gpu_options,
-    handle_errors,
+    json_changed_option,
+    json_option,
+    long_probe_option,
+    max_model_len_option,
+    probe_tokens_option,
     refuse_old_rules,
-    restarter_for,
-    service_param,
-    systemd_for,
+    start_timeout_option,
+    wait_lock_option,
+    yes_option,
 )
 from vllm_ctxmgr.cli.plan import context_from
+from vllm_ctxmgr.cli.restarter import restarter_for, systemd_for
+from vllm_ctxmgr.cli.service_param import service_param
 from vllm_ctxmgr.errors import CtxmgrError, UsageError
 from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.store import ServiceStore
@@ -44,35 +48,24 @@ from vllm_ctxmgr.systemd.service import read_service
 @click.command("set-context", epilog=EXAMPLES["set-context"])
 @click.argument("context", type=CONTEXT, required=False)
 @service_param()
-@click.option("--max-model-len", "max_model_len", type=CONTEXT, default=None, help="The same as CONTEXT.")
-@click.option("--gpu-memory-utilization", type=UTILIZATION, default=None,
-              help="Use this utilisation instead of the planner's choice.")  # fmt: skip
-@click.option("--probe-tokens", type=COUNT, default=None,
-              help="max_tokens of the probe (default: what fills the context).")  # fmt: skip
-@click.option("--long-probe", is_flag=True, help="Also send a prompt of about 90% of the context.")
-@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time a start may take.")
+@max_model_len_option
+@gpu_memory_utilization_option.but(help="Use this utilisation instead of the planner's choice.")
+@probe_tokens_option
+@long_probe_option
+@start_timeout_option
 @click.option("--dry-run", is_flag=True, help="Print the plan and the unit diff; change nothing.")
 @click.option("--force", is_flag=True, help="Apply even when the plan says it will not fit.")
-@click.option("--wait-lock", type=WAIT_LOCK, default=0.0, help="Time to wait for another run on the service.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the service.")
-@click.option(
-    "--edit",
-    type=click.Choice(["in-place", "dropin"]),
-    envvar="CTXMGR_EDIT",
-    default="in-place",
-    show_default=True,
-    help="in-place: change the file that holds ExecStart=. dropin: leave the unit file alone and write "
-    "ExecStart= to UNIT.d/50-ctxmgr.conf, as `systemctl edit` would (for a unit that configuration "
-    "management renders). Env CTXMGR_EDIT.",
-)
+@wait_lock_option
+@yes_option
+@edit_option
 @gpu_options
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
+@json_changed_option
 @click.pass_context
 @handle_errors
 def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int | None, service: str,
                     gpu_memory_utilization: float | None, probe_tokens: int | None, long_probe: bool,
                     timeout: float, dry_run: bool, force: bool, wait_lock: float, yes: bool, edit: str,
-                    as_json: bool, **options: Any) -> None:  # fmt: skip
+                    as_json: bool, **options: Unpack[PlanningFlags]) -> None:  # fmt: skip
     """Set a service's context to CONTEXT: plan, render, restart, watch, probe, roll back on failure.
 
     \b
@@ -107,11 +100,11 @@ def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int 
     default=None,
     help="Revision to return to (default: the previous good one; see `ctxmgr history`).",
 )
-@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time a start may take.")
+@start_timeout_option
 @click.option("--dry-run", is_flag=True, help="Print the unit diff; change nothing.")
-@click.option("--wait-lock", type=WAIT_LOCK, default=0.0, help="Time to wait for another run on the service.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the service.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
+@wait_lock_option
+@yes_option
+@json_changed_option
 @click.pass_context
 @handle_errors
 def rollback_cmd(ctx: click.Context, service: str, to: int | None, timeout: float, dry_run: bool,
@@ -125,8 +118,8 @@ def rollback_cmd(ctx: click.Context, service: str, to: int | None, timeout: floa
 
 @click.command("recover", epilog=EXAMPLES["recover"])
 @service_param()
-@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time a start may take.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
+@start_timeout_option
+@json_changed_option
 @click.pass_context
 @handle_errors
 def recover_cmd(ctx: click.Context, service: str, timeout: float, as_json: bool) -> None:
@@ -143,7 +136,7 @@ def recover_cmd(ctx: click.Context, service: str, timeout: float, as_json: bool)
 
 @click.command("history", epilog=EXAMPLES["history"])
 @service_param()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option
 @click.pass_context
 @handle_errors
 def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
@@ -170,9 +163,7 @@ def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
     help="Store an observation that `ctxmgr observe --json` wrote on another host of the same GPU model "
     "and vLLM version, so this host plans from that real start.",
 )
-@click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON object (its `record` is what --import takes)."
-)
+@json_option.but(help="Print one JSON object (its `record` is what --import takes).")
 @click.pass_context
 @handle_errors
 def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_json: bool) -> None:
@@ -205,7 +196,15 @@ def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_js
     ))  # fmt: skip
 
 
-def import_match(restarter: Restarter) -> dict[str, Any]:
+class ImportMatch(TypedDict):
+    """What an imported observation is checked against (planning.imported_observation's keywords)."""
+
+    service: str
+    vllm_version: str | None
+    gpu_names: list[str]
+
+
+def import_match(restarter: Restarter) -> ImportMatch:
     """What an imported observation must match: this service, its vLLM, this host's GPUs (each only
     where it can be known here)."""
     version: str | None = None

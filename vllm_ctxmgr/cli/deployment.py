@@ -7,27 +7,36 @@ import json
 import shlex
 import sys
 import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypedDict, TypeVar, Unpack
 
 import click
 
 from vllm_ctxmgr.change.planning import PlanRequest, node_observations_from_json
-from vllm_ctxmgr.cli.common import (
+from vllm_ctxmgr.cli.confirm import ask_before
+from vllm_ctxmgr.cli.examples import examples
+from vllm_ctxmgr.cli.finish import conclude
+from vllm_ctxmgr.cli.output import echo, emit_json, handle_errors
+from vllm_ctxmgr.cli.params import (
     CONTEXT,
-    PARALLEL,
-    SIZE,
-    TIMEOUT,
-    UTILIZATION,
-    VLLM_VERSION,
-    WAIT_LOCK,
-    echo,
-    emit_json,
-    examples,
-    handle_errors,
+    allow_long_option,
+    edit_option,
+    gpu_count_option,
+    gpu_memory_option,
+    gpu_memory_utilization_option,
+    json_option,
+    options,
+    probe_timeout_option,
     refuse_old_rules,
-    restarter_for,
+    start_timeout_option,
+    vllm_version_option,
+    wait_lock_option,
+    weights_bytes_option,
+    yes_option,
 )
+from vllm_ctxmgr.cli.restarter import restarter_for
 from vllm_ctxmgr.core import nesting
 from vllm_ctxmgr.core.hardware import uniform_gpus
 from vllm_ctxmgr.deployment import node as node_steps
@@ -84,58 +93,54 @@ MAX_DEPLOYMENT_FILE_BYTES = 1 << 20
 # ---- the coordinator -------------------------------------------------------------------------------
 
 
-def _deployment_options(func: Any) -> Any:
-    for option in reversed(
-        [
-            click.option(
-                "--node",
-                "nodes",
-                multiple=True,
-                metavar="HOST:UNIT",
-                help="A node of the deployment (every node, head and headless; HOST `local` is this one).",
-            ),
-            click.option(
-                "--file",
-                "deployment_file",
-                type=click.Path(dir_okay=False),
-                default=None,
-                help="A deployment file (TOML: [[node]] host, service, gpus_from; ssh, remote_ctxmgr).",
-            ),
-            click.option("--ssh", default=None, help=f"The ssh command (default: {' '.join(DEFAULT_SSH)})."),
-            click.option("--remote-ctxmgr", default=None, help="ctxmgr on the nodes (default: ctxmgr)."),
-            click.option(
-                "--gpu-memory", type=SIZE, default=None, help="Every node's GPU memory, where NVML is absent."
-            ),
-            click.option(
-                "--gpu-count",
-                type=PARALLEL,
-                default=None,
-                help="GPUs per node (with --gpu-memory).",
-            ),
-            click.option("--weights-bytes", type=SIZE, default=None, help="Weights of all ranks together."),
-            click.option(
-                "--vllm-version", type=VLLM_VERSION, default=None, help="Plan by this vLLM's rules."
-            ),
-            click.option(
-                "--allow-long", is_flag=True, help="Allow a context above the model's derived maximum."
-            ),
-            click.option(
-                "--gpu-memory-utilization",
-                type=UTILIZATION,
-                default=None,
-                help="Every node's utilisation instead of the planner's choice.",
-            ),
-            click.option(
-                "--wait-lock",
-                type=WAIT_LOCK,
-                default=0.0,
-                help="Time to wait for another run on the deployment (as a service's --wait-lock).",
-            ),
-            click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
-        ]
-    ):
-        func = option(func)
-    return func
+# the coordinator's options: the deployment's nodes and how to reach them, then the shared options of a
+# plan and a change, said of every node
+_deployment_options = options(
+    click.option(
+        "--node",
+        "nodes",
+        multiple=True,
+        metavar="HOST:UNIT",
+        help="A node of the deployment (every node, head and headless; HOST `local` is this one).",
+    ),
+    click.option(
+        "--file",
+        "deployment_file",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="A deployment file (TOML: [[node]] host, service, gpus_from; ssh, remote_ctxmgr).",
+    ),
+    click.option("--ssh", default=None, help=f"The ssh command (default: {' '.join(DEFAULT_SSH)})."),
+    click.option("--remote-ctxmgr", default=None, help="ctxmgr on the nodes (default: ctxmgr)."),
+    gpu_memory_option.but(help="Every node's GPU memory, where NVML is absent."),
+    gpu_count_option.but(help="GPUs per node (with --gpu-memory)."),
+    weights_bytes_option.but(help="Weights of all ranks together."),
+    vllm_version_option.but(help="Plan by this vLLM's rules."),
+    allow_long_option,
+    gpu_memory_utilization_option.but(help="Every node's utilisation instead of the planner's choice."),
+    wait_lock_option.but(help="Time to wait for another run on the deployment (as a service's --wait-lock)."),
+    json_option,
+)
+
+
+class DeploymentFlags(TypedDict):
+    """What _deployment_options hand a command, by name (all but --json), for _request."""
+
+    nodes: tuple[str, ...]
+    deployment_file: str | None
+    ssh: str | None
+    remote_ctxmgr: str | None
+    gpu_memory: int | None
+    gpu_count: int | None
+    weights_bytes: int | None
+    vllm_version: str | None
+    allow_long: bool
+    gpu_memory_utilization: float | None
+    wait_lock: float
+
+
+_head_timeout = start_timeout_option.but(help="Time the head's start may take.")
+_yes = yes_option.but(help="Do not ask before changing the deployment.")
 
 
 def _local_ctxmgr(ctx: click.Context) -> tuple[str, ...]:
@@ -166,31 +171,27 @@ def _request(
     wait_lock: float = 0.0,
 ) -> DeploymentRequest:
     """The request from the flags and the deployment file (the flags win where both say)."""
-    data: dict[str, Any] = {}
-    if deployment_file:
-        data = _read_deployment_file(Path(deployment_file))
+    data = _read_deployment_file(Path(deployment_file)) if deployment_file else DeploymentFile()
     addresses = [NodeAddress.parse(n) for n in nodes]
     node_gpus = {}
     per_host: dict[str, tuple[str, ...]] = {}
-    for entry in data.get("node", []):
-        address = NodeAddress.parse(f"{entry['host']}:{entry['service']}", f"{deployment_file}: [[node]]")
+    for entry in data.nodes:
+        address = NodeAddress.parse(f"{entry.host}:{entry.service}", f"{deployment_file}: [[node]]")
         if not nodes:
             addresses.append(address)
-        if entry.get("ctxmgr"):
-            per_host[address.host] = tuple(entry["ctxmgr"])
-        if entry.get("gpus_from"):
-            node_gpus[address.host] = gpus_from_file(
-                _beside(Path(deployment_file or "."), entry["gpus_from"])
-            )
+        if entry.ctxmgr:
+            per_host[address.host] = entry.ctxmgr
+        if entry.gpus_from:
+            node_gpus[address.host] = gpus_from_file(_beside(Path(deployment_file or "."), entry.gpus_from))
     if not addresses:
         raise UsageError("name the deployment's nodes: --node HOST:UNIT for each, or --file DEPLOYMENT.toml")
     link = Link(
         local_ctxmgr=_local_ctxmgr(ctx),
         per_host=per_host,
-        ssh=tuple(shlex.split(ssh)) if ssh else tuple(data.get("ssh") or DEFAULT_SSH),
+        ssh=tuple(shlex.split(ssh)) if ssh else data.ssh or DEFAULT_SSH,
         remote_ctxmgr=tuple(shlex.split(remote_ctxmgr))
         if remote_ctxmgr
-        else tuple(data.get("remote_ctxmgr") or ("ctxmgr",)),
+        else data.remote_ctxmgr or ("ctxmgr",),
     )
     default_gpus = None
     if gpu_memory is not None or gpu_count is not None:
@@ -202,7 +203,7 @@ def _request(
         context=context,
         nodes=tuple(addresses),
         link=link,
-        name=str(data["name"]) if data.get("name") else None,
+        name=data.name,
         gpu_memory_utilization=gpu_memory_utilization,
         node_gpus=node_gpus,
         default_gpus=default_gpus,
@@ -212,18 +213,38 @@ def _request(
     )
 
 
-def _beside(deployment_file: Path, gpus_from: object) -> Path:
+def _beside(deployment_file: Path, gpus_from: str) -> Path:
     """A [[node]]'s gpus_from: beside the deployment file (or absolute), never up through `..`."""
-    name = Path(str(gpus_from))
+    name = Path(gpus_from)
     if ".." in name.parts:
         raise UsageError(
-            f"{deployment_file}: gpus_from {str(gpus_from)!r} goes up through '..': name the file beside "
+            f"{deployment_file}: gpus_from {gpus_from!r} goes up through '..': name the file beside "
             "the deployment file, or by its absolute path"
         )
     return deployment_file.parent / name
 
 
-def _read_deployment_file(path: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FileNode:
+    """A [[node]] of a deployment file."""
+
+    host: str
+    service: str
+    gpus_from: str | None = None  # its `ctxmgr gpus --json` file, beside the deployment file
+    ctxmgr: tuple[str, ...] | None = None  # ctxmgr's command on this node (instead of remote_ctxmgr)
+
+
+@dataclass(frozen=True)
+class DeploymentFile:
+    """A deployment file, checked: its name, how to reach its nodes, and the nodes."""
+
+    name: str | None = None
+    ssh: tuple[str, ...] = ()
+    remote_ctxmgr: tuple[str, ...] = ()
+    nodes: tuple[FileNode, ...] = ()
+
+
+def _read_deployment_file(path: Path) -> DeploymentFile:
     """A small TOML file: name, ssh, remote_ctxmgr, and [[node]] host / service / gpus_from."""
     try:
         raw = read_regular(path, MAX_DEPLOYMENT_FILE_BYTES, what="deployment file")
@@ -259,19 +280,25 @@ def _read_deployment_file(path: Path) -> dict[str, Any]:
         value = data.get(key)
         if value is not None and not (isinstance(value, list) and all(isinstance(w, str) for w in value)):
             raise UsageError(f'{path}: {key} must be a list of words, e.g. ["ssh", "-F", "ssh_config"]')
-    return data
+    return DeploymentFile(
+        name=str(data["name"]) if data.get("name") else None,
+        ssh=tuple(data.get("ssh") or ()),
+        remote_ctxmgr=tuple(data.get("remote_ctxmgr") or ()),
+        nodes=tuple(
+            FileNode(
+                entry["host"],
+                entry["service"],
+                gpus_from=str(entry["gpus_from"]) if entry.get("gpus_from") else None,
+                ctxmgr=tuple(entry["ctxmgr"]) if entry.get("ctxmgr") else None,
+            )
+            for entry in nodes
+        ),
+    )
 
 
-def _finish(result: DeploymentResult, as_json: bool, dry_run: bool = False) -> None:
-    """As common.finish: on a dry run `changed` means "would change" (Ansible's check mode)."""
-    data = {"command": f"deployment {result.action}", **result.to_json(), "dry_run": dry_run}
-    if dry_run:
-        data["changed"] = str(result.result) == "dry-run"
-    if as_json:
-        emit_json(data)
-    else:
-        echo(deployment_text(result))
-    sys.exit(result.exit_code)
+def _finish(result: DeploymentResult, as_json: bool, dry_run: bool = False) -> NoReturn:
+    """A deployment's end as a service's (cli.finish.conclude): its report or one JSON object, its code."""
+    conclude(f"deployment {result.action}", result, lambda: deployment_text(result), as_json, dry_run=dry_run)
 
 
 def deployment_text(result: DeploymentResult) -> str:
@@ -319,7 +346,9 @@ def deployment_group() -> None:
 @_deployment_options
 @click.pass_context
 @handle_errors
-def deployment_plan_cmd(ctx: click.Context, context: int, as_json: bool, **options: Any) -> None:
+def deployment_plan_cmd(
+    ctx: click.Context, context: int, as_json: bool, **options: Unpack[DeploymentFlags]
+) -> None:
     """Plan CONTEXT for the whole deployment; change nothing."""
     request = _request(ctx, context, as_json=as_json, **options)
     _finish(plan_deployment(request, ctx.find_root().obj["state_dir"]), as_json)
@@ -328,19 +357,11 @@ def deployment_plan_cmd(ctx: click.Context, context: int, as_json: bool, **optio
 @deployment_group.command("set-context", epilog=DEPLOYMENT_EXAMPLES["set-context"])
 @click.argument("context", type=CONTEXT)
 @_deployment_options
-@click.option(
-    "--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time the head's start may take."
-)
+@_head_timeout
 @click.option("--dry-run", is_flag=True, help="Print the plan and every node's diff; change nothing.")
 @click.option("--force", is_flag=True, help="Apply even when the plan says it will not fit.")
-@click.option(
-    "--edit",
-    type=click.Choice(["in-place", "dropin"]),
-    default="in-place",
-    show_default=True,
-    help="Where each node's change is written (as set-context --edit).",
-)
-@click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the deployment.")
+@edit_option.but(envvar=None, help="Where each node's change is written (as set-context --edit).")
+@_yes
 @click.pass_context
 @handle_errors
 def deployment_set_context_cmd(
@@ -352,7 +373,7 @@ def deployment_set_context_cmd(
     edit: str,
     yes: bool,
     as_json: bool,
-    **options: Any,
+    **options: Unpack[DeploymentFlags],
 ) -> None:
     """Set every node's max_model_len to CONTEXT, restart the deployment as one; roll all back on failure."""
     refuse_old_rules(options.get("vllm_version"), "deployment set-context")
@@ -364,29 +385,26 @@ def deployment_set_context_cmd(
         timeout,
     )
     if not dry_run and not yes:
-        request.confirm = _ask(as_json)
+        request.confirm = _confirmation(as_json)
     _finish(set_deployment_context(request, ctx.find_root().obj["state_dir"]), as_json, dry_run=dry_run)
 
 
-def _ask(as_json: bool) -> Any:
+def _confirmation(as_json: bool) -> Callable[[DeploymentResult], bool]:
+    """What a deployment's change shows and asks before any node is written: every node's diff and the
+    plan, then the one question (--yes: neither, --json: the question only)."""
+
     def ask(result: DeploymentResult) -> bool:
         if not as_json:
             echo(deployment_text(result), err=True)
         question = f"restart every node of {result.deployment} with max_model_len {result.max_model_len}"
-        if not sys.stdin.isatty():
-            raise UsageError(
-                f"{question}: not a terminal, so nothing was changed; pass --yes to apply without a prompt"
-            )
-        return click.confirm(f"{question}?", default=False, err=True)
+        return ask_before(question)
 
     return ask
 
 
 @deployment_group.command("rollback", epilog=DEPLOYMENT_EXAMPLES["rollback"])
 @_deployment_options
-@click.option(
-    "--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time the head's start may take."
-)
+@_head_timeout
 @click.option("--dry-run", is_flag=True, help="Print every node's diff; change nothing.")
 @click.option(
     "--to",
@@ -396,7 +414,7 @@ def _ask(as_json: bool) -> Any:
     help="Every node's unit as this deployment change left it: its id, or the head's revision number "
     "(as `history` on a node shows them).",
 )
-@click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the deployment.")
+@_yes
 @click.pass_context
 @handle_errors
 def deployment_rollback_cmd(
@@ -406,26 +424,26 @@ def deployment_rollback_cmd(
     to: str | None,
     yes: bool,
     as_json: bool,
-    **options: Any,
+    **options: Unpack[DeploymentFlags],
 ) -> None:
     """Put every node's unit back as it was before the deployment's last good change (failed attempts
     are skipped), or as change --to left it; restart them together."""
     request = _request(ctx, 0, as_json=as_json, **options)
     request.dry_run, request.start_timeout = dry_run, timeout
     if not dry_run and not yes:
-        request.confirm = _ask(as_json)
+        request.confirm = _confirmation(as_json)
     state_dir = ctx.find_root().obj["state_dir"]
     _finish(rollback_deployment(request, state_dir, to), as_json, dry_run=dry_run)
 
 
 @deployment_group.command("recover", epilog=DEPLOYMENT_EXAMPLES["recover"])
 @_deployment_options
-@click.option(
-    "--timeout", type=TIMEOUT, default="30min", show_default=True, help="Time the head's start may take."
-)
+@_head_timeout
 @click.pass_context
 @handle_errors
-def deployment_recover_cmd(ctx: click.Context, timeout: float, as_json: bool, **options: Any) -> None:
+def deployment_recover_cmd(
+    ctx: click.Context, timeout: float, as_json: bool, **options: Unpack[DeploymentFlags]
+) -> None:
     """Finish a deployment change an interrupted run left in progress: every node it wrote gets its
     previous unit back, and every node restarts together."""
     request = _request(ctx, 0, as_json=as_json, **options)
@@ -437,7 +455,7 @@ def deployment_recover_cmd(ctx: click.Context, timeout: float, as_json: bool, **
 @_deployment_options
 @click.pass_context
 @handle_errors
-def deployment_verify_cmd(ctx: click.Context, as_json: bool, **options: Any) -> None:
+def deployment_verify_cmd(ctx: click.Context, as_json: bool, **options: Unpack[DeploymentFlags]) -> None:
     """Check every node: the head as `ctxmgr verify` does, each headless rank active with no failure
     since its start and the head's max_model_len. Exit codes as verify: 0 ok, 1 degraded, 2 failed,
     70 crashed."""
@@ -486,7 +504,7 @@ def node_group() -> None:
     """The steps of a multi-node change on one node (`ctxmgr deployment` runs them over ssh)."""
 
 
-_json_flag = click.option("--json", "as_json", is_flag=True, help="Print one JSON object (always).")
+_json_flag = json_option.but(help="Print one JSON object (always).")
 
 
 @node_group.command("show")
@@ -502,7 +520,7 @@ def node_show_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
 @node_group.command("plan")
 @click.argument("service")
 @click.option("--context", type=CONTEXT, required=True)
-@click.option("--gpu-memory-utilization", type=UTILIZATION, default=None)
+@gpu_memory_utilization_option
 @_json_flag
 @click.pass_context
 @handle_errors
@@ -580,7 +598,7 @@ def node_prepare_cmd(
 
 @node_group.command("stop")
 @click.argument("service")
-@click.option("--timeout", type=TIMEOUT, default="5min", show_default=True)
+@start_timeout_option.but(default="5min", help=None)
 @_json_flag
 @click.pass_context
 @handle_errors
@@ -594,7 +612,7 @@ def node_stop_cmd(ctx: click.Context, service: str, timeout: float, as_json: boo
 @click.option("--change", "change_id", required=True)
 @click.option("--head", is_flag=True, help="Watch until it serves, then probe (the head).")
 @click.option("--back", is_flag=True, help="The start of a rollback.")
-@click.option("--timeout", type=TIMEOUT, default="30min", show_default=True)
+@start_timeout_option.but(help=None)
 @_json_flag
 @click.pass_context
 @handle_errors
@@ -657,7 +675,7 @@ def node_settle_cmd(ctx: click.Context, service: str, change_id: str, ok: bool, 
 
 @node_group.command("verify")
 @click.argument("service")
-@click.option("--timeout", type=TIMEOUT, default="2min", show_default=True, help="Time the probe may wait.")
+@probe_timeout_option
 @_json_flag
 @click.pass_context
 @handle_errors

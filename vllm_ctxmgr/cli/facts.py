@@ -5,7 +5,9 @@ from __future__ import annotations
 import click
 
 from vllm_ctxmgr import report
-from vllm_ctxmgr.cli.common import EXAMPLES, VLLM_VERSION, echo, emit_json, handle_errors
+from vllm_ctxmgr.cli.examples import EXAMPLES
+from vllm_ctxmgr.cli.output import echo, emit_json, handle_errors
+from vllm_ctxmgr.cli.params import json_option, vllm_version_option
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.nvml import read_nvml
@@ -13,10 +15,8 @@ from vllm_ctxmgr.nvml import read_nvml
 
 @click.command(epilog=EXAMPLES["facts"])
 @click.argument("model")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option(
-    "--vllm-version", type=VLLM_VERSION, default=None, help="Derive the maximum length by this vLLM's rules."
-)
+@json_option
+@vllm_version_option.but(help="Derive the maximum length by this vLLM's rules.")
 @handle_errors
 def facts(model: str, as_json: bool, vllm_version: str | None) -> None:
     """What vLLM will see in MODEL: a HF model dir, a cached repo id, or a GGUF file."""
@@ -33,7 +33,7 @@ def facts(model: str, as_json: bool, vllm_version: str | None) -> None:
 
 
 @click.command(epilog=EXAMPLES["gpus"])
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (input for --gpus-from).")
+@json_option.but(help="Print one JSON object (input for --gpus-from).")
 @handle_errors
 def gpus(as_json: bool) -> None:
     """The GPUs on this host: total, free, used, and who uses them (NVML)."""

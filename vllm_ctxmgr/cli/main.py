@@ -1,10 +1,10 @@
 """The command line: the `ctxmgr` group and the table of its commands, each imported when it runs.
 
 Importing every module of the project before a word is parsed cost half a second of CPU on each
-`ctxmgr --help` and each completion TAB. This module imports only click and the light cli/common.py;
-the group imports a command's module from COMMANDS when that command is asked for (click's lazy group
-pattern), and lists the commands (`--help`, completion) from the table's short help, which
-tests/test_cli.py checks against each command's own.
+`ctxmgr --help` and each completion TAB. This module imports only click and the light cli/group.py
+(with cli/output.py); the group imports a command's module from COMMANDS when that command is asked
+for (click's lazy group pattern), and lists the commands (`--help`, completion) from the table's short
+help, which tests/test_cli.py checks against each command's own.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from vllm_ctxmgr.cli.common import CtxmgrGroup, check_state_dir
+from vllm_ctxmgr.cli.group import CtxmgrGroup, check_state_dir
 
 if TYPE_CHECKING:
     from click.shell_completion import CompletionItem

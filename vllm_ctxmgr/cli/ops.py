@@ -8,17 +8,20 @@ from pathlib import Path
 
 import click
 
-from vllm_ctxmgr.cli.common import (
-    EXAMPLES,
+from vllm_ctxmgr.cli.examples import EXAMPLES
+from vllm_ctxmgr.cli.finish import invoking_user
+from vllm_ctxmgr.cli.output import echo, emit_json, handle_errors
+from vllm_ctxmgr.cli.params import (
     TIMEOUT,
-    WAIT_LOCK,
-    echo,
-    emit_json,
-    handle_errors,
-    invoking_user,
-    service_param,
-    systemd_for,
+    gpus_from_option,
+    json_changed_option,
+    json_option,
+    long_probe_option,
+    probe_timeout_option,
+    wait_lock_option,
 )
+from vllm_ctxmgr.cli.restarter import systemd_for
+from vllm_ctxmgr.cli.service_param import service_param
 from vllm_ctxmgr.core.verdict import FAILED, Verification
 from vllm_ctxmgr.monitor.metrics import check_textfile_path, write_textfile
 from vllm_ctxmgr.monitor.schedule import ScheduleRequest, schedule_service, unschedule_service
@@ -43,19 +46,14 @@ def _say(as_json: bool):  # type: ignore[no-untyped-def]
 
 @click.command("verify", epilog=EXAMPLES["verify"])
 @service_param()
-@click.option("--long-probe", is_flag=True, help="Also send a prompt of about 90% of the context.")
+@long_probe_option
 @click.option(
     "--textfile",
     type=click.Path(dir_okay=False),
     default=None,
     help="Write Prometheus metrics here (a .prom file in node_exporter's textfile directory).",
 )
-@click.option(
-    "--gpus-from",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="GPU memory from a `ctxmgr gpus --json` file instead of NVML.",
-)
+@gpus_from_option.but(help="GPU memory from a `ctxmgr gpus --json` file instead of NVML.")
 @click.option(
     "--on-failure",
     type=click.Choice(ON_FAILURE),
@@ -63,7 +61,7 @@ def _say(as_json: bool):  # type: ignore[no-untyped-def]
     show_default=True,
     help="When the verification fails: restart the unit, or roll back to the last revision that verified.",
 )
-@click.option("--timeout", type=TIMEOUT, default="2min", show_default=True, help="Time the probe may wait.")
+@probe_timeout_option
 @click.option(
     "--start-timeout",
     type=TIMEOUT,
@@ -71,8 +69,8 @@ def _say(as_json: bool):  # type: ignore[no-untyped-def]
     show_default=True,
     help="Time a start may take: until then a vLLM still loading is degraded, not failed.",
 )
-@click.option("--wait-lock", type=WAIT_LOCK, default=0.0, help="Time to wait for another run on the service.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@wait_lock_option
+@json_option
 @click.pass_context
 @handle_errors
 def verify_cmd(ctx: click.Context, service: str, long_probe: bool, textfile: str | None,
@@ -136,13 +134,13 @@ def verify_cmd(ctx: click.Context, service: str, long_probe: bool, textfile: str
     default=None,
     help="Prometheus textfile each run writes (absolute path ending in .prom).",
 )
-@click.option("--long-probe", is_flag=True, help="Each run also sends a prompt of about 90% of the context.")
+@long_probe_option.but(help="Each run also sends a prompt of about 90% of the context.")
 @click.option(
     "--randomized-delay",
     default=None,
     help="RandomizedDelaySec (default: a tenth of the span, at most 5min; 1min for a calendar).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
+@json_changed_option
 @click.pass_context
 @handle_errors
 def schedule_cmd(ctx: click.Context, service: str, every: str, on_failure: str, textfile: str | None,
@@ -178,7 +176,7 @@ def schedule_cmd(ctx: click.Context, service: str, every: str, on_failure: str, 
 
 @click.command("unschedule", epilog=EXAMPLES["unschedule"])
 @service_param()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with `changed`).")
+@json_changed_option
 @click.pass_context
 @handle_errors
 def unschedule_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
@@ -198,7 +196,7 @@ def unschedule_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
 
 
 @click.command("status", epilog=EXAMPLES["status"])
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option
 @click.pass_context
 @handle_errors
 def status_cmd(ctx: click.Context, as_json: bool) -> None:

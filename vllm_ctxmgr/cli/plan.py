@@ -7,27 +7,27 @@ What the plan runs on (the planner, the model's files, a unit) is imported insid
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from vllm_ctxmgr.cli.common import (
+from vllm_ctxmgr.cli.examples import EXAMPLES
+from vllm_ctxmgr.cli.group import closest_option
+from vllm_ctxmgr.cli.output import echo, emit_json, handle_errors
+from vllm_ctxmgr.cli.params import (
     BLOCK_SIZE,
     CONTEXT,
     COUNT,
-    EXAMPLES,
     PARALLEL,
-    UTILIZATION,
     VLLM_BYTES,
-    closest_option,
-    echo,
-    emit_json,
+    gpu_memory_utilization_option,
     gpu_options,
-    handle_errors,
-    restarter_for,
-    service_param,
+    json_option,
+    max_model_len_option,
 )
+from vllm_ctxmgr.cli.service_param import service_param
 from vllm_ctxmgr.errors import ExitCode, UnitError, UsageError
 
 if TYPE_CHECKING:
@@ -45,11 +45,11 @@ def context_from(context: int | None, max_model_len: int | None) -> int:
 
 
 def vllm_overrides(
-    explicit: dict[str, Any],
+    explicit: Mapping[str, object],
     extra: list[str],
     vllm_version: str | None = None,
     command: click.Command | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """ServeArgs fields from ctxmgr's vLLM options and from any other vLLM flag given after them.
 
     The extra words are parsed by the same parser that reads a unit's ExecStart, so `plan` understands
@@ -90,7 +90,7 @@ def vllm_overrides(
 )
 @click.argument("context", type=CONTEXT, required=False)
 @service_param(required=False, argument=False)  # a word after CONTEXT may be a vLLM flag's value
-@click.option("--max-model-len", "max_model_len", type=CONTEXT, default=None, help="The same as CONTEXT.")
+@max_model_len_option
 @click.option("--model", "model", default=None, help="HF model dir, cached repo id, or GGUF file.")
 @click.option("--unit", "unit_file", type=click.Path(dir_okay=False), default=None,
               help="Read a unit file (and its FILE.d/*.conf drop-ins).")  # fmt: skip
@@ -102,7 +102,7 @@ def vllm_overrides(
 @click.option("--block-size", type=BLOCK_SIZE, default=None, help="vLLM's --block-size (tokens per block).")
 @click.option("--max-num-batched-tokens", type=COUNT, default=None, help="vLLM's --max-num-batched-tokens.")
 @click.option("--max-num-seqs", type=COUNT, default=None, help="vLLM's --max-num-seqs.")
-@click.option("--gpu-memory-utilization", type=UTILIZATION, default=None, help="vLLM's utilisation (0-1].")
+@gpu_memory_utilization_option.but(help="vLLM's utilisation (0-1].")
 @click.option(
     "--kv-cache-memory-bytes",
     type=VLLM_BYTES,
@@ -110,7 +110,7 @@ def vllm_overrides(
     help="vLLM's --kv-cache-memory-bytes, parsed as vLLM does: 20g = 20e9 bytes, 20G = 20 GiB.",
 )
 @gpu_options
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option
 @click.pass_context
 @handle_errors
 def plan(ctx: click.Context, context: int | None, max_model_len: int | None, model: str | None,
@@ -144,6 +144,7 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     # no CONTEXT: the one the unit (or a vLLM flag after the options, `--max_model_len 64k`) gives
     given = context is not None or max_model_len is not None
     if service:
+        from vllm_ctxmgr.cli.restarter import restarter_for
         from vllm_ctxmgr.systemd.service import read_service
 
         restarter = restarter_for(ctx, service, True, 60.0)

@@ -609,7 +609,7 @@ def config_file_flags(config: object, source: str) -> list[str]:
 # leading dash (load_config_file adds `--`), nothing a shell or argparse would read otherwise
 _FLAG_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # The bounds of every size flag ctxmgr reads, whichever door it comes through: its own CLI options
-# (cli/common.py builds its click types from these), a unit's ExecStart and vLLM's --config YAML. A
+# (cli/params.py builds its click types from these), a unit's ExecStart and vLLM's --config YAML. A
 # size far beyond any machine (`-pp 100000000`) is refused before it drives a loop or an allocation.
 PARALLEL_FLAGS = (
     "--tensor-parallel-size", "--pipeline-parallel-size", "--decode-context-parallel-size",
