@@ -11,16 +11,7 @@ import contextlib
 from pathlib import Path
 
 from vllm_ctxmgr.change.restart import Restarter
-from vllm_ctxmgr.change.states import (
-    Abandoned,
-    Change,
-    ChangeResult,
-    Interrupted,
-    Result,
-    result_for,
-    roll_back,
-    signals_fail,
-)
+from vllm_ctxmgr.change.states import Change, ChangeResult, Result, result_for, roll_back
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode
 from vllm_ctxmgr.store import Revision, State
 from vllm_ctxmgr.systemd.service import read_service
@@ -68,15 +59,15 @@ def _recover(restarter: Restarter, rev: Revision) -> ChangeResult:
     installed = [restarter.installed_bytes(f.path) for f in change.files]
     state = restarter.systemd.state(restarter.unit)
     active = state.active_state == "active" and state.sub_state == "running"
-    with signals_fail(change):
-        try:
-            return _finish(restarter, change, result, installed, active, state.invocation_id)
-        except (Interrupted, Abandoned) as exc:
-            raise CtxmgrError(
-                f"recover was interrupted by {exc.name}: revision {rev.number} is left {rev.state}; "
-                f"run `ctxmgr recover --service {service}` again",
-                exit_code=ExitCode.ROLLBACK_FAILED,
-            ) from None
+
+    def left(signal: str) -> str:
+        return (
+            f"recover was interrupted by {signal}: revision {rev.number} is left {rev.state}; "
+            f"run `ctxmgr recover --service {service}` again"
+        )
+
+    with change.guard_signals(left, first_too=True):
+        return _finish(restarter, change, result, installed, active, state.invocation_id)
 
 
 def _finish(
@@ -89,21 +80,15 @@ def _finish(
 ) -> ChangeResult:
     rev = change.rev
     if rev.state is State.PROBED and installed == [f.unit for f in change.files] and active:
-        rev.reason = "served and passed the context-sized probe (the record was finished by recover)"
-        change.enter(State.FINAL, "the interrupted run had probed it; only the record was left")
-        result.reason = rev.reason
+        result.reason = "served and passed the context-sized probe (the record was finished by recover)"
+        change.finalise(result.reason, "the interrupted run had probed it; only the record was left")
         return result
     interrupted = f"an interrupted ctxmgr run left this change {rev.state}"
     untouched = active and bool(rev.invocation_id) and invocation == rev.invocation_id
     if untouched:
         note = "the service never restarted: the previous unit goes back without a restart"
         change.enter(State.ROLLING_BACK, note)
-        # every file the run may have written goes back, in the reverse order of its writing
-        written = [
-            (f.path, f.previous) for f, now in zip(change.files, installed, strict=True) if now != f.previous
-        ]
-        restarter.install(written[::-1])
-        restarter.systemd.daemon_reload()  # (again, where install reloaded already: harmless)
+        restarter.put_back(change.files)  # every file the run may have written, newest first
         rev.reason = f"{interrupted}; it was undone (nothing had restarted the service)"
         change.enter(State.ROLLED_BACK, "the previous unit is installed and its process still serves")
         result.result, result.reason = Result.ROLLED_BACK, rev.reason

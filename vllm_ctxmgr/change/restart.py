@@ -84,6 +84,16 @@ class Restarter:
             if done:
                 self.systemd.daemon_reload()
 
+    def put_back(self, files: Sequence[FileChange]) -> None:
+        """Undo the writes: every file a change wrote gets its previous bytes back (a drop-in it created
+        goes), newest write first, skipping the files that hold them already; systemd is reloaded in
+        every case, so what it loads is the files as they now are. The one way a change's writes are
+        undone (the walk, its rollback, recovery, a node's restore)."""
+        writes = [(f.path, f.previous) for f in reversed(files) if self.installed_bytes(f.path) != f.previous]
+        self.install(writes)
+        if not writes:
+            self.systemd.daemon_reload()
+
     def _install_file(self, path: Path, data: bytes | None) -> None:
         """One file, atomically (atomic_write renames a whole temporary or nothing)."""
         host = self.systemd.host_path(path)
@@ -172,7 +182,7 @@ class Restarter:
         order of their writing, restart, and prove the service serves again at its own context: the
         previous `max_model_len` where it set one. (it does, or why not)"""
         try:
-            self.install([(f.path, f.previous) for f in reversed(files)])
+            self.put_back(files)
             view = self.loaded_view()
             verdict, probe_result = self.restart_and_probe(view)
         except CtxmgrError as exc:

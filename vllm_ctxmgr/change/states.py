@@ -1,4 +1,5 @@
-"""One change and its states: the record written before each step, the way back, and what it reports.
+"""One change and its states: the record written before each step, the operations every walk is made
+of, the way back, and what it reports.
 
     planned -> recorded -> installed -> restarting -> serving -> probed -> final
           any of recorded .. probed -> rolling-back -> rolled-back | rollback-failed
@@ -8,8 +9,13 @@
 (state, ISO time, note), BEFORE the step it names begins. So a run killed anywhere leaves a record
 that names the step under way, and recovery.py finishes from there.
 
-The forward walk lives in walk.py; the backward walk (`roll_back`) lives here because walk and
-recovery both take it, and recovery must not import walk (walk runs recovery first).
+The operations live once, on `Change` (certbot's reverter is the model: one primitive every installer
+reuses): `ensure_baseline`, `install_checked` (write, daemon-reload, check the ExecStart= systemd will
+run), `stop_before_restart`, `settle` (rolled-back | rollback-failed), `finalise`, and `guard_signals`;
+undoing the writes is `Restarter.put_back`. The one-service walk (walk.py), recovery (recovery.py) and
+each node's step of a deployment (deployment/node.py) are made of them. The backward walk (`roll_back`)
+lives here because walk and recovery both take it, and recovery must not import walk (walk runs
+recovery first).
 
 SIGTERM, SIGINT and SIGHUP during a change (what Ansible's async timeout, systemd and a terminal send)
 fail the change like any other failure: the previous unit is put back and the exit is non-zero. A
@@ -23,16 +29,18 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from vllm_ctxmgr import store as st
-from vllm_ctxmgr.change.restart import Restarter
-from vllm_ctxmgr.errors import ExitCode
+from vllm_ctxmgr.change.restart import InstallError, Restarter
+from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
 from vllm_ctxmgr.store import FileChange, Revision, ServiceStore, State, Step, crash_point
+from vllm_ctxmgr.systemd.service import ServiceView
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -76,6 +84,16 @@ class ChangeResult:
     timings: dict[str, float] = field(default_factory=dict)
     pending_recovery: int | None = None  # a revision an interrupted run left: a real run recovers it first
     warnings: list[str] = field(default_factory=list)  # verify findings the unit had before the change
+
+    def settled(self, result: Result) -> None:
+        """How a way back ended: rolled-back (the change failed: exit 1) or rollback-failed (exit 5)."""
+        self.result = result
+        self.exit_code = ExitCode.ERROR if result is Result.ROLLED_BACK else ExitCode.ROLLBACK_FAILED
+
+    def stopped_before_restart(self, stopped: StoppedBeforeRestart) -> None:
+        """The change ended before any restart: rolled back, nothing changed (exit 1)."""
+        self.result, self.exit_code, self.changed = Result.ROLLED_BACK, ExitCode.ERROR, False
+        self.reason = stopped.message
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON types for --json; cli.finish adds `command` and `dry_run` around them."""
@@ -138,6 +156,74 @@ class Change:
         except st.StoreError as exc:
             self.unwritten.append(exc.message)
 
+    def paths(self) -> str:
+        return ", ".join(str(f.path) for f in self.files)
+
+    def install_checked(self, restarter: Restarter) -> ServiceView:
+        """installed: write every file (install reloads systemd), then ask systemd which ExecStart= it
+        will run. Where the record or a file cannot be written, or the unit as loaded would not serve
+        the revision's max_model_len (an operator's later drop-in sets ExecStart=: restarting would
+        serve its context, and a probe at the unit's own context would call it applied), the writes
+        are undone and the change ends before any restart (StoppedBeforeRestart). InstallError: a
+        file could not be put back; the caller's way back must restore it. Returns the loaded unit."""
+        paths, rev = self.paths(), self.rev
+        try:
+            self.enter(State.INSTALLED, f"installing {paths}")
+        except st.StoreError as exc:  # nothing installed yet: no restart to undo
+            reason = f"nothing was installed: the record could not be written: {exc.message}"
+            self.stop_before_restart(reason, exc.exit_code)
+        try:
+            restarter.install(self.installs())
+        except InstallError as exc:
+            self.stop_before_restart(f"nothing was installed: {exc.message}", exc.exit_code)
+        try:
+            view = restarter.loaded_view()
+            wrong = serves_other(view, rev)
+            if wrong:
+                them = "them" if len(self.files) > 1 else "it"
+                wrong = f"with {paths} as revision {rev.number} has {them}, {wrong}"
+        except CtxmgrError as exc:
+            wrong = f"with {paths} installed, the unit cannot be read: {exc.message}"
+        if wrong:
+            try:
+                restarter.put_back(self.files)
+            except InstallError as exc:
+                raise InstallError(f"{paths} could not be put back: {exc.message}") from None
+            self.stop_before_restart(f"{wrong}; nothing was restarted", UsageError.exit_code)
+        return view
+
+    def stop_before_restart(self, reason: str, exit_code: int) -> NoReturn:
+        """Record a change that ends before the restart (rolling-back -> rolled-back): the unit is as it
+        was and nothing restarted; StoppedBeforeRestart says why."""
+        self.enter_or_note(State.ROLLING_BACK, reason)
+        self.rev.reason = reason
+        self.enter_or_note(State.ROLLED_BACK, "the previous unit is in place; nothing was restarted")
+        raise StoppedBeforeRestart(reason + self.unwritten_note(), exit_code=exit_code)
+
+    def settle(self, ok: bool, why: str, serving: str) -> Result:
+        """rolling-back -> rolled-back where the previous unit serves again (`serving` says how it was
+        proved), else rollback-failed with `why`, added to the revision's reason."""
+        if ok:
+            self.enter_or_note(State.ROLLED_BACK, serving)
+            return Result.ROLLED_BACK
+        self.rev.reason += f"; and the rollback failed too: {why}"
+        self.enter_or_note(State.ROLLBACK_FAILED, why)
+        return Result.ROLLBACK_FAILED
+
+    def finalise(self, reason: str, note: str = "") -> None:
+        """probed -> final: the change served and passed its probe; `reason` is the record's last word."""
+        self.rev.verified = True
+        self.rev.reason = reason
+        self.enter(State.FINAL, note or reason)
+
+    def guard_signals(
+        self, left: Callable[[str], str], first_too: bool = False
+    ) -> AbstractContextManager[None]:
+        """The one signal guard of a change's walk: signals_raise until the record is final, and a
+        second signal (with `first_too`, any) ends the run at once, exit 5, with `left(signal)`: what
+        is left for `recover`."""
+        return signal_guard(lambda: self.rev.state in st.FINISHED, left, first_too)
+
     def unwritten_note(self) -> str:
         """What the result says when the record could not follow the way back."""
         if not self.unwritten:
@@ -146,6 +232,50 @@ class Change:
             f"; the record of revision {self.rev.number} could not be written ({self.unwritten[0]}): once "
             f"the state directory has room, run `ctxmgr recover --service {self.rev.service}`"
         )
+
+
+class StoppedBeforeRestart(CtxmgrError):
+    """The change ended before any restart (Change.install_checked): the unit is as it was, the record
+    rolled-back, nothing restarted."""
+
+
+def ensure_baseline(store: ServiceStore, view: ServiceView, files: list[FileChange]) -> None:
+    """The first change to a service records the unit files it changes as found (None: a drop-in that
+    does not exist yet), so `rollback --to 0` can return to them."""
+    if store.revisions():
+        return
+    now = time.time()
+    reason = "the unit as ctxmgr first found it"
+    store.new_revision(
+        Revision(
+            number=0,
+            service=store.service,
+            state=State.BASELINE,
+            unit_path=str(files[0].path),
+            created=now,
+            finished=now,
+            max_model_len=view.args.max_model_len,
+            gpu_memory_utilization=view.args.gpu_memory_utilization,
+            vllm_version=view.args.vllm_version,
+            action="baseline",
+            reason=reason,
+            steps=[Step(State.BASELINE, now, reason)],
+            **st.made_by(),
+        ),
+        files=[FileChange(f.path, f.previous, f.previous) for f in files],
+    )
+
+
+def serves_other(view: ServiceView, rev: Revision) -> str:
+    """Why the unit as systemd loads it now would not serve the revision's max_model_len (another file's
+    ExecStart= wins); "" where it would."""
+    if rev.max_model_len is None or view.args.max_model_len == rev.max_model_len:
+        return ""
+    holder = view.unit.exec_start()[0].path
+    return (
+        f"the unit would still serve max_model_len {view.args.max_model_len}, not {rev.max_model_len}: "
+        f"{holder} sets its ExecStart= (the unit's files: {', '.join(str(f.path) for f in view.unit.files)})"
+    )
 
 
 class Interrupted(BaseException):
@@ -190,9 +320,21 @@ def signals_raise(finished: Callable[[], bool] = lambda: False) -> Iterator[None
             signal.signal(sig, old)
 
 
-def signals_fail(change: Change) -> contextlib.AbstractContextManager[None]:
-    """signals_raise for one service's change, final once its record is."""
-    return signals_raise(lambda: change.rev.state in st.FINISHED)
+@contextlib.contextmanager
+def signal_guard(
+    finished: Callable[[], bool], left: Callable[[str], str], first_too: bool = False
+) -> Iterator[None]:
+    """signals_raise, and the signal that must stop the run at once (the second; with `first_too`, any)
+    a CtxmgrError, exit 5, whose message `left(signal name)` says what is left for `recover`."""
+    try:
+        with signals_raise(finished):
+            yield
+    except Abandoned as exc:
+        raise CtxmgrError(left(exc.name), exit_code=ExitCode.ROLLBACK_FAILED) from None
+    except Interrupted as exc:
+        if not first_too:
+            raise
+        raise CtxmgrError(left(exc.name), exit_code=ExitCode.ROLLBACK_FAILED) from None
 
 
 def roll_back(
@@ -206,13 +348,8 @@ def roll_back(
     rev.reason, rev.decisive_line = result.reason or note, result.decisive_line or rev.decisive_line
     change.enter_or_note(State.ROLLING_BACK, f"putting the previous unit back: {note}")
     back_ok, back_reason = restarter.restore(change.files, rev.previous_max_model_len)
-    if back_ok:
-        change.enter_or_note(State.ROLLED_BACK, "the previous unit serves again and passed its probe")
-        result.result, result.exit_code = Result.ROLLED_BACK, ExitCode.ERROR
-    else:
-        rev.reason += f"; and the rollback failed too: {back_reason}"
-        change.enter_or_note(State.ROLLBACK_FAILED, back_reason)
-        result.result, result.exit_code = Result.ROLLBACK_FAILED, ExitCode.ROLLBACK_FAILED
+    result.settled(change.settle(back_ok, back_reason, "the previous unit serves again and passed its probe"))
+    if not back_ok:
         result.reason = rev.reason
     if change.unwritten:
         result.reason = (result.reason or note) + change.unwritten_note()

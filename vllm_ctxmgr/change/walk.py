@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from vllm_ctxmgr import store as st
 from vllm_ctxmgr.change.observing import calibration, capacity
@@ -27,22 +27,23 @@ from vllm_ctxmgr.change.planning import PlanRequest, plan_service
 from vllm_ctxmgr.change.recovery import recover_if_needed
 from vllm_ctxmgr.change.restart import InstallError, Restarter
 from vllm_ctxmgr.change.states import (
-    Abandoned,
     Change,
     ChangeResult,
     Interrupted,
     Result,
+    StoppedBeforeRestart,
     describe,
+    ensure_baseline,
     result_for,
     roll_back,
-    signals_fail,
+    serves_other,
 )
 from vllm_ctxmgr.core.budget import default_gpu_memory_utilization
 from vllm_ctxmgr.core.change_policy import flags_to_apply
 from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, multi_node_flag
 from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UnitError, UsageError
-from vllm_ctxmgr.store import FileChange, Revision, ServiceStore, State, Step
+from vllm_ctxmgr.store import FileChange, Revision, ServiceStore, State
 from vllm_ctxmgr.systemd.service import ServiceView, read_service
 from vllm_ctxmgr.systemd.systemctl import Systemd, new_problems, verify_did_not_run
 from vllm_ctxmgr.systemd.unit_edit import edit_unit, unified_diff
@@ -61,51 +62,37 @@ def apply(restarter: Restarter, change: Change, probe_tokens: int | None, long_p
     rev = change.rev
     result = result_for(rev, rev.action)
     t0 = time.monotonic()
-    try:
-        with signals_fail(change):
-            interrupted = False
-            try:
-                failure = _forward(restarter, change, result, probe_tokens, long_probe)
-            except _StoppedBeforeRestart:
-                return result
-            except st.StoreError as exc:
-                if result.revision is None:  # the revision itself could not be written
-                    raise st.StoreError(f"{exc.message}; nothing was changed") from None
-                failure = (f"the change's record could not be written: {exc.message}", "")
-            except Interrupted as exc:
-                interrupted = True
-                if rev.state is State.PLANNED:
-                    raise CtxmgrError(f"interrupted by {exc.name} before anything was changed") from None
-                failure = (f"ctxmgr was interrupted by {exc.name} while {rev.state}", "")
-            result.timings["start_s"] = round(time.monotonic() - t0, 3)
-            if failure is None:
-                return result
-            result.reason, result.decisive_line = failure
-            restarter.on_step(f"the change failed: {result.reason}")
-            roll_back(restarter, change, result, note=result.reason, wait_exit=not interrupted)
-    except Abandoned as exc:
-        raise CtxmgrError(
-            f"interrupted again by {exc.name} while rolling back: revision {rev.number} is left "
-            f"{rev.state}; run `ctxmgr recover --service {restarter.service}`",
-            exit_code=ExitCode.ROLLBACK_FAILED,
-        ) from None
+
+    def left(signal: str) -> str:
+        return (
+            f"interrupted again by {signal} while rolling back: revision {rev.number} is left "
+            f"{rev.state}; run `ctxmgr recover --service {restarter.service}`"
+        )
+
+    with change.guard_signals(left):
+        interrupted = False
+        try:
+            failure = _forward(restarter, change, result, probe_tokens, long_probe)
+        except StoppedBeforeRestart as stopped:
+            result.stopped_before_restart(stopped)
+            return result
+        except st.StoreError as exc:
+            if result.revision is None:  # the revision itself could not be written
+                raise st.StoreError(f"{exc.message}; nothing was changed") from None
+            failure = (f"the change's record could not be written: {exc.message}", "")
+        except Interrupted as exc:
+            interrupted = True
+            if rev.state is State.PLANNED:
+                raise CtxmgrError(f"interrupted by {exc.name} before anything was changed") from None
+            failure = (f"ctxmgr was interrupted by {exc.name} while {rev.state}", "")
+        result.timings["start_s"] = round(time.monotonic() - t0, 3)
+        if failure is None:
+            return result
+        result.reason, result.decisive_line = failure
+        restarter.on_step(f"the change failed: {result.reason}")
+        roll_back(restarter, change, result, note=result.reason, wait_exit=not interrupted)
     result.timings["total_s"] = round(time.monotonic() - t0, 3)
     return result
-
-
-class _StoppedBeforeRestart(Exception):
-    """The change stopped before any restart (the unit could not be written, or would not serve what the
-    revision says): _stop_before_restart recorded it; apply returns the result as is."""
-
-
-def _stop_before_restart(change: Change, result: ChangeResult, reason: str) -> NoReturn:
-    """Record a change that ends before the restart: the unit is as it was and nothing restarted."""
-    change.enter_or_note(State.ROLLING_BACK, reason)
-    change.rev.reason = reason
-    change.enter_or_note(State.ROLLED_BACK, "the previous unit is in place; nothing was restarted")
-    result.result, result.exit_code, result.changed = Result.ROLLED_BACK, ExitCode.ERROR, False
-    result.reason = reason + change.unwritten_note()
-    raise _StoppedBeforeRestart
 
 
 def _forward(
@@ -113,35 +100,14 @@ def _forward(
 ) -> tuple[str, str] | None:
     """The steps towards final; None when it got there, else (reason, decisive line)."""
     rev = change.rev
-    paths = ", ".join(str(f.path) for f in change.files)
     if rev.state is State.PLANNED:
         change.enter(State.RECORDED, describe(rev))
     result.revision = rev.number  # recording the revision is what numbers it
-    restarter.on_step(f"installing {paths} (revision {rev.number})")
+    restarter.on_step(f"installing {change.paths()} (revision {rev.number})")
     try:
-        change.enter(State.INSTALLED, f"installing {paths}")
-    except st.StoreError as exc:  # nothing installed yet: no restart to undo
-        reason = f"nothing was installed: the record could not be written: {exc.message}"
-        _stop_before_restart(change, result, reason)
-    try:
-        restarter.install(change.installs())
-    except InstallError as exc:
-        _stop_before_restart(change, result, f"nothing was installed: {exc.message}")
-    try:
-        view = restarter.loaded_view()
-        wrong = _serves_other(view, rev)
-        if wrong:
-            wrong = f"with {paths} as revision {rev.number} has {_them(change.files)}, {wrong}"
-    except CtxmgrError as exc:
-        wrong = f"with {paths} installed, the unit cannot be read: {exc.message}"
-    if wrong:
-        # another unit file (an operator's later drop-in) decides ExecStart=: restarting would serve
-        # its context, not this revision's, and a probe at the unit's own context would call it applied
-        try:
-            restarter.install([(f.path, f.previous) for f in reversed(change.files)])
-        except InstallError as exc:
-            return f"{paths} could not be put back: {exc.message}", ""
-        _stop_before_restart(change, result, f"{wrong}; nothing was restarted")
+        view = change.install_checked(restarter)
+    except InstallError as exc:  # a file could not be put back: the way back restores it
+        return exc.message, ""
     change.enter(State.RESTARTING, f"daemon-reload; restart {restarter.unit}; following its journal")
     started = time.monotonic()
     try:
@@ -176,26 +142,9 @@ def _forward(
     )
     rev.capacity.update(result.calibration)
     change.enter(State.PROBED, "served the context-sized probe")
-    rev.reason = "served and passed the context-sized probe"
     result.reason = "vLLM started, reports the new max_model_len and served the context-sized probe"
-    change.enter(State.FINAL, rev.reason)
+    change.finalise("served and passed the context-sized probe")
     return None
-
-
-def _serves_other(view: ServiceView, rev: Revision) -> str:
-    """Why the unit as systemd loads it now would not serve the revision's max_model_len (another file's
-    ExecStart= wins); "" where it would."""
-    if rev.max_model_len is None or view.args.max_model_len == rev.max_model_len:
-        return ""
-    holder = view.unit.exec_start()[0].path
-    return (
-        f"the unit would still serve max_model_len {view.args.max_model_len}, not {rev.max_model_len}: "
-        f"{holder} sets its ExecStart= (the unit's files: {', '.join(str(f.path) for f in view.unit.files)})"
-    )
-
-
-def _them(files: list[FileChange]) -> str:
-    return "them" if len(files) > 1 else "it"
 
 
 def _applied_utilization(rev: Revision) -> float | None:
@@ -354,7 +303,7 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
     old = edit.old_text.encode() if edit.existed else None
     files = [FileChange(Path(edit.path), old, edit.new_text.encode())]
     _confirm(restarter, request.confirm, result, files)
-    _ensure_baseline(store, view, files)
+    ensure_baseline(store, view, files)
     rev = _planned(
         restarter,
         unit_path=str(edit.path),
@@ -481,33 +430,6 @@ def verify_candidate(
     return added, [p for p in found if p not in added]
 
 
-def _ensure_baseline(store: ServiceStore, view: ServiceView, files: list[FileChange]) -> None:
-    """The first change to a service records the unit files it changes as found (None: a drop-in that
-    does not exist yet), so `rollback --to 0` can return to them."""
-    if store.revisions():
-        return
-    now = time.time()
-    reason = "the unit as ctxmgr first found it"
-    store.new_revision(
-        Revision(
-            number=0,
-            service=store.service,
-            state=State.BASELINE,
-            unit_path=str(files[0].path),
-            created=now,
-            finished=now,
-            max_model_len=view.args.max_model_len,
-            gpu_memory_utilization=view.args.gpu_memory_utilization,
-            vllm_version=view.args.vllm_version,
-            action="baseline",
-            reason=reason,
-            steps=[Step(State.BASELINE, now, reason)],
-            **st.made_by(),
-        ),
-        files=[FileChange(f.path, f.previous, f.previous) for f in files],
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # rollback
 
@@ -544,7 +466,7 @@ def rollback(
             unified_diff(_text(f.previous), _text(f.unit), str(f.path), view.secrets) for f in files
         )
         if not files:
-            wrong = _serves_other(view, target)
+            wrong = serves_other(view, target)
             if wrong:
                 result.exit_code = ExitCode.ERROR
                 result.reason = f"the unit files of revision {target.number} are in place, but {wrong}"

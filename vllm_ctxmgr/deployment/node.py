@@ -29,8 +29,8 @@ from typing import Any
 from vllm_ctxmgr import store as st
 from vllm_ctxmgr.change.observing import last_start_of, observation_record
 from vllm_ctxmgr.change.planning import PlanRequest, ServicePlan, plan_service
-from vllm_ctxmgr.change.restart import InstallError, Restarter
-from vllm_ctxmgr.change.states import Change
+from vllm_ctxmgr.change.restart import Restarter
+from vllm_ctxmgr.change.states import Change, ensure_baseline
 from vllm_ctxmgr.core.change_policy import flags_to_apply, least_utilization
 from vllm_ctxmgr.deployment.wire import (
     MAX_CHANGES_SHOWN,
@@ -50,7 +50,7 @@ from vllm_ctxmgr.masking import mask, mask_json
 from vllm_ctxmgr.monitor.verify import VerifyOptions, verify_service
 from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.report import plan_text
-from vllm_ctxmgr.store import FileChange, Revision, State, Step
+from vllm_ctxmgr.store import FileChange, Revision, State
 from vllm_ctxmgr.systemd.names import unit_name
 from vllm_ctxmgr.systemd.quoting import split_words
 from vllm_ctxmgr.systemd.service import ServiceView, read_service
@@ -225,7 +225,8 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> PrepareAnswer:
         if request.dry_run or not edit.changed:
             return answer
         old = edit.old_text.encode() if edit.existed else None
-        _ensure_baseline(restarter, view, edit.path, old)
+        files = [FileChange(Path(edit.path), old, new)]
+        ensure_baseline(store, view, files)
         rev = Revision(
             number=0,
             service=restarter.service,
@@ -244,30 +245,13 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> PrepareAnswer:
             else None,
             **st.made_by(),
         )
-        change = Change(store, rev, [FileChange(Path(edit.path), old, new)], "node prepare")
+        change = Change(store, rev, files, "node prepare")
         change.enter(
             State.RECORDED,
             f"deployment change {request.change_id}: max_model_len "
             f"{rev.previous_max_model_len} -> {rev.max_model_len}",
         )
-        change.enter(State.INSTALLED, f"installing {edit.path}")
-        try:
-            restarter.install(change.installs())
-        except InstallError as exc:
-            change.enter(State.ROLLING_BACK, exc.message)
-            change.enter(State.ROLLED_BACK, "nothing was installed")
-            raise
-        loaded = restarter.loaded_view()  # systemd's answer of which ExecStart= wins, after the reload
-        if loaded.args.max_model_len != request.max_model_len:
-            why = (
-                f"{restarter.service}: with {edit.path} changed, the unit would still serve max_model_len "
-                f"{loaded.args.max_model_len}: {loaded.unit.exec_start()[0].path} sets its ExecStart=; "
-                "nothing was restarted"
-            )
-            restarter.install([(f.path, f.previous) for f in reversed(change.files)])
-            change.enter(State.ROLLING_BACK, why)
-            change.enter(State.ROLLED_BACK, "the previous unit is in place; nothing was restarted")
-            raise UsageError(why)
+        change.install_checked(restarter)  # as one host's change: nothing restarts on the way
         return replace(answer, revision=rev.number)
 
 
@@ -296,34 +280,6 @@ def _undo_edit(
     current = restarter.installed_bytes(path)
     edit = UnitEdit(path, (current or b"").decode(), (previous or b"").decode(), existed=current is not None)
     return edit, previous
-
-
-def _ensure_baseline(restarter: Restarter, view: ServiceView, path: Path, current: bytes | None) -> None:
-    """As deploy._ensure_baseline: the unit as ctxmgr first found it is revision 0."""
-    store = restarter.store
-    if store.revisions():
-        return
-    now = time.time()
-    reason = "the unit as ctxmgr first found it"
-    store.new_revision(
-        Revision(
-            number=0,
-            service=store.service,
-            state=State.BASELINE,
-            unit_path=str(path),
-            created=now,
-            finished=now,
-            max_model_len=view.args.max_model_len,
-            gpu_memory_utilization=view.args.gpu_memory_utilization,
-            vllm_version=view.args.vllm_version,
-            action="baseline",
-            reason=reason,
-            steps=[Step(State.BASELINE, now, reason)],
-            **st.made_by(),
-        ),
-        unit=current,
-        previous=current,
-    )
 
 
 def _change_of(restarter: Restarter, change_id: str) -> Change:
@@ -477,9 +433,7 @@ def finish(restarter: Restarter, change_id: str) -> StepAnswer:
             change.enter(State.PROBED, "the head served the context-sized probe")
         if rev.state is not State.PROBED:
             raise NodeStepError(f"{restarter.service}: revision {rev.number} is {rev.state}, not probed")
-        rev.verified = True
-        rev.reason = "the deployment served and passed the context-sized probe"
-        change.enter(State.FINAL, rev.reason)
+        change.finalise("the deployment served and passed the context-sized probe")
         return StepAnswer(restarter.unit, True, rev.number, str(rev.state))
 
 
@@ -516,7 +470,7 @@ def restore(restarter: Restarter, change_id: str, reason: str) -> StepAnswer:
         if rev.state is not State.ROLLING_BACK:
             rev.reason = reason
             change.enter(State.ROLLING_BACK, f"putting the previous unit back: {reason}")
-        restarter.install([(f.path, f.previous) for f in reversed(change.files)])
+        restarter.put_back(change.files)
         return StepAnswer(restarter.unit, True, rev.number, str(rev.state))
 
 
@@ -528,11 +482,9 @@ def settle(restarter: Restarter, change_id: str, ok: bool, reason: str) -> StepA
         change = _change_of(restarter, change_id)
         rev = change.rev
         if rev.state is State.ROLLING_BACK:
-            if ok:
-                change.enter(State.ROLLED_BACK, "the previous deployment serves again")
-            else:
-                rev.reason += f"; and the rollback failed too: {reason}"
-                change.enter(State.ROLLBACK_FAILED, reason)
+            change.settle(ok, reason, "the previous deployment serves again")
+            if change.unwritten:
+                raise st.StoreError(change.unwritten[0])
         return StepAnswer(restarter.unit, True, rev.number, str(rev.state))
 
 
