@@ -15,6 +15,7 @@ import click
 from vllm_ctxmgr.change.planning import PlanRequest, node_observations_from_json
 from vllm_ctxmgr.cli.common import (
     CONTEXT,
+    COUNT,
     PARALLEL,
     SIZE,
     TIMEOUT,
@@ -48,6 +49,7 @@ from vllm_ctxmgr.deployment.wire import (
     PlanStdin,
     PrepareStdin,
     ReasonStdin,
+    StartStdin,
 )
 from vllm_ctxmgr.errors import UsageError, VerifyExit
 from vllm_ctxmgr.files import read_regular
@@ -340,6 +342,12 @@ def deployment_plan_cmd(ctx: click.Context, context: int, as_json: bool, **optio
     show_default=True,
     help="Where each node's change is written (as set-context --edit).",
 )
+@click.option(
+    "--probe-tokens", type=COUNT, default=None, help="max_tokens of the head's probe (as set-context's)."
+)
+@click.option(
+    "--long-probe", is_flag=True, help="The head's probe also sends a prompt of about 90% of the context."
+)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the deployment.")
 @click.pass_context
 @handle_errors
@@ -350,6 +358,8 @@ def deployment_set_context_cmd(
     dry_run: bool,
     force: bool,
     edit: str,
+    probe_tokens: int | None,
+    long_probe: bool,
     yes: bool,
     as_json: bool,
     **options: Any,
@@ -363,6 +373,7 @@ def deployment_set_context_cmd(
         edit == "dropin",
         timeout,
     )
+    request.probe_tokens, request.long_probe = probe_tokens, long_probe
     if not dry_run and not yes:
         request.confirm = _ask(as_json)
     _finish(set_deployment_context(request, ctx.find_root().obj["state_dir"]), as_json, dry_run=dry_run)
@@ -601,8 +612,9 @@ def node_stop_cmd(ctx: click.Context, service: str, timeout: float, as_json: boo
 def node_start_cmd(
     ctx: click.Context, service: str, change_id: str, head: bool, back: bool, timeout: float, as_json: bool
 ) -> None:
-    """Start this node's vLLM (the head: watched and probed)."""
-    _emit(node_steps.start(restarter_for(ctx, service, True, timeout), change_id, head, back), "start")
+    """Start this node's vLLM (the head: watched and probed as the request on stdin asks)."""
+    probe = _stdin(StartStdin)
+    _emit(node_steps.start(restarter_for(ctx, service, True, timeout), change_id, head, back, probe), "start")
 
 
 @node_group.command("check")

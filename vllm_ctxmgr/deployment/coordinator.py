@@ -53,6 +53,7 @@ from vllm_ctxmgr.deployment.wire import (
     ReasonStdin,
     ShowAnswer,
     StartAnswer,
+    StartStdin,
     StepAnswer,
     StopAnswer,
     VerifyAnswer,
@@ -143,6 +144,8 @@ class DeploymentRequest:
     confirm: Callable[[DeploymentResult], bool] | None = None
     on_step: Printer = lambda _text: None
     wait_lock: float = 0.0  # seconds to wait for another run on the deployment's lock
+    probe_tokens: int | None = None  # the head's probe after a change (set-context's --probe-tokens)
+    long_probe: bool = False  # ... and its 90%-of-the-context prompt (--long-probe)
 
 
 def deployment_name(nodes: tuple[NodeAddress, ...], name: str | None) -> str:
@@ -796,7 +799,10 @@ class Coordinator:
         return "; ".join(reason for reason, _ in failures), line
 
     def _start_head(self, head: _Node, change: str, extra: list[str]) -> StartAnswer:
-        """The head's start, watched until it serves and probed (its failure, as any, an answer)."""
+        """The head's start, watched until it serves and probed as the operator asked (a rollback's
+        start: the plain probe); its failure, as any, an answer."""
+        request = self.request
+        probe = StartStdin() if extra else StartStdin(request.probe_tokens, request.long_probe)
         try:
             return self._call(
                 head,
@@ -806,7 +812,8 @@ class Coordinator:
                 change,
                 "--head",
                 *extra,
-                timeout=self.request.start_timeout + STEP_TIMEOUT,
+                timeout=request.start_timeout + STEP_TIMEOUT,
+                stdin=probe,
             )
         except NodeError as exc:  # its own words: the reason is put after the head's name
             return StartAnswer(
