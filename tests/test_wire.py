@@ -139,6 +139,10 @@ def test_only_the_flags_a_context_change_writes_cross_the_wire() -> None:
         ({"--max-model-len": str(1 << 40)}, {}, "is not a whole number"),
         ({"--gpu-memory-utilization": "nan"}, {}, r"is not in \(0, 1\]"),
         ({"--gpu-memory-utilization": "1.5"}, {}, r"is not in \(0, 1\]"),
+        # float() takes these; the unit would get a line break, a blank or another script's digits
+        ({"--gpu-memory-utilization": "0.9\n"}, {}, r"is not in \(0, 1\]"),
+        ({"--gpu-memory-utilization": " 0.9"}, {}, r"is not in \(0, 1\]"),
+        ({"--gpu-memory-utilization": "\u0660.\u0669"}, {}, r"is not in \(0, 1\]"),
         ({}, {"LD_PRELOAD": "/tmp/evil.so"}, "is not an environment variable a context change writes"),
         ({}, {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1; rm"}, "is not 0 or 1"),
     ]

@@ -149,6 +149,9 @@ def _in_range(
 # ---- what a context change writes -----------------------------------------------------------------
 
 
+_DECIMAL = re.compile(r"(?:[0-9]{1,20}\.?[0-9]{0,20}|\.[0-9]{1,20})(?:[eE][-+]?[0-9]{1,3})?")
+
+
 def check_context_flags(flags: dict[str, str], env: dict[str, str], what: str) -> None:
     """Only the flags a context change may change, each with a value in range: refused otherwise, at
     the coordinator (the head's plan) and at each node (what it is asked to write)."""
@@ -158,10 +161,9 @@ def check_context_flags(flags: dict[str, str], env: dict[str, str], what: str) -
                 f"{what}: {name[:60]!r} is not a flag a context change writes ({', '.join(CONTEXT_FLAGS)})"
             )
         if name == "--gpu-memory-utilization":
-            try:
-                number = float(value)
-            except ValueError:
-                number = math.nan
+            # a decimal number as the planner writes it: float() alone also takes " 0.9", "0.9\n" (a
+            # line break written into the unit) and other scripts' digits ("٠.٩")
+            number = float(value) if _DECIMAL.fullmatch(value) else math.nan
             if not 0 < number <= 1:
                 raise WireError(f"{what}: {name} {value[:40]!r} is not in (0, 1]")
             continue
