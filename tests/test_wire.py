@@ -324,3 +324,23 @@ def test_the_probe_options_reach_the_heads_start_over_the_wire(workdir: Path) ->
     for bad in (0, -1, 1 << 40, "1000", 1.5, True):
         with pytest.raises(WireError, match=r"request: probe_tokens="):
             StartStdin.from_json({"wire": WIRE_VERSION, "probe_tokens": bad}, "request")
+
+
+def test_a_node_that_cannot_record_the_rollback_is_named(workdir: Path) -> None:
+    """Issue 29.5 at the last step: a change that fails at the head's probe is rolled back; node 1's
+    `settle` answer is not one the wire carries, so its revision stays in progress there. The result
+    names it (before: the answer was dropped, and the next change found node 1 "still rolling-back")."""
+    failing = {"wire": WIRE_VERSION, "service": "vllm-n0.service", "ok": False, "reason": "the probe failed"}
+    answers = walk_answers(
+        **{"start vllm-n0.service": failing, "settle vllm-n1.service": {"wire": WIRE_VERSION}}
+    )
+    request, _log = two_node_request(workdir, answers)
+    result = Coordinator(request, workdir / "state").set_context()
+    assert str(result.result) == "rollback-failed"  # the stand-in head's start fails again on the way back
+    assert "; the rollback is not recorded on local:vllm-n1.service: `node settle` answer: no service" in (
+        result.reason
+    )
+    assert [(n.service, n.ok) for n in result.nodes] == [
+        ("vllm-n0.service", False),
+        ("vllm-n1.service", False),
+    ]

@@ -214,8 +214,8 @@ class Coordinator:
             stdin.to_json() if stdin is not None else None,
             str(address),
         )
-        try:
-            return kind.from_json(answer)
+        try:  # named by the step asked (StepAnswer is finish's, restore's and settle's answer)
+            return kind.from_json(answer, f"`node {args[0]}` answer")
         except UsageError as exc:  # refused at the door: nothing that node said is used
             raise NodeError(f"{address}: {exc.message}", exit_code=ExitCode.USAGE) from None
 
@@ -708,12 +708,19 @@ class Coordinator:
                 node.outcome.logged = _logged(answer)
 
     def _settle_all(self, nodes: list[_Node], ok: bool, reason: str) -> None:
+        """Every node's revision rolled-back (or rollback-failed). A node that could not record it is
+        named in the result: its revision stays in progress there, and the next change will say so."""
         change = str(self.result.change_id)
         verdict = "--ok" if ok else "--failed"
         stdin = ReasonStdin(reason)
-        self._each(
+        settled = self._each(
             nodes, lambda n: self._call(n, StepAnswer, "settle", "--change", change, verdict, stdin=stdin)
         )
+        for node, answer in zip(nodes, settled, strict=True):
+            if isinstance(answer, NodeError):
+                self.result.reason += f"; the rollback is not recorded on {answer.message}"
+                if node.outcome is not None:
+                    node.outcome.ok, node.outcome.reason = False, answer.message
 
     def _restore_all(self, nodes: list[_Node], reason: str) -> list[StepAnswer | NodeError]:
         change, stdin = str(self.result.change_id), ReasonStdin(reason)
