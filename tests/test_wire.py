@@ -344,3 +344,17 @@ def test_a_node_that_cannot_record_the_rollback_is_named(workdir: Path) -> None:
         ("vllm-n0.service", False),
         ("vllm-n1.service", False),
     ]
+
+
+def test_a_dry_run_on_a_drifted_deployment_says_what_it_found(workdir: Path) -> None:
+    """Issue 29.16: node 1 left at 4096 by hand; `deployment set-context 16384 --dry-run` prints the
+    diffs that reconcile it and says why (before: only "dry run: nothing was written or restarted")."""
+    drifted = show_answer(1, argv=[w if w != "8192" else "4096" for w in show_answer(1)["argv"]])
+    request, _log = two_node_request(workdir, walk_answers(**{"show vllm-n1.service": drifted}))
+    request.dry_run = True
+    result = Coordinator(request, workdir / "state").set_context()
+    assert str(result.result) == "dry-run"
+    assert result.reason == (
+        "dry run: nothing was written or restarted; max_model_len differs between nodes: "
+        "local:vllm-n0.service 8192, local:vllm-n1.service 4096: every node is written to 16384"
+    )

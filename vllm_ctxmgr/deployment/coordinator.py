@@ -478,8 +478,11 @@ class Coordinator:
                 return result
             if self.drift:
                 result.reason = f"{self.drift}: every node is written to {context}"
-            if request.dry_run:
-                result.result, result.reason = Result.DRY_RUN, "dry run: nothing was written or restarted"
+            if request.dry_run:  # what was found is said (the reconciling diffs are the dry run's)
+                result.result = Result.DRY_RUN
+                result.reason = "dry run: nothing was written or restarted" + (
+                    f"; {result.reason}" if self.drift else ""
+                )
                 return result
             if request.confirm is not None and not request.confirm(result):
                 raise UsageError("nothing was changed")
