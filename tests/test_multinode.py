@@ -554,3 +554,31 @@ def test_a_worker_that_fails_to_start_is_the_deployments_failure_at_once(
     assert not rank1["ok"] and rank1["reason"]
     states = [sandbox.systemd.show(f"{n}.service", "ActiveState")["ActiveState"] for n in (HEAD, RANK1)]
     assert states[0] != "active" and states[1] != "active", states  # no node half up
+
+
+def test_the_heads_probe_takes_set_contexts_probe_options(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]
+    """`deployment set-context --probe-tokens N` reaches the head's probe (over the wire, StartStdin):
+    250,000 tokens asked of a 200,000 context is vLLM's own 400, the change fails there and every node
+    goes back (before: ctxmgr refused --probe-tokens by name)."""
+    port, paths, state = deployment()
+    before = {name: path.read_text() for name, path in paths.items()}
+    run = run_ctxmgr(
+        sandbox.pid,
+        state,
+        "deployment",
+        "set-context",
+        "200000",
+        *nodes_args(),
+        *GPU_ARGS,
+        "--probe-tokens",
+        "250000",
+        "--long-probe",
+        "--yes",
+        "--json",
+        timeout=300,
+    )
+    assert run.code == 1 and run.data["result"] == "rolled-back", run.stdout + run.stderr
+    assert run.data["reason"].startswith(f"local:{HEAD}: the probe failed: ")
+    assert "max_tokens=250000 cannot be greater than max_model_len=200000" in run.data["reason"]
+    assert {name: path.read_text() for name, path in paths.items()} == before
+    assert served(port) == 8192

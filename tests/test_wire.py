@@ -24,6 +24,7 @@ from vllm_ctxmgr.deployment.wire import (
     PlanAnswer,
     PrepareStdin,
     ShowAnswer,
+    StartStdin,
     WireError,
     check_context_flags,
 )
@@ -115,7 +116,7 @@ def test_a_real_answer_passes_the_door_typed() -> None:
         ({"logged": {"available_kv_gib": 9999.0}}, r"logged: available_kv_gib is above 4,096"),
         ({"logged": {"model_loading_gib": float("nan")}}, r"model_loading_gib=nan is not a finite number"),
         ({"observation": {"max_model_len": "x"}}, r"observation: max_model_len='x' is not a int"),
-        ({"wire": 2}, r"speaks wire version 2, this ctxmgr 1: install the same ctxmgr on every node"),
+        ({"wire": 1}, r"speaks wire version 1, this ctxmgr 2: install the same ctxmgr on every node"),
         ({"service": None}, r"service=None is not text"),
     ],
 )
@@ -138,6 +139,10 @@ def test_only_the_flags_a_context_change_writes_cross_the_wire() -> None:
         ({"--max-model-len": str(1 << 40)}, {}, "is not a whole number"),
         ({"--gpu-memory-utilization": "nan"}, {}, r"is not in \(0, 1\]"),
         ({"--gpu-memory-utilization": "1.5"}, {}, r"is not in \(0, 1\]"),
+        # float() takes these; the unit would get a line break, a blank or another script's digits
+        ({"--gpu-memory-utilization": "0.9\n"}, {}, r"is not in \(0, 1\]"),
+        ({"--gpu-memory-utilization": " 0.9"}, {}, r"is not in \(0, 1\]"),
+        ({"--gpu-memory-utilization": "\u0660.\u0669"}, {}, r"is not in \(0, 1\]"),
         ({}, {"LD_PRELOAD": "/tmp/evil.so"}, "is not an environment variable a context change writes"),
         ({}, {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1; rm"}, "is not 0 or 1"),
     ]
@@ -181,9 +186,41 @@ def stand_in_node(workdir: Path, answers: dict[str, dict[str, Any]]) -> tuple[tu
         "args = sys.argv[1:]\n"
         f"open({str(log)!r}, 'a').write(' '.join(args) + '\\n')\n"
         "step, service = args[1], [a for a in args if a.endswith('.service')][0]\n"
+        f"open({str(log) + '.stdin'!r}, 'a').write(json.dumps([' '.join(args), sys.stdin.read()]) + '\\n')\n"
         "print(json.dumps(answers[step + ' ' + service]))\n"
     )
     return (sys.executable, str(script)), log
+
+
+def requests_of(log: Path, step: str, service: str) -> list[dict[str, Any] | None]:
+    """The request on stdin of each `node STEP ... SERVICE` call, in order (None: no request)."""
+    calls = [json.loads(line) for line in Path(f"{log}.stdin").read_text().splitlines()]
+    return [
+        json.loads(stdin) if stdin else None
+        for args, stdin in calls
+        if args.split()[1] == step and service in args.split()
+    ]
+
+
+def walk_answers(**overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A stand-in node's answer to every step of a two-node change that serves (show, plan, prepare,
+    stop, start, check, finish; restore and settle for a rollback), as real nodes give them."""
+    answers: dict[str, dict[str, Any]] = {"plan vllm-n0.service": plan_answer()}
+    for rank in (0, 1):
+        service = f"vllm-n{rank}.service"
+        wire = {"wire": WIRE_VERSION, "service": service}
+        answers |= {
+            f"show {service}": show_answer(rank),
+            f"prepare {service}": {**wire, "unit_path": f"/etc/systemd/system/{service}", "changed": True,
+                                   "diff": "-8192\n+16384", "revision": 5},
+            f"stop {service}": {**wire, "active_state": "inactive"},
+            f"start {service}": {**wire, "ok": True, "cursor": "s=1", "revision": 5},
+            f"check {service}": {**wire, "ok": True, "active_state": "active", "max_model_len": 16384},
+            f"finish {service}": {**wire, "ok": True, "revision": 5, "state": "final"},
+            f"restore {service}": {**wire, "ok": True, "revision": 5, "state": "rolling-back"},
+            f"settle {service}": {**wire, "ok": True, "revision": 5, "state": "rolled-back"},
+        }  # fmt: skip
+    return answers | overrides
 
 
 def two_node_request(workdir: Path, answers: dict[str, dict[str, Any]]) -> tuple[DeploymentRequest, Path]:
@@ -262,3 +299,62 @@ def test_rollback_goes_before_the_last_good_change_or_to_the_one_named(workdir: 
     request, _log = two_node_request(workdir, answers)
     with pytest.raises(UsageError, match=r"no final revision of deployment change c-b there"):
         Coordinator(request, workdir / "state").rollback("4")
+
+
+def test_the_probe_options_reach_the_heads_start_over_the_wire(workdir: Path) -> None:
+    """`deployment set-context --probe-tokens N --long-probe`: the head's `node start` gets them in its
+    request (StartStdin), checked at the door; a rollback's start gets the plain probe."""
+    request, log = two_node_request(workdir, walk_answers())
+    request.probe_tokens, request.long_probe = 1000, True
+    result = Coordinator(request, workdir / "state").set_context()
+    assert str(result.result) == "applied", result.reason
+    expected = {"wire": WIRE_VERSION, "probe_tokens": 1000, "long_probe": True}
+    assert requests_of(log, "start", "vllm-n0.service") == [expected]  # the head
+    assert requests_of(log, "start", "vllm-n1.service") == [None]  # a headless rank: no probe
+
+    failing = {"wire": WIRE_VERSION, "service": "vllm-n0.service", "ok": False, "reason": "the probe failed"}
+    (workdir / "again").mkdir()
+    request, log = two_node_request(workdir / "again", walk_answers(**{"start vllm-n0.service": failing}))
+    request.probe_tokens = 1000
+    result = Coordinator(request, workdir / "again" / "state").set_context()
+    assert str(result.result) == "rollback-failed", result.reason
+    starts = requests_of(log, "start", "vllm-n0.service")
+    assert [r and r["probe_tokens"] for r in starts] == [1000, None]  # forward, then --back
+
+    for bad in (0, -1, 1 << 40, "1000", 1.5, True):
+        with pytest.raises(WireError, match=r"request: probe_tokens="):
+            StartStdin.from_json({"wire": WIRE_VERSION, "probe_tokens": bad}, "request")
+
+
+def test_a_node_that_cannot_record_the_rollback_is_named(workdir: Path) -> None:
+    """Issue 29.5 at the last step: a change that fails at the head's probe is rolled back; node 1's
+    `settle` answer is not one the wire carries, so its revision stays in progress there. The result
+    names it (before: the answer was dropped, and the next change found node 1 "still rolling-back")."""
+    failing = {"wire": WIRE_VERSION, "service": "vllm-n0.service", "ok": False, "reason": "the probe failed"}
+    answers = walk_answers(
+        **{"start vllm-n0.service": failing, "settle vllm-n1.service": {"wire": WIRE_VERSION}}
+    )
+    request, _log = two_node_request(workdir, answers)
+    result = Coordinator(request, workdir / "state").set_context()
+    assert str(result.result) == "rollback-failed"  # the stand-in head's start fails again on the way back
+    assert "; the rollback is not recorded on local:vllm-n1.service: `node settle` answer: no service" in (
+        result.reason
+    )
+    assert [(n.service, n.ok) for n in result.nodes] == [
+        ("vllm-n0.service", False),
+        ("vllm-n1.service", False),
+    ]
+
+
+def test_a_dry_run_on_a_drifted_deployment_says_what_it_found(workdir: Path) -> None:
+    """Issue 29.16: node 1 left at 4096 by hand; `deployment set-context 16384 --dry-run` prints the
+    diffs that reconcile it and says why (before: only "dry run: nothing was written or restarted")."""
+    drifted = show_answer(1, argv=[w if w != "8192" else "4096" for w in show_answer(1)["argv"]])
+    request, _log = two_node_request(workdir, walk_answers(**{"show vllm-n1.service": drifted}))
+    request.dry_run = True
+    result = Coordinator(request, workdir / "state").set_context()
+    assert str(result.result) == "dry-run"
+    assert result.reason == (
+        "dry run: nothing was written or restarted; max_model_len differs between nodes: "
+        "local:vllm-n0.service 8192, local:vllm-n1.service 4096: every node is written to 16384"
+    )

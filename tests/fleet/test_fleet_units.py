@@ -282,10 +282,8 @@ def test_with_nodes_every_parameter_of_one_hosts_command_is_passed() -> None:
     # one host's command line for the same parameters: the deployment's says no less
     single = module.command_argv({**PARAMS, "command": "rollback", "to": 3, "wait_lock": 30.0}, False)
     assert set(single) - {"--service", "vllm-glm5"} <= set(rollback)
-    # the deployment's --wait-lock and --to are ctxmgr's own options (click parses them, nothing runs);
-    # --probe-tokens and --long-probe of a deployment are not yet: ctxmgr refuses them by name
-    import click
-
+    # the deployment's --wait-lock, --to, --probe-tokens and --long-probe are ctxmgr's own options
+    # (click parses them, nothing runs)
     for command in ("set-context", "rollback"):
         argv = module.command_argv({**PARAMS, **nodes, "command": command, "wait_lock": 5.0}, False)
         ctx = ctxmgr_main.make_context("ctxmgr", argv[1:2])
@@ -293,5 +291,5 @@ def test_with_nodes_every_parameter_of_one_hosts_command_is_passed() -> None:
         assert sub.make_context(command, argv[3:], parent=ctx).params["wait_lock"] == 5.0
     assert sub.make_context("rollback", rollback[3:], parent=ctx).params["to"] == "3"
     set_context = ctxmgr_main.get_command(ctx, "deployment").get_command(ctx, "set-context")  # type: ignore[union-attr]
-    with pytest.raises(click.UsageError, match="--probe-tokens"):
-        set_context.make_context("set-context", change[3:], parent=ctx)
+    parsed = set_context.make_context("set-context", change[3:], parent=ctx).params
+    assert (parsed["probe_tokens"], parsed["long_probe"], parsed["wait_lock"]) == (1000, True, 5.0)

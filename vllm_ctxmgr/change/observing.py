@@ -16,8 +16,13 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from vllm_ctxmgr.core.budget import effective_args
-from vllm_ctxmgr.core.hardware import GIB
-from vllm_ctxmgr.core.observations import Observation, ObservationRecord
+from vllm_ctxmgr.core.hardware import GIB, GpuState
+from vllm_ctxmgr.core.observations import (
+    Observation,
+    ObservationError,
+    ObservationRecord,
+    figure_above_the_device,
+)
 from vllm_ctxmgr.core.plan_record import StoredPlan
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.nvml import read_nvml
@@ -167,6 +172,32 @@ def observation_record(
     )
 
 
+def within_the_gpu(record: ObservationRecord, gpus: GpuState | None, unit: str) -> ObservationRecord:
+    """`record` as the store may keep it: through the door every stored line passes on its way back
+    (ObservationRecord.from_json: bounds, each part within the record's own total_memory_gib), and no
+    figure more than the largest GPU the unit sees (NVML): a start holds no more memory than its GPU
+    has, so such a figure is an echo or a lie and would move every later plan. ObservationError
+    naming the figure."""
+    if gpus is not None and gpus.gpus and record.observation.platform != "CPU":
+        total = max(gpu.total_bytes for gpu in gpus.gpus)
+        found = figure_above_the_device(record.observation, total)
+        if found is not None:
+            name, gib = found
+            raise ObservationError(
+                f"{unit}: its last start logged {name} {gib:,.2f} GiB, more than the {total / GIB:.2f} "
+                "GiB of its GPU (NVML): not stored"
+            )
+    return ObservationRecord.from_json(record.to_json(), f"{unit}: its last start")
+
+
+def _visible_gpus(env: dict[str, str]) -> GpuState | None:
+    """The GPUs the service sees (CUDA_VISIBLE_DEVICES), or None without NVML (the CPU build)."""
+    try:
+        return read_nvml().select(env.get("CUDA_VISIBLE_DEVICES"))
+    except CtxmgrError:
+        return None
+
+
 def last_start_of(entries: Sequence[JournalEntry]) -> list[str]:
     """The messages of the last start in a unit's journal: its last invocation, up to the ready line
     (vllm_log.watcher.last_invocation_start)."""
@@ -183,7 +214,11 @@ def observe_last_start(systemd: Systemd, service: str) -> tuple[ObservationRecor
         raise CtxmgrError(f"{unit}: the journal holds no start of vLLM")
     observation = observe_start(messages)
     metrics = cache_config_info(view.base_url, api_key=view.api_key) if systemd.is_active(unit) else {}
-    record = observation_record(service, observation, observation.ready, view, metrics)
+    record = within_the_gpu(
+        observation_record(service, observation, observation.ready, view, metrics),
+        _visible_gpus(view.env),
+        unit,
+    )
     data = asdict(observation)
     if metrics.get("num_gpu_blocks", "").isdigit():
         data["num_gpu_blocks"] = int(metrics["num_gpu_blocks"])
@@ -214,6 +249,8 @@ def learn_from_running_instance(
             return None
     try:
         record, obs, lines = observe_last_start(systemd, service)
+    except ObservationError as exc:
+        return f"did not learn from the running instance: {exc.message}"
     except CtxmgrError:
         return (
             f"the journal no longer holds the start of the running {unit} (rotated?): planned from estimates"

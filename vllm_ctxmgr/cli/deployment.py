@@ -27,8 +27,10 @@ from vllm_ctxmgr.cli.params import (
     gpu_memory_option,
     gpu_memory_utilization_option,
     json_option,
+    long_probe_option,
     options,
     probe_timeout_option,
+    probe_tokens_option,
     refuse_old_rules,
     start_timeout_option,
     vllm_version_option,
@@ -57,6 +59,7 @@ from vllm_ctxmgr.deployment.wire import (
     PlanStdin,
     PrepareStdin,
     ReasonStdin,
+    StartStdin,
 )
 from vllm_ctxmgr.errors import UsageError, VerifyExit
 from vllm_ctxmgr.files import read_regular
@@ -361,6 +364,8 @@ def deployment_plan_cmd(
 @click.option("--dry-run", is_flag=True, help="Print the plan and every node's diff; change nothing.")
 @click.option("--force", is_flag=True, help="Apply even when the plan says it will not fit.")
 @edit_option.but(envvar=None, help="Where each node's change is written (as set-context --edit).")
+@probe_tokens_option.but(help="max_tokens of the head's probe (as set-context's).")
+@long_probe_option.but(help="The head's probe also sends a prompt of about 90% of the context.")
 @_yes
 @click.pass_context
 @handle_errors
@@ -371,6 +376,8 @@ def deployment_set_context_cmd(
     dry_run: bool,
     force: bool,
     edit: str,
+    probe_tokens: int | None,
+    long_probe: bool,
     yes: bool,
     as_json: bool,
     **options: Unpack[DeploymentFlags],
@@ -384,6 +391,7 @@ def deployment_set_context_cmd(
         edit == "dropin",
         timeout,
     )
+    request.probe_tokens, request.long_probe = probe_tokens, long_probe
     if not dry_run and not yes:
         request.confirm = _confirmation(as_json)
     _finish(set_deployment_context(request, ctx.find_root().obj["state_dir"]), as_json, dry_run=dry_run)
@@ -619,8 +627,9 @@ def node_stop_cmd(ctx: click.Context, service: str, timeout: float, as_json: boo
 def node_start_cmd(
     ctx: click.Context, service: str, change_id: str, head: bool, back: bool, timeout: float, as_json: bool
 ) -> None:
-    """Start this node's vLLM (the head: watched and probed)."""
-    _emit(node_steps.start(restarter_for(ctx, service, True, timeout), change_id, head, back), "start")
+    """Start this node's vLLM (the head: watched and probed as the request on stdin asks)."""
+    probe = _stdin(StartStdin)
+    _emit(node_steps.start(restarter_for(ctx, service, True, timeout), change_id, head, back, probe), "start")
 
 
 @node_group.command("check")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from vllm_ctxmgr.core.budget import default_gpu_memory_utilization
 from vllm_ctxmgr.core.hardware import GIB, Platform
 from vllm_ctxmgr.core.kv.layout import KVCacheLayout
-from vllm_ctxmgr.core.observations import Observation
+from vllm_ctxmgr.core.observations import Observation, figure_above_the_device
 from vllm_ctxmgr.core.vllm_versions import VllmVersion, parse_vllm_version
 
 
@@ -66,10 +66,7 @@ def _fits_the_device(obs: Observation, platform: Platform) -> bool:
     total = platform.total_memory_bytes
     if not total or platform.is_cpu:
         return True
-    figures = (obs.model_loading_gib, obs.available_kv_gib, obs.cuda_graph_gib, obs.needed_kv_gib)
-    known = [value * GIB for value in figures if value is not None]
-    weights_and_kv = (obs.model_loading_gib or 0.0) + (obs.available_kv_gib or 0.0)
-    return all(value <= total for value in known) and weights_and_kv * GIB <= total
+    return figure_above_the_device(obs, total) is None
 
 
 def observed_memory(

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, get_args, get_type_hints
 
+from vllm_ctxmgr.core.hardware import GIB
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.errors import UsageError
 
@@ -207,3 +208,24 @@ def _check_bounds(record: Mapping[str, Any], source: str) -> None:
 
 
 _FIELD_TYPES = _field_types()
+
+
+def figure_above_the_device(obs: Observation, total_bytes: float) -> tuple[str, float] | None:
+    """The first figure of a start that is more than its device's `total_bytes` could hold, as (name,
+    GiB): weights, the KV budget and CUDA graphs each, and weights with the KV budget together (vLLM
+    carves the budget out of what the weights leave). None where each fits: a start holds no more
+    memory than its GPU has, so such a figure is an echo or a tampered record. (The KV a request
+    needed, from vLLM's too-small error, may well be more than the GPU: it is what was asked for.)"""
+    named = (
+        ("model_loading_gib", obs.model_loading_gib),
+        ("available_kv_gib", obs.available_kv_gib),
+        ("cuda_graph_gib", obs.cuda_graph_gib),
+    )
+    for name, value in named:
+        if value is not None and value * GIB > total_bytes:
+            return name, value
+    if obs.model_loading_gib is not None and obs.available_kv_gib is not None:
+        both = obs.model_loading_gib + obs.available_kv_gib
+        if both * GIB > total_bytes:
+            return "model_loading_gib + available_kv_gib", both
+    return None

@@ -53,6 +53,7 @@ from vllm_ctxmgr.deployment.wire import (
     ReasonStdin,
     ShowAnswer,
     StartAnswer,
+    StartStdin,
     StepAnswer,
     StopAnswer,
     VerifyAnswer,
@@ -143,6 +144,8 @@ class DeploymentRequest:
     confirm: Callable[[DeploymentResult], bool] | None = None
     on_step: Printer = lambda _text: None
     wait_lock: float = 0.0  # seconds to wait for another run on the deployment's lock
+    probe_tokens: int | None = None  # the head's probe after a change (set-context's --probe-tokens)
+    long_probe: bool = False  # ... and its 90%-of-the-context prompt (--long-probe)
 
 
 def deployment_name(nodes: tuple[NodeAddress, ...], name: str | None) -> str:
@@ -211,8 +214,8 @@ class Coordinator:
             stdin.to_json() if stdin is not None else None,
             str(address),
         )
-        try:
-            return kind.from_json(answer)
+        try:  # named by the step asked (StepAnswer is finish's, restore's and settle's answer)
+            return kind.from_json(answer, f"`node {args[0]}` answer")
         except UsageError as exc:  # refused at the door: nothing that node said is used
             raise NodeError(f"{address}: {exc.message}", exit_code=ExitCode.USAGE) from None
 
@@ -475,8 +478,11 @@ class Coordinator:
                 return result
             if self.drift:
                 result.reason = f"{self.drift}: every node is written to {context}"
-            if request.dry_run:
-                result.result, result.reason = Result.DRY_RUN, "dry run: nothing was written or restarted"
+            if request.dry_run:  # what was found is said (the reconciling diffs are the dry run's)
+                result.result = Result.DRY_RUN
+                result.reason = "dry run: nothing was written or restarted" + (
+                    f"; {result.reason}" if self.drift else ""
+                )
                 return result
             if request.confirm is not None and not request.confirm(result):
                 raise UsageError("nothing was changed")
@@ -705,12 +711,19 @@ class Coordinator:
                 node.outcome.logged = _logged(answer)
 
     def _settle_all(self, nodes: list[_Node], ok: bool, reason: str) -> None:
+        """Every node's revision rolled-back (or rollback-failed). A node that could not record it is
+        named in the result: its revision stays in progress there, and the next change will say so."""
         change = str(self.result.change_id)
         verdict = "--ok" if ok else "--failed"
         stdin = ReasonStdin(reason)
-        self._each(
+        settled = self._each(
             nodes, lambda n: self._call(n, StepAnswer, "settle", "--change", change, verdict, stdin=stdin)
         )
+        for node, answer in zip(nodes, settled, strict=True):
+            if isinstance(answer, NodeError):
+                self.result.reason += f"; the rollback is not recorded on {answer.message}"
+                if node.outcome is not None:
+                    node.outcome.ok, node.outcome.reason = False, answer.message
 
     def _restore_all(self, nodes: list[_Node], reason: str) -> list[StepAnswer | NodeError]:
         change, stdin = str(self.result.change_id), ReasonStdin(reason)
@@ -796,7 +809,10 @@ class Coordinator:
         return "; ".join(reason for reason, _ in failures), line
 
     def _start_head(self, head: _Node, change: str, extra: list[str]) -> StartAnswer:
-        """The head's start, watched until it serves and probed (its failure, as any, an answer)."""
+        """The head's start, watched until it serves and probed as the operator asked (a rollback's
+        start: the plain probe); its failure, as any, an answer."""
+        request = self.request
+        probe = StartStdin() if extra else StartStdin(request.probe_tokens, request.long_probe)
         try:
             return self._call(
                 head,
@@ -806,7 +822,8 @@ class Coordinator:
                 change,
                 "--head",
                 *extra,
-                timeout=self.request.start_timeout + STEP_TIMEOUT,
+                timeout=request.start_timeout + STEP_TIMEOUT,
+                stdin=probe,
             )
         except NodeError as exc:  # its own words: the reason is put after the head's name
             return StartAnswer(

@@ -42,6 +42,7 @@ from vllm_ctxmgr.deployment.wire import (
     PrepareAnswer,
     ShowAnswer,
     StartAnswer,
+    StartStdin,
     StepAnswer,
     StopAnswer,
 )
@@ -299,15 +300,18 @@ def _written(restarter: Restarter, change_id: str) -> bool:
     return any(r.deployment == change_id for r in restarter.store.revisions())
 
 
-def start(restarter: Restarter, change_id: str, head: bool, back: bool = False) -> StartAnswer:
+def start(
+    restarter: Restarter, change_id: str, head: bool, back: bool = False, probe: StartStdin | None = None
+) -> StartAnswer:
     """Start the node's vLLM after every node was stopped. The head is watched until it serves and is
-    probed at the revision's context (a rank that fails elsewhere fails the head's start too); a
-    headless rank is only started here, and judged by `finish` once the head has served."""
+    probed at the revision's context, as `probe` asks (a rank that fails elsewhere fails the head's
+    start too); a headless rank is only started here, and judged by `finish` once the head has served."""
+    probe = probe or StartStdin()
     with restarter.store.lock():
         if not _written(restarter, change_id):
             # an interrupted change never wrote this node, or a reconciling one had nothing to write
             # here (its unit already at the target): restarted as it is, with the others
-            return _start_as_is(restarter, head)
+            return _start_as_is(restarter, head, probe)
         change = _change_of(restarter, change_id)
         rev = change.rev
         if back:
@@ -329,7 +333,7 @@ def start(restarter: Restarter, change_id: str, head: bool, back: bool = False) 
             systemd.reset_failed(restarter.unit)
             systemd.start(restarter.unit, no_block=True)
             return StartAnswer(restarter.unit, True, cursor, rev.number)
-        verdict, probe_result = restarter.restart_and_probe(view)
+        verdict, probe_result = restarter.restart_and_probe(view, probe.probe_tokens, probe.long_probe)
         ok = verdict.ok and probe_result is not None and probe_result.ok
         answer = StartAnswer(
             restarter.unit,
@@ -437,7 +441,7 @@ def finish(restarter: Restarter, change_id: str) -> StepAnswer:
         return StepAnswer(restarter.unit, True, rev.number, str(rev.state))
 
 
-def _start_as_is(restarter: Restarter, head: bool) -> StartAnswer:
+def _start_as_is(restarter: Restarter, head: bool, probe: StartStdin) -> StartAnswer:
     """Start the node's unit as it is (the head watched and probed): a node an interrupted change
     never wrote, restarted with the others so the deployment forms again."""
     systemd = restarter.systemd
@@ -446,7 +450,8 @@ def _start_as_is(restarter: Restarter, head: bool) -> StartAnswer:
         systemd.reset_failed(restarter.unit)
         systemd.start(restarter.unit, no_block=True)
         return StartAnswer(restarter.unit, True, cursor)
-    verdict, probe_result = restarter.restart_and_probe(read_service(systemd, restarter.service))
+    view = read_service(systemd, restarter.service)
+    verdict, probe_result = restarter.restart_and_probe(view, probe.probe_tokens, probe.long_probe)
     ok = verdict.ok and probe_result is not None and probe_result.ok
     reason = (
         ""

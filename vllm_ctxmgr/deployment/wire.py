@@ -1,7 +1,8 @@
 """What the coordinator of a multi-node deployment and `ctxmgr node STEP` say to each other.
 
 Every message is one of the dataclasses here, with the wire's version: a request on a step's stdin
-(PlanStdin, PrepareStdin, ReasonStdin) and a step's answer on its stdout (ShowAnswer ... VerifyAnswer).
+(PlanStdin, PrepareStdin, StartStdin, ReasonStdin) and a step's answer on its stdout (ShowAnswer ...
+VerifyAnswer).
 Each is checked at the door, where it arrives (`from_json`): every field of its type, numbers finite and
 in range, the memory figures within what `observe --import` accepts (core/observations.py), the flags
 within what a context change may change. A message that is not what the wire carries is refused with
@@ -23,7 +24,10 @@ from vllm_ctxmgr.core.observations import ObservationRecord
 from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA
 from vllm_ctxmgr.errors import UsageError
 
-WIRE_VERSION = 1  # bump when a message's fields change meaning; both ends must speak the same one
+# bump when a message's fields change meaning, or a step reads a request it did not read before (2:
+# `node start` takes StartStdin, the probe's options; a node of 1 would start the head without them,
+# so the coordinator refuses its answers); both ends must speak the same one
+WIRE_VERSION = 2
 MAX_TEXT = 4 << 20  # one text field (a diff, a plan's text)
 MAX_ITEMS = 1 << 16  # one list or object (argv words, GPU lines, environment items)
 MAX_INT = 1 << 62
@@ -145,6 +149,9 @@ def _in_range(
 # ---- what a context change writes -----------------------------------------------------------------
 
 
+_DECIMAL = re.compile(r"(?:[0-9]{1,20}\.?[0-9]{0,20}|\.[0-9]{1,20})(?:[eE][-+]?[0-9]{1,3})?")
+
+
 def check_context_flags(flags: dict[str, str], env: dict[str, str], what: str) -> None:
     """Only the flags a context change may change, each with a value in range: refused otherwise, at
     the coordinator (the head's plan) and at each node (what it is asked to write)."""
@@ -154,10 +161,9 @@ def check_context_flags(flags: dict[str, str], env: dict[str, str], what: str) -
                 f"{what}: {name[:60]!r} is not a flag a context change writes ({', '.join(CONTEXT_FLAGS)})"
             )
         if name == "--gpu-memory-utilization":
-            try:
-                number = float(value)
-            except ValueError:
-                number = math.nan
+            # a decimal number as the planner writes it: float() alone also takes " 0.9", "0.9\n" (a
+            # line break written into the unit) and other scripts' digits ("٠.٩")
+            number = float(value) if _DECIMAL.fullmatch(value) else math.nan
             if not 0 < number <= 1:
                 raise WireError(f"{what}: {name} {value[:40]!r} is not in (0, 1]")
             continue
@@ -221,6 +227,19 @@ class PrepareStdin(Message):
         check_context_flags(self.flag_changes, self.env_changes, what)
         if "--max-model-len" not in self.flag_changes:
             raise WireError(f"{what}: the flag changes do not set --max-model-len")
+
+
+@dataclass(frozen=True)
+class StartStdin(Message):
+    """`node start`'s request: the head's probe as the operator asked for it (set-context's
+    --probe-tokens and --long-probe; a headless rank is not probed and ignores it)."""
+
+    step: ClassVar[str] = "start"
+    probe_tokens: int | None = None
+    long_probe: bool = False
+
+    def check(self, what: str) -> None:
+        _in_range(what, "probe_tokens", self.probe_tokens, 1, MAX_CONTEXT)
 
 
 @dataclass(frozen=True)
