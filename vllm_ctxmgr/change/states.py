@@ -76,6 +76,7 @@ class ChangeResult:
     timings: dict[str, float] = field(default_factory=dict)
     pending_recovery: int | None = None  # a revision an interrupted run left: a real run recovers it first
     warnings: list[str] = field(default_factory=list)  # verify findings the unit had before the change
+    expected_downtime: dict[str, Any] = field(default_factory=dict)  # core.downtime's, before the restart
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON types for --json; cli.common adds `command` and `dry_run` around them."""
