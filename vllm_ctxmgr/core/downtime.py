@@ -128,9 +128,7 @@ def estimate_downtime(starts: Sequence[StartTiming], context_changes: bool) -> D
         estimate = (
             _compile_estimate(served, recent, notes) if phase == COMPILING and context_changes else None
         )
-        phases.append(
-            estimate or PhaseEstimate(phase, _median(figures), _source(len(figures), "start"))
-        )
+        phases.append(estimate or PhaseEstimate(phase, _median(figures), _source(len(figures), "start")))
     compiled = any(s.compiled for s in recent)
     misses = context_changes if compiled else None
     return DowntimeEstimate(tuple(phases), last.began_at, len(recent), misses, tuple(notes))
