@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vllm_ctxmgr.core.budget import DEFAULT_MARGIN_FRACTION, DEFAULT_MARGIN_MIN_BYTES, margin_bytes
+from vllm_ctxmgr.core.downtime import downtime_text
 from vllm_ctxmgr.core.facts import LayerKind, ModelFacts, derived_max_model_len
 from vllm_ctxmgr.core.hardware import GpuState, gib
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
@@ -370,6 +371,8 @@ def change_text(result: ChangeReport, shown_before: bool = False) -> str:
             f"KV {plan['kv_bytes_per_token_per_gpu']:,} B/token/GPU, "
             f"{gib(plan['kv_bytes_per_gpu'])} per request; largest context that fits {plan['max_context']:,}"
         )
+    if result.action == "set-context" and result.result in ("dry-run", "planned"):
+        out += downtime_text(result.expected_downtime)
     before = _len_util(result.previous_max_model_len, result.previous_gpu_memory_utilization)
     after = _len_util(result.max_model_len, result.gpu_memory_utilization)
     headline = {

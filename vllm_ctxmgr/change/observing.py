@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from vllm_ctxmgr.core.budget import effective_args
+from vllm_ctxmgr.core.downtime import DowntimeEstimate, estimate_downtime, span
 from vllm_ctxmgr.core.hardware import GIB, GpuState
 from vllm_ctxmgr.core.observations import (
     Observation,
@@ -32,6 +33,7 @@ from vllm_ctxmgr.systemd.journal import JournalEntry
 from vllm_ctxmgr.systemd.names import unit_name
 from vllm_ctxmgr.systemd.service import ServiceView, read_service
 from vllm_ctxmgr.systemd.systemctl import Systemd
+from vllm_ctxmgr.vllm_log.timeline import phases_done, start_timings
 from vllm_ctxmgr.vllm_log.watcher import StartVerdict, StartWatcher, last_invocation_start, observe_start
 
 Printer = Callable[[str], None]
@@ -54,23 +56,17 @@ class StartProgress:
     remaining_s: float
     done: int | None = None
     total: int | None = None
+    expected_left_s: float | None = None  # from the service's earlier starts (core.downtime)
 
     def text(self) -> str:
-        """One line: `vllm-glm5: loading weights 3/8 [###.....], 1m 23s, timeout in 28m 37s`."""
+        """One line: `vllm-glm5: loading weights 3/8 [###.....], 1m 23s, about 5m 40s left, timeout in
+        28m 37s` (the time left where the journal held an earlier start to time it by)."""
         line = f"{self.unit}: {self.phase}"
         if self.done is not None and self.total:
             filled = round(10 * min(self.done, self.total) / self.total)
             line += f" {self.done}/{self.total} [{'#' * filled}{'.' * (10 - filled)}]"
-        return f"{line}, {_span(self.elapsed_s)}, timeout in {_span(self.remaining_s)}"
-
-
-def _span(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+        left = f"about {span(self.expected_left_s)} left, " if self.expected_left_s is not None else ""
+        return f"{line}, {span(self.elapsed_s)}, {left}timeout in {span(self.remaining_s)}"
 
 
 # vLLM's progress bars: (done, total) from the line's own figures or its percentage
@@ -88,6 +84,7 @@ def watch_start(
     on_tick: Callable[[StartProgress], None] | None = None,
     tick_interval: float = 1.0,
     head_serving: Callable[[], bool] | None = None,
+    expected: DowntimeEstimate | None = None,
 ) -> StartVerdict:
     """Follow the unit's journal from `cursor` and decide as soon as vLLM's decisive line appears.
 
@@ -96,7 +93,8 @@ def watch_start(
     node 0 serves and the node's ranks have joined (StartWatcher.head_serving).
 
     `on_tick` is called about every `tick_interval` seconds with where the start is, so a terminal can
-    show that a start that prints nothing for minutes (loading, compiling, capturing) is still alive."""
+    show that a start that prints nothing for minutes (loading, compiling, capturing) is still alive,
+    and, with the `expected` downtime, how long it may still take."""
 
     baseline = systemd.state(unit).n_restarts
     watcher = StartWatcher(
@@ -107,11 +105,13 @@ def watch_start(
     started = time.monotonic()
     next_tick = started + tick_interval
     fraction: tuple[int | None, int | None] = (None, None)
+    done = 0  # phases of core.downtime.START_PHASES over
     with systemd.follow(unit, after_cursor=cursor) as follower:
         while True:
             for entry in follower.poll(0.2):
                 for event in watcher.feed(entry.message):
                     now = time.monotonic()
+                    done = max(done, phases_done(event.name))
                     if event.name in _FRACTIONS:
                         fraction = _fraction(event.data)
                     elif event.kind == "progress":
@@ -125,7 +125,8 @@ def watch_start(
             now = time.monotonic()
             if on_tick is not None and now >= next_tick:
                 elapsed = now - started
-                on_tick(StartProgress(unit, watcher.phase, elapsed, timeout - elapsed, *fraction))
+                left = expected.time_left(elapsed, done) if expected is not None else None
+                on_tick(StartProgress(unit, watcher.phase, elapsed, timeout - elapsed, *fraction, left))
                 next_tick = now + tick_interval
             if now >= next_state:
                 state = systemd.show(
@@ -146,6 +147,14 @@ def _fraction(data: dict[str, Any]) -> tuple[int | None, int | None]:
     if done is not None and total is not None:
         return int(done), int(total)
     return (int(percent), 100) if percent is not None else (None, None)
+
+
+def expected_downtime(systemd: Systemd, unit: str, context_changes: bool) -> DowntimeEstimate | None:
+    """What a restart of the unit will cost, timed by its earlier starts in the journal (None: the
+    journal holds no start that served). `context_changes`: vLLM's compile cache will miss."""
+    entries = systemd.journal(unit, lines=20000)
+    lines = [(entry.realtime_us / 1e6, entry.invocation_id, entry.message) for entry in entries]
+    return estimate_downtime(start_timings(lines), context_changes)
 
 
 def observation_record(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vllm_ctxmgr.change.observing import Printer, StartProgress, observation_record, quiet, watch_start
+from vllm_ctxmgr.core.downtime import DowntimeEstimate
 from vllm_ctxmgr.core.observations import ObservationRecord
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.masking import mask
@@ -47,6 +48,7 @@ class Restarter:
     last_metrics: dict[str, str] = field(default_factory=dict)
     read_only: bool = False  # a dry run: observations stay in memory (unsaved_observations)
     unsaved_observations: list[ObservationRecord] = field(default_factory=list)
+    expected: DowntimeEstimate | None = None  # the next start's expected phases, for the time left
 
     @property
     def unit(self) -> str:
@@ -130,6 +132,7 @@ class Restarter:
             self.start_timeout,
             lambda line: self.on_line(mask(line, secrets)),
             on_tick=self.on_tick,
+            expected=self.expected,
         )
         # vLLM's decisive line may quote a key: masked once here, for the result, the record and history
         verdict = replace(

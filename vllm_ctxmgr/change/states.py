@@ -84,6 +84,7 @@ class ChangeResult:
     timings: dict[str, float] = field(default_factory=dict)
     pending_recovery: int | None = None  # a revision an interrupted run left: a real run recovers it first
     warnings: list[str] = field(default_factory=list)  # verify findings the unit had before the change
+    expected_downtime: dict[str, Any] = field(default_factory=dict)  # core.downtime's, before the restart
 
     def settled(self, result: Result) -> None:
         """How a way back ended: rolled-back (the change failed: exit 1) or rollback-failed (exit 5)."""

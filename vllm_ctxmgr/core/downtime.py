@@ -1,0 +1,193 @@
+"""How long a restart keeps the service down, from how long its earlier starts took.
+
+An operator confirms a restart that may take minutes (the seeds' GLM-5 took 7+): the question comes
+with the expected downtime, per phase, from the timestamps of the service's own earlier starts in the
+journal (vllm_log/timeline.py reads them), and the live status line counts down from the same figures.
+
+One phase moves with the change itself: vLLM keys its torch.compile cache by a hash of the config, and
+`max_model_len` is one of ModelConfig.compute_hash's factors (vllm/config/model.py:L453-L503 of the
+0.32 wheel: every field not in `ignored_factors`, and max_model_len is not there; VllmConfig.compute_hash
+folds it in at vllm/config/vllm.py:L472-L473). A new context therefore compiles cold, and a warm start's
+compile time says nothing about it: the estimate takes the last cold compile the journal holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# The phases of one start, in vLLM's order; each ends at a line vLLM prints (vllm_log/timeline.py).
+STOPPING = "stopping"
+STARTING = "starting"  # imports, engine and worker processes, distributed init
+LOADING = "loading weights"
+COMPILING = "torch.compile"
+PROFILING = "KV profiling"
+CAPTURING = "CUDA graph capture"
+SERVING = "HTTP server"
+START_PHASES = (STARTING, LOADING, COMPILING, PROFILING, CAPTURING, SERVING)
+
+CompileCache = Literal["hit", "miss"]
+RECENT_STARTS = 5  # the median of each phase is over at most this many of the last starts
+
+
+@dataclass(frozen=True)
+class StartTiming:
+    """One earlier start of the service as the journal timed it: each phase's seconds (a phase with no
+    line of its own is counted in the next), and how its instance stopped later where it did."""
+
+    began_at: float  # epoch seconds of systemd's `Started` line (or the start's first line)
+    phases: tuple[tuple[str, float], ...]  # (phase, seconds), in START_PHASES order
+    ready: bool  # it reached vLLM's ready line
+    compiled: bool = False  # torch.compile ran (not --enforce-eager)
+    compile_cache: CompileCache | None = None  # what vLLM's compile lines said; None: they said nothing
+    max_model_len: int | None = None
+    stop_s: float | None = None  # this instance's own stop (`Stopping` to `Stopped`), where it stopped
+
+    @property
+    def start_s(self) -> float:
+        return sum(seconds for _, seconds in self.phases)
+
+    def seconds(self, phase: str) -> float | None:
+        return next((s for p, s in self.phases if p == phase), None)
+
+
+@dataclass(frozen=True)
+class PhaseEstimate:
+    phase: str
+    seconds: float
+    source: str  # in words: which starts the figure comes from
+
+
+@dataclass(frozen=True)
+class DowntimeEstimate:
+    """The expected downtime of one restart: the old instance's stop, then each phase of the start."""
+
+    phases: tuple[PhaseEstimate, ...]
+    based_on: float  # epoch seconds of the last start it reads (its `Started` line)
+    starts: int  # how many earlier starts it reads
+    compile_cache_misses: bool | None = None  # None: no torch.compile in these starts
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def total_s(self) -> float:
+        return sum(p.seconds for p in self.phases)
+
+    @property
+    def start_s(self) -> float:
+        """The start alone (what the live status counts down): the stop is over when it begins."""
+        return sum(p.seconds for p in self.phases if p.phase != STOPPING)
+
+    def time_left(self, elapsed_s: float, phases_done: int) -> float:
+        """Seconds the start may still take, `elapsed_s` into it, with the first `phases_done` of
+        START_PHASES ended: the rest of the current phase (never below 0) plus the phases after it."""
+        done = [p.seconds for p in self.phases if p.phase in START_PHASES[:phases_done]]
+        ahead = [p.seconds for p in self.phases if p.phase in START_PHASES[phases_done:]]
+        if not ahead:
+            return 0.0
+        current_ends_at = sum(done) + ahead[0]
+        return max(current_ends_at - elapsed_s, 0.0) + sum(ahead[1:])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "total_s": round(self.total_s, 1),
+            "phases": [
+                {"phase": p.phase, "seconds": round(p.seconds, 1), "source": p.source} for p in self.phases
+            ],
+            "based_on_start": self.based_on,
+            "starts": self.starts,
+            "compile_cache_misses": self.compile_cache_misses,
+            "notes": list(self.notes),
+        }
+
+
+def estimate_downtime(starts: Sequence[StartTiming], context_changes: bool) -> DowntimeEstimate | None:
+    """The expected downtime of a restart from the service's earlier starts, oldest first; None where
+    none of them reached vLLM's ready line.
+
+    Each phase is the median over the last RECENT_STARTS starts that served (one slow start does not
+    set the figure). torch.compile is the exception where the context changes: vLLM's compile cache
+    misses then, so the figure is the last cold compile's (a start whose compile lines say it missed);
+    where the journal holds none, the warm figure stands with a note that it is a lower bound."""
+    served = [s for s in starts if s.ready]
+    if not served:
+        return None
+    recent = served[-RECENT_STARTS:]
+    last = recent[-1]
+    notes: list[str] = []
+    phases: list[PhaseEstimate] = []
+    stops = [s.stop_s for s in starts[-RECENT_STARTS:] if s.stop_s is not None]
+    if stops:
+        phases.append(PhaseEstimate(STOPPING, _median(stops), _source(len(stops), "stop")))
+    else:
+        notes.append("the journal holds no stop of this service: the old instance's stop is not counted")
+    for phase in START_PHASES:
+        figures = [f for f in (s.seconds(phase) for s in recent) if f is not None]
+        if last.seconds(phase) is None:
+            continue
+        estimate = (
+            _compile_estimate(served, recent, notes) if phase == COMPILING and context_changes else None
+        )
+        phases.append(estimate or PhaseEstimate(phase, _median(figures), _source(len(figures), "start")))
+    compiled = any(s.compiled for s in recent)
+    misses = context_changes if compiled else None
+    return DowntimeEstimate(tuple(phases), last.began_at, len(recent), misses, tuple(notes))
+
+
+def _compile_estimate(
+    served: list[StartTiming], recent: list[StartTiming], notes: list[str]
+) -> PhaseEstimate:
+    """torch.compile's figure where the context changes: the compile cache misses."""
+    cold = [s for s in served if s.compile_cache == "miss" and s.seconds(COMPILING) is not None]
+    if cold:
+        seconds = cold[-1].seconds(COMPILING) or 0.0
+        notes.append(
+            "a new max_model_len changes vLLM's compile hash (ModelConfig.compute_hash), so the "
+            f"torch.compile cache misses: {seconds:.0f} s, the last cold compile's time"
+        )
+        return PhaseEstimate(COMPILING, seconds, "the last cold compile (cache miss)")
+    warm = [s.seconds(COMPILING) for s in recent if s.seconds(COMPILING) is not None]
+    seconds = _median(warm) if warm else 0.0
+    said = {s.compile_cache for s in recent} - {None}
+    how = "warm (cache hit)" if said == {"hit"} else "of unknown cache state"
+    notes.append(
+        "a new max_model_len changes vLLM's compile hash (ModelConfig.compute_hash), so the torch.compile "
+        f"cache misses; the journal holds no cold compile, so the {seconds:.0f} s of the starts "
+        f"{how} is a lower bound"
+    )
+    return PhaseEstimate(COMPILING, seconds, f"the median of {len(warm)} start(s) {how}: a lower bound")
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _source(count: int, what: str) -> str:
+    return f"the last {what}" if count == 1 else f"the median of the last {count} {what}s"
+
+
+def span(seconds: float) -> str:
+    """`7m 05s`, `42s`, `1h 02m`: a duration as an operator reads it."""
+    whole = max(0, int(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+def downtime_text(data: dict[str, Any]) -> list[str]:
+    """The expected downtime as the operator reads it before confirming (from `to_json`'s shape; empty:
+    the journal held no start to time it by)."""
+    if not data:
+        return ["expected downtime: not known (the journal holds no start of this service that served)"]
+    phases = ", ".join(f"{p['phase']} {span(p['seconds'])}" for p in data["phases"])
+    starts = data["starts"]
+    lines = [
+        f"expected downtime: {span(data['total_s'])} ({phases}); from the last "
+        f"{'start' if starts == 1 else f'{starts} starts'} in the journal"
+    ]
+    lines += [f"  note: {note}" for note in data.get("notes", [])]
+    return lines
