@@ -21,9 +21,11 @@ Figures quoted in prose beside a command are in PROSE: the doc's words, and the 
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -229,6 +231,7 @@ class Result:
 def _bin_dir() -> Path:
     """`ctxmgr` and `python` as the docs call them: the checkout's (or the installed wheel's) ctxmgr."""
     folder = Path(tempfile.mkdtemp(prefix="docs-bin-", dir=REPO / ".cache"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     binary = os.environ.get("CTXMGR_BIN")
     ctxmgr = f'exec "{binary}" "$@"' if binary else f'exec "{sys.executable}" -m vllm_ctxmgr "$@"'
     for name, body in (("ctxmgr", ctxmgr), ("python", f'exec "{sys.executable}" "$@"')):
