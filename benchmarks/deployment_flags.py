@@ -39,35 +39,35 @@ def _request(context: int, gpus: int, memory: str = "80", name: str = "NVIDIA H1
 def every_flag() -> None:
     base = [str(MODELS / "llama-3.1-70b"), "-tp", "4", "--max-model-len", "32768"]
     counts: dict[str, Counter[str]] = defaultdict(Counter)
+    older: Counter[str] = Counter()  # the flags only older releases have, for a unit whose vLLM is unknown
     silent: list[str] = []
     for names, _dest, cls, kind, releases, _source in VLLM_FLAGS:
         name = names[0]
-        if not releases.endswith("0.33"):
-            continue  # 0.33's flags (a unit on 0.33 is refused the older ones)
+        # 0.33's flags by family (a unit on 0.33 is refused the older ones); the older ones in one row
+        tally = counts[cls or "(parser)"] if releases.endswith("0.33") else older
         if name in ("--model", "--config"):
             continue
         value = SAMPLE_VALUE[kind]
         # the LoRA sizes take effect only with --enable-lora (config/lora.py is built only then)
         lora = ["--enable-lora"] if name in LORA_FLAGS and name != "--enable-lora" else []
         args = parse_serve_argv([*base, *lora, name, *([value] if value is not None else [])])
-        family = cls or "(parser)"
         effect = classify(name)
         assert effect is not None
         try:
             plan = plan_for(args, _request(32768, 4))
         except (CtxmgrError, ValueError):
-            counts[family]["refused"] += 1
+            tally["refused"] += 1
             continue
         named = {n.flag for n in plan.not_modelled}
         counted = name in LORA_FLAGS and plan.gpus and "--enable-lora" in plan.gpus[0].weights.source
         if name in MODELLED or counted:
-            counts[family]["modelled"] += 1
+            tally["modelled"] += 1
         elif name in named:
-            counts[family]["named"] += 1
+            tally["named"] += 1
         elif effect.effect == "none":
-            counts[family]["no GPU effect"] += 1
+            tally["no GPU effect"] += 1
         else:
-            counts[family]["silent"] += 1
+            tally["silent"] += 1
             silent.append(name)
     columns = ("modelled", "named", "no GPU effect", "refused", "silent")
     print(f"{'flag family (vLLM config class)':32s}" + "".join(f"{c:>15s}" for c in columns))
@@ -76,6 +76,7 @@ def every_flag() -> None:
         total.update(counts[family])
         print(f"{family:32s}" + "".join(f"{counts[family][c]:>15d}" for c in columns))
     print(f"{'all 0.33 flags':32s}" + "".join(f"{total[c]:>15d}" for c in columns))
+    print(f"{'flags only older releases have':32s}" + "".join(f"{older[c]:>15d}" for c in columns))
     print(f"silent: {', '.join(silent) or 'none'}")
 
 
