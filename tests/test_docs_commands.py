@@ -74,7 +74,7 @@ NOT_RUN: dict[str, tuple[str, str]] = {
 
 # Blocks that are not commands: (doc, the block's first line) -> what it is, and the test keeping it true.
 NOT_COMMANDS: dict[tuple[str, str], tuple[str, str]] = {
-    ("docs/architecture.md", "unit (+ drop-ins, EnvironmentFile)  ─► service ─► serve args ─┐"): (
+    ("docs/architecture.md", "unit (+ drop-ins, EnvironmentFile)  ─► systemd.service ─► serve args ─┐"): (
         "a drawing of the flow",
         "tests/test_package_rules.py",
     ),
@@ -404,7 +404,7 @@ def test_configuration_blocks_are_read_by_what_reads_them(block: Block, tmp_path
         path = tmp_path / "glm5.toml"
         path.write_text(text)
         data = _read_deployment_file(path)
-        assert data["node"], f"{block.doc}:{block.line}: a deployment file without nodes"
+        assert data.nodes, f"{block.doc}:{block.line}: a deployment file without nodes"
         return
     if block.lang == "yaml":
         names = set(yaml.safe_load(text))

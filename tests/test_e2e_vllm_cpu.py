@@ -301,7 +301,8 @@ def test_a_start_vllm_rejects_for_its_kv_cache_is_rolled_back_and_the_plan_saw_i
         "--yes",
         "--json",
     )
-    assert code == ExitCode.ERROR, err
+    # the whole answer on failure: a rollback that failed says why only in its JSON (stderr is empty)
+    assert code == ExitCode.ERROR, (err, data)
     assert data["result"] == "rolled-back"
     assert f"the estimated maximum model length is {vllms_estimate}." in data["decisive_line"]
     assert "KV cache" in data["reason"]

@@ -7,7 +7,9 @@ it stops by itself (SIGTERM stops it sooner: no new requests, the ones in flight
 any target but the loopback range and the fleet bed's own subnet. A request counts as failed when it
 gets no 200 or its connection breaks, and as truncated when its stream ends without every token, a
 finish_reason and `data: [DONE]`. With --haproxy-socket it also samples HAProxy every 0.1 s and
-reports, per server, how long it was out of rotation (any status but UP, "UP 3/4" included).
+reports, per server, how long it was out of rotation (any status but UP, "UP 3/4" included). The
+sampler goes on after the last request until SIGTERM (at most MAX_SAMPLE_S in all): a rollout on a busy
+machine outlasts the load's bound, and a restart after it must still be seen out of rotation.
 
 With --keepalive N, N clients each keep one HTTP/1.1 connection to the load balancer open and send
 their requests over it one after another (the same rate in all): a drain must not cut such a kept-alive
@@ -32,6 +34,7 @@ from urllib.parse import urlsplit
 
 MAX_RATE = 20.0
 MAX_DURATION_S = 120.0
+MAX_SAMPLE_S = 900.0  # sampling HAProxy's stats socket sends no request: only SIGTERM or this ends it
 ALLOWED_NETWORKS = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("10.249.0.0/24"))
 
 
@@ -215,6 +218,7 @@ def run_load(
             thread.join(timeout=60)
     elapsed = time.monotonic() - began
     if sampler:
+        stop.wait(max(0.0, began + MAX_SAMPLE_S - time.monotonic()))
         sampler.stop.set()
         sampler.join(timeout=5)
     failed = [o for o in outcomes if o.failed]
