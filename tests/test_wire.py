@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from vllm_ctxmgr.cli.deployment import _finish
 from vllm_ctxmgr.core.hardware import GIB, uniform_gpus
-from vllm_ctxmgr.deployment.coordinator import Coordinator, DeploymentRequest
+from vllm_ctxmgr.deployment.coordinator import Coordinator, DeploymentRequest, plan_deployment
 from vllm_ctxmgr.deployment.remote import Link, NodeAddress, NodeError
 from vllm_ctxmgr.deployment.wire import (
     WIRE_VERSION,
@@ -187,7 +188,10 @@ def stand_in_node(workdir: Path, answers: dict[str, dict[str, Any]]) -> tuple[tu
         f"open({str(log)!r}, 'a').write(' '.join(args) + '\\n')\n"
         "step, service = args[1], [a for a in args if a.endswith('.service')][0]\n"
         f"open({str(log) + '.stdin'!r}, 'a').write(json.dumps([' '.join(args), sys.stdin.read()]) + '\\n')\n"
-        "print(json.dumps(answers[step + ' ' + service]))\n"
+        "key = step + ' ' + service\n"
+        "if step == 'prepare' and '--dry-run' not in args and 'write ' + service in answers:\n"
+        "    key = 'write ' + service\n"  # the write itself, where its dry run answered otherwise
+        "print(json.dumps(answers[key]))\n"
     )
     return (sys.executable, str(script)), log
 
@@ -358,3 +362,92 @@ def test_a_dry_run_on_a_drifted_deployment_says_what_it_found(workdir: Path) -> 
         "dry run: nothing was written or restarted; max_model_len differs between nodes: "
         "local:vllm-n0.service 8192, local:vllm-n1.service 4096: every node is written to 16384"
     )
+
+
+# The JSON a deployment command prints, key for key in its order: the automation contract (Ansible's
+# modules and scripts read these), pinned so a change of the result's type cannot move or drop one.
+DEPLOYMENT_KEYS = [
+    "schema", "command", "deployment", "action", "result", "changed", "exit_code", "change_id",
+    "max_model_len", "previous_max_model_len", "gpu_memory_utilization", "least_gpu_memory_utilization",
+    "reason", "decisive_line", "suggestion", "backend", "nodes", "plan", "plan_text", "timings", "diff",
+    "dry_run",
+]  # fmt: skip
+NODE_KEYS = [
+    "host", "service", "role", "node_rank", "stages", "revision", "diff", "step", "ok", "reason", "planned",
+    "logged",
+]  # fmt: skip
+
+
+def printed(capsys: pytest.CaptureFixture[str], result: Any, dry_run: bool = False) -> tuple[int, Any]:
+    """What `ctxmgr deployment ... --json` prints for `result`, and its exit code."""
+    with pytest.raises(SystemExit) as exited:
+        _finish(result, True, dry_run=dry_run)
+    return int(exited.value.code or 0), json.loads(capsys.readouterr().out)
+
+
+def test_every_deployment_command_prints_the_same_json_fields(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 27.1: the deployment's result is one change result carrying its nodes; what each command
+    prints stays field for field (and value for value) what it printed as a DeploymentResult of its own."""
+    failing = {"wire": WIRE_VERSION, "service": "vllm-n0.service", "ok": False, "reason": "the probe failed"}
+    unwritable = {"wire": WIRE_VERSION, "service": "vllm-n1.service"}  # no unit_path: refused at the door
+    change, infeasible = Coordinator.set_context, plan_answer(result="infeasible")
+    runs: dict[str, tuple[dict[str, dict[str, Any]], Any, bool]] = {
+        "applied": (walk_answers(), change, False),
+        "rollback-failed": (walk_answers(**{"start vllm-n0.service": failing}), change, False),
+        "put-back": (walk_answers(**{"write vllm-n1.service": unwritable}), change, False),
+        "put-back-failed": (walk_answers(**{"write vllm-n1.service": unwritable,
+                                            "restore vllm-n0.service": unwritable}), change, False),
+        "dry-run": (walk_answers(), change, True),
+        "infeasible": (walk_answers(**{"plan vllm-n0.service": infeasible}), change, False),
+        "recover": (walk_answers(), Coordinator.recover, False),
+        "plan": (walk_answers(), lambda c: plan_deployment(c.request, workdir / "plan-state"), False),
+    }  # fmt: skip
+    seen: dict[str, tuple[int, Any]] = {}
+    for name, (answers, run, dry_run) in runs.items():
+        (workdir / name).mkdir()
+        request, _log = two_node_request(workdir / name, answers)
+        request.dry_run = dry_run
+        seen[name] = printed(capsys, run(Coordinator(request, workdir / name / "state")), dry_run)
+        assert list(seen[name][1]) == DEPLOYMENT_KEYS, name
+        assert [list(n) for n in seen[name][1]["nodes"]] == [NODE_KEYS, NODE_KEYS], name
+    code, data = seen["applied"]
+    assert code == 0 and set(data["timings"]) == {"write_s", "start_s", "total_s"}
+    assert data["change_id"].startswith(data["deployment"] + "-")
+    pinned = {k: v for k, v in data.items() if k not in ("change_id", "timings", "nodes", "plan")}
+    assert pinned == {
+        "schema": 2, "command": "deployment set-context", "deployment": data["deployment"],
+        "action": "set-context", "result": "applied", "changed": True, "exit_code": 0, "max_model_len": 16384,
+        "previous_max_model_len": 8192, "gpu_memory_utilization": 0.9, "least_gpu_memory_utilization": 0.8,
+        "reason": "every node runs max_model_len 16384; the head served the context-sized probe",
+        "decisive_line": "", "suggestion": "", "backend": "mp", "plan_text": "plan text",
+        "diff": "# node 0: local:vllm-n0.service\n-8192\n+16384\n"
+                "# node 1: local:vllm-n1.service\n-8192\n+16384",
+        "dry_run": False,
+    }  # fmt: skip
+    assert data["plan"] == plan_answer()["plan"]
+    head = {k: v for k, v in data["nodes"][0].items() if k not in ("planned", "logged")}
+    assert head == {
+        "host": "local", "service": "vllm-n0.service", "role": "head", "node_rank": 0, "stages": [0],
+        "revision": 5, "diff": "-8192\n+16384", "step": "final", "ok": True, "reason": "",
+    }  # fmt: skip
+    assert data["nodes"][1]["planned"]["kv_budget_bytes"] == 40 * GIB
+    assert data["nodes"][1]["logged"] == show_answer(1)["logged"]
+    # the ways back and the ends before any write: result, exit code and reason as before
+    ends = {name: (code, d["result"], d["changed"], d["reason"], d["change_id"] is None)
+            for name, (code, d) in seen.items() if name != "applied"}  # fmt: skip
+    assert ends == {
+        "rollback-failed": (5, "rollback-failed", False, "local:vllm-n0.service: the probe failed; and the "
+                            "rollback failed too: local:vllm-n0.service: the probe failed", False),
+        "put-back": (1, "rolled-back", False, "nothing was restarted: local:vllm-n1.service: `node prepare` "
+                     "answer: no unit_path", False),
+        # (the reason does not say which node's restore failed: as before)
+        "put-back-failed": (5, "rollback-failed", False, "nothing was restarted: local:vllm-n1.service: "
+                            "`node prepare` answer: no unit_path", False),
+        "dry-run": (0, "dry-run", True, "dry run: nothing was written or restarted", True),
+        "infeasible": (3, "infeasible", False, "fits", True),
+        "recover": (0, "unchanged", False,
+                    "no node has a deployment change in progress: nothing to recover", True),
+        "plan": (0, "feasible", False, "fits", True),
+    }  # fmt: skip
