@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from vllm_ctxmgr.deployment.wire import (
     WireError,
     check_context_flags,
 )
-from vllm_ctxmgr.errors import UsageError
+from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
 
 MASTER = "--nnodes 2 --master-addr 10.0.0.1 --master-port 29501"
 HOSTILE_FLAGS = {
@@ -191,7 +192,10 @@ def stand_in_node(workdir: Path, answers: dict[str, dict[str, Any]]) -> tuple[tu
         "key = step + ' ' + service\n"
         "if step == 'prepare' and '--dry-run' not in args and 'write ' + service in answers:\n"
         "    key = 'write ' + service\n"  # the write itself, where its dry run answered otherwise
-        "print(json.dumps(answers[key]))\n"
+        "answer = answers[key]\n"
+        "if answer.pop('signal', None):\n"  # the operator's SIGTERM to the coordinator, during this step
+        "    import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); time.sleep(0.5)\n"
+        "print(json.dumps(answer))\n"
     )
     return (sys.executable, str(script)), log
 
@@ -451,3 +455,31 @@ def test_every_deployment_command_prints_the_same_json_fields(
                     "no node has a deployment change in progress: nothing to recover", True),
         "plan": (0, "feasible", False, "fits", True),
     }  # fmt: skip
+
+
+def test_a_signal_rolls_every_node_back_and_a_second_one_leaves_the_change_to_recover(workdir: Path) -> None:
+    """The deployment's walk under the one signal guard of every walk (states.guard_signals): SIGTERM
+    while a node is written rolls every node back (rolled-back, exit 1); another while the way back
+    runs stops at once, exit 5, and says what is left for `deployment recover`."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("only the main thread takes signals")
+    written = {"wire": WIRE_VERSION, "service": "vllm-n1.service", "unit_path": "/u", "changed": True,
+               "diff": "-8192\n+16384", "revision": 5, "signal": True}  # fmt: skip
+    (workdir / "once").mkdir()
+    request, log = two_node_request(workdir / "once", walk_answers(**{"write vllm-n1.service": written}))
+    result = Coordinator(request, workdir / "once" / "state").set_context()
+    assert (str(result.result), result.exit_code) == ("rolled-back", ExitCode.ERROR)
+    assert result.reason == "ctxmgr was interrupted by SIGTERM"
+    assert "node stop" not in log.read_text().split("node restore")[0]  # nothing restarted before
+    again = {**walk_answers()["restore vllm-n0.service"], "signal": True}
+    (workdir / "twice").mkdir()
+    answers = walk_answers(**{"write vllm-n1.service": written, "restore vllm-n0.service": again})
+    request, _log = two_node_request(workdir / "twice", answers)
+    coordinator = Coordinator(request, workdir / "twice" / "state")
+    with pytest.raises(CtxmgrError) as stopped:
+        coordinator.set_context()
+    assert stopped.value.exit_code == ExitCode.ROLLBACK_FAILED
+    assert stopped.value.message == (
+        f"interrupted again by SIGTERM while rolling back: change {coordinator.result.change_id} is left in "
+        "progress on its nodes; run `ctxmgr deployment recover` with the same nodes"
+    )

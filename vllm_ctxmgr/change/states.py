@@ -13,7 +13,8 @@ The operations live once, on `Change` (certbot's reverter is the model: one prim
 reuses): `ensure_baseline`, `install_checked` (write, daemon-reload, check the ExecStart= systemd will
 run), `stop_before_restart`, `settle` (rolled-back | rollback-failed), `finalise`, and `guard_signals`;
 undoing the writes is `Restarter.put_back`. The one-service walk (walk.py), recovery (recovery.py) and
-each node's step of a deployment (deployment/node.py) are made of them. The backward walk (`roll_back`)
+each node's step of a deployment (deployment/node.py) are made of them; a deployment's coordinator takes
+the same signal guard and settle decision (`guard_signals`, `how_settled`). The backward walk (`roll_back`)
 lives here because walk and recovery both take it, and recovery must not import walk (walk runs
 recovery first).
 
@@ -86,10 +87,9 @@ class ChangeResult:
     warnings: list[str] = field(default_factory=list)  # verify findings the unit had before the change
     expected_downtime: dict[str, Any] = field(default_factory=dict)  # core.downtime's, before the restart
 
-    def settled(self, result: Result) -> None:
-        """How a way back ended: rolled-back (the change failed: exit 1) or rollback-failed (exit 5)."""
-        self.result = result
-        self.exit_code = ExitCode.ERROR if result is Result.ROLLED_BACK else ExitCode.ROLLBACK_FAILED
+    def settled(self, ok: bool, why: str = "") -> None:
+        """How a way back ended (`how_settled`): rolled-back, or rollback-failed with `why`."""
+        self.result, self.exit_code, self.reason = how_settled(ok, self.reason, why)
 
     def stopped_before_restart(self, stopped: StoppedBeforeRestart) -> None:
         """The change ended before any restart: rolled back, nothing changed (exit 1)."""
@@ -203,13 +203,10 @@ class Change:
 
     def settle(self, ok: bool, why: str, serving: str) -> Result:
         """rolling-back -> rolled-back where the previous unit serves again (`serving` says how it was
-        proved), else rollback-failed with `why`, added to the revision's reason."""
-        if ok:
-            self.enter_or_note(State.ROLLED_BACK, serving)
-            return Result.ROLLED_BACK
-        self.rev.reason += f"; and the rollback failed too: {why}"
-        self.enter_or_note(State.ROLLBACK_FAILED, why)
-        return Result.ROLLBACK_FAILED
+        proved), else rollback-failed with `why`, added to the revision's reason (`how_settled`)."""
+        result, _, self.rev.reason = how_settled(ok, self.rev.reason, why)
+        self.enter_or_note(State(result.value), serving if ok else why)
+        return result
 
     def finalise(self, reason: str, note: str = "") -> None:
         """probed -> final: the change served and passed its probe; `reason` is the record's last word."""
@@ -220,10 +217,8 @@ class Change:
     def guard_signals(
         self, left: Callable[[str], str], first_too: bool = False
     ) -> AbstractContextManager[None]:
-        """The one signal guard of a change's walk: signals_raise until the record is final, and a
-        second signal (with `first_too`, any) ends the run at once, exit 5, with `left(signal)`: what
-        is left for `recover`."""
-        return signal_guard(lambda: self.rev.state in st.FINISHED, left, first_too)
+        """`guard_signals` over this change's walk, until its record is final."""
+        return guard_signals(lambda: self.rev.state in st.FINISHED, left, first_too)
 
     def unwritten_note(self) -> str:
         """What the result says when the record could not follow the way back."""
@@ -297,14 +292,15 @@ class Abandoned(BaseException):
 
 
 @contextlib.contextmanager
-def signals_raise(finished: Callable[[], bool] = lambda: False) -> Iterator[None]:
-    """While a change (one service's or a whole deployment's) is unfinished, the first SIGTERM,
-    SIGINT or SIGHUP raises Interrupted, so the change fails and rolls back like any failure, and the
-    next raises Abandoned; once `finished()` says the record is final, a signal is ignored (the run is
+def guard_signals(
+    finished: Callable[[], bool], left: Callable[[str], str], first_too: bool = False
+) -> Iterator[None]:
+    """The one signal guard of every walk (one service's change, its recovery, a deployment's change).
+    While `finished()` says the record is not final, the first SIGTERM, SIGINT or SIGHUP raises
+    Interrupted, so the change fails and rolls back like any failure; the signal that must stop the run
+    at once (the next; with `first_too`, any) ends it as a CtxmgrError, exit 5, whose message
+    `left(signal name)` says what is left for `recover`. Once final, a signal is ignored (the run is
     about to exit by itself). Only the main thread can take signals."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     received: list[int] = []
 
     def handler(signum: int, _frame: FrameType | None) -> None:
@@ -313,29 +309,33 @@ def signals_raise(finished: Callable[[], bool] = lambda: False) -> Iterator[None
         received.append(signum)
         raise Interrupted(signum) if len(received) == 1 else Abandoned(signum)
 
-    before = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+    main = threading.current_thread() is threading.main_thread()
+    before = {sig: signal.signal(sig, handler) for sig in SIGNALS} if main else {}
     try:
-        yield
-    finally:
-        for sig, old in before.items():
-            signal.signal(sig, old)
-
-
-@contextlib.contextmanager
-def signal_guard(
-    finished: Callable[[], bool], left: Callable[[str], str], first_too: bool = False
-) -> Iterator[None]:
-    """signals_raise, and the signal that must stop the run at once (the second; with `first_too`, any)
-    a CtxmgrError, exit 5, whose message `left(signal name)` says what is left for `recover`."""
-    try:
-        with signals_raise(finished):
+        try:
             yield
+        finally:
+            for sig, old in before.items():
+                signal.signal(sig, old)
     except Abandoned as exc:
         raise CtxmgrError(left(exc.name), exit_code=ExitCode.ROLLBACK_FAILED) from None
     except Interrupted as exc:
         if not first_too:
             raise
         raise CtxmgrError(left(exc.name), exit_code=ExitCode.ROLLBACK_FAILED) from None
+
+
+def how_settled(ok: bool, reason: str, why: str = "") -> tuple[Result, ExitCode, str]:
+    """The one settle decision of every way back (one service's, a node's, a deployment's): rolled-back
+    where the previous unit serves again (the change failed: exit 1), else rollback-failed (exit 5) with
+    `why` added to the reason."""
+    if ok:
+        return Result.ROLLED_BACK, ExitCode.ERROR, reason
+    return (
+        Result.ROLLBACK_FAILED,
+        ExitCode.ROLLBACK_FAILED,
+        f"{reason}; and the rollback failed too: {why}" if why else reason,
+    )
 
 
 def roll_back(
@@ -346,14 +346,13 @@ def roll_back(
     if wait_exit:
         restarter.let_failed_start_exit()
     restarter.on_step(f"rolling back to the previous unit of {restarter.service}")
-    rev.reason, rev.decisive_line = result.reason or note, result.decisive_line or rev.decisive_line
+    rev.reason = result.reason = result.reason or note
+    rev.decisive_line = result.decisive_line or rev.decisive_line
     change.enter_or_note(State.ROLLING_BACK, f"putting the previous unit back: {note}")
     back_ok, back_reason = restarter.restore(change.files, rev.previous_max_model_len)
-    result.settled(change.settle(back_ok, back_reason, "the previous unit serves again and passed its probe"))
-    if not back_ok:
-        result.reason = rev.reason
-    if change.unwritten:
-        result.reason = (result.reason or note) + change.unwritten_note()
+    change.settle(back_ok, back_reason, "the previous unit serves again and passed its probe")
+    result.settled(back_ok, back_reason)
+    result.reason += change.unwritten_note()
 
 
 def describe(rev: Revision) -> str:

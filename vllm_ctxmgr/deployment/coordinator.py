@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from vllm_ctxmgr.change.states import Abandoned, Interrupted, Result, signals_raise
+from vllm_ctxmgr.change.states import Interrupted, Result, guard_signals, how_settled
 from vllm_ctxmgr.core.hardware import GpuState
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
 from vllm_ctxmgr.core.topology import NodeRole, NodeUnit, Topology, read_topology, with_ray_gpus, world_gpus
@@ -58,7 +58,7 @@ from vllm_ctxmgr.deployment.wire import (
     StopAnswer,
     VerifyAnswer,
 )
-from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
+from vllm_ctxmgr.errors import ExitCode, UsageError
 from vllm_ctxmgr.nvml import gpus_from_json
 from vllm_ctxmgr.store import ServiceStore
 
@@ -643,24 +643,24 @@ class Coordinator:
         result.change_id = f"{self.name}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(2)}"
         result.max_model_len = context
         self._record("writing")
-        try:
-            # a signal fails the deployment change: every node is put back; a second one stops at once,
-            # leaving `deployment recover` to finish
-            with signals_raise():
-                try:
-                    return self._walk(flags, env or {}, context, t0)
-                except Interrupted as exc:
-                    result.reason = f"ctxmgr was interrupted by {exc.name}"
-                    self.say(f"{result.reason}; rolling every node back")
-                    self._roll_back_all(result.reason)
-                    result.timings["total_s"] = round(time.monotonic() - t0, 3)
-                    return result
-        except Abandoned as exc:
-            raise CtxmgrError(
-                f"interrupted again by {exc.name} while rolling back: change {result.change_id} is left "
-                "in progress on its nodes; run `ctxmgr deployment recover` with the same nodes",
-                exit_code=ExitCode.ROLLBACK_FAILED,
-            ) from None
+
+        def left(signal: str) -> str:
+            return (
+                f"interrupted again by {signal} while rolling back: change {result.change_id} is left "
+                "in progress on its nodes; run `ctxmgr deployment recover` with the same nodes"
+            )
+
+        # a signal fails the deployment change: every node is put back; a second one stops at once,
+        # leaving `deployment recover` to finish
+        with guard_signals(lambda: False, left):
+            try:
+                return self._walk(flags, env or {}, context, t0)
+            except Interrupted as exc:
+                result.reason = f"ctxmgr was interrupted by {exc.name}"
+                self.say(f"{result.reason}; rolling every node back")
+                self._roll_back_all(result.reason)
+                result.timings["total_s"] = round(time.monotonic() - t0, 3)
+                return result
 
     def _walk(self, flags: dict[str, str], env: dict[str, str], context: int, t0: float) -> DeploymentResult:
         result = self.result
@@ -738,8 +738,7 @@ class Coordinator:
         back = self._restore_all(written, reason)
         ok = not any(isinstance(b, NodeError) for b in back)
         self._settle_all(written, ok, reason)
-        result.result = Result.ROLLED_BACK if ok else Result.ROLLBACK_FAILED
-        result.exit_code = ExitCode.ERROR if ok else ExitCode.ROLLBACK_FAILED
+        result.result, result.exit_code, result.reason = how_settled(ok, result.reason)
         self._record(str(result.result))
         return result
 
@@ -869,12 +868,9 @@ class Coordinator:
         ok = failure is None
         settle_reason = "" if failure is None else failure[0]
         self._settle_all(self.changing, ok, settle_reason)
+        result.result, result.exit_code, result.reason = how_settled(ok, result.reason, settle_reason)
         if ok:
-            result.result, result.exit_code = Result.ROLLED_BACK, ExitCode.ERROR
             self.say("every node runs its previous unit again; the head passed its probe")
-        else:
-            result.result, result.exit_code = Result.ROLLBACK_FAILED, ExitCode.ROLLBACK_FAILED
-            result.reason += f"; and the rollback failed too: {settle_reason}"
         self._record(str(result.result))
 
 
