@@ -8,26 +8,13 @@ import getpass
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, NoReturn
 
 from vllm_ctxmgr.cli.output import echo, emit_json
 
 if TYPE_CHECKING:
     from vllm_ctxmgr.change.states import ChangeResult
     from vllm_ctxmgr.systemd.systemctl import Systemd
-
-
-class Outcome(Protocol):
-    """What a command that may change something ends with: a service's ChangeResult or a
-    deployment's DeploymentResult."""
-
-    @property
-    def result(self) -> str: ...  # a Result (a StrEnum), or a plan's feasible | infeasible | unknown
-
-    @property
-    def exit_code(self) -> int: ...
-
-    def to_json(self) -> dict[str, Any]: ...
 
 
 def finish(
@@ -44,7 +31,7 @@ def finish(
 
 
 def conclude(
-    command: str, outcome: Outcome, text: Callable[[], str], as_json: bool, *, dry_run: bool = False
+    command: str, outcome: ChangeResult, text: Callable[[], str], as_json: bool, *, dry_run: bool = False
 ) -> NoReturn:
     """Print what a command did (its text, or one JSON object) and exit with its code.
 

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from vllm_ctxmgr.change.states import Interrupted, Result, guard_signals, how_settled
+from vllm_ctxmgr.change.states import ChangeResult, Interrupted, Result, guard_signals
 from vllm_ctxmgr.core.hardware import GpuState
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
 from vllm_ctxmgr.core.topology import NodeRole, NodeUnit, Topology, read_topology, with_ray_gpus, world_gpus
@@ -92,36 +92,40 @@ class NodeOutcome:
 
 
 @dataclass
-class DeploymentResult:
-    """What a deployment command did, in the shape --json prints."""
+class DeploymentResult(ChangeResult):
+    """What a deployment command did: a change's result (its `service` the deployment's name) that
+    carries its nodes, printed by --json in the deployment's shape (`to_json`)."""
 
-    deployment: str
-    action: str
     result: Result | str  # a change's Result; a plan's feasible | infeasible | unknown
-    changed: bool
-    exit_code: int = ExitCode.OK
     change_id: str | None = None
-    max_model_len: int | None = None
-    previous_max_model_len: int | None = None
-    gpu_memory_utilization: float | None = None  # what every node's unit runs with after the change
     least_gpu_memory_utilization: float | None = None  # the least that fits, one more figure
-    reason: str = ""
-    decisive_line: str = ""
-    suggestion: str = ""
     backend: str = ""
     nodes: list[NodeOutcome] = field(default_factory=list)
-    plan: dict[str, Any] = field(default_factory=dict)
     plan_text: str = ""
-    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def deployment(self) -> str:
+        return self.service
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["result"] = str(self.result)
-        # every node's diff in one text, as a one-host change has one `diff`
-        data["diff"] = "\n".join(
-            f"# node {n.node_rank}: {n.host}:{n.service}\n{n.diff}" for n in self.nodes if n.diff
-        )
-        return data
+        """The deployment's fields in their order: a change's, less those of one unit (its revision, unit
+        file, probe, observation), and every node's diff in one text, as a one-host change has one `diff`.
+        gpu_memory_utilization is what every node's unit runs with after the change."""
+        data = super().to_json()
+        return {
+            "deployment": self.service,
+            **{name: data[name] for name in DEPLOYMENT_FIELDS},
+            "diff": "\n".join(
+                f"# node {n.node_rank}: {n.host}:{n.service}\n{n.diff}" for n in self.nodes if n.diff
+            ),
+        }
+
+
+DEPLOYMENT_FIELDS = (
+    "action", "result", "changed", "exit_code", "change_id", "max_model_len", "previous_max_model_len",
+    "gpu_memory_utilization", "least_gpu_memory_utilization", "reason", "decisive_line", "suggestion",
+    "backend", "nodes", "plan", "plan_text", "timings",
+)  # fmt: skip
 
 
 @dataclass
@@ -738,7 +742,7 @@ class Coordinator:
         back = self._restore_all(written, reason)
         ok = not any(isinstance(b, NodeError) for b in back)
         self._settle_all(written, ok, reason)
-        result.result, result.exit_code, result.reason = how_settled(ok, result.reason)
+        result.settled(ok)
         self._record(str(result.result))
         return result
 
@@ -868,7 +872,7 @@ class Coordinator:
         ok = failure is None
         settle_reason = "" if failure is None else failure[0]
         self._settle_all(self.changing, ok, settle_reason)
-        result.result, result.exit_code, result.reason = how_settled(ok, result.reason, settle_reason)
+        result.settled(ok, settle_reason)
         if ok:
             self.say("every node runs its previous unit again; the head passed its probe")
         self._record(str(result.result))
