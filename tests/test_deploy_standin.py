@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import fcntl
 import json
 import os
 import pty
 import re
 import select
+import struct
 import subprocess
+import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -353,14 +356,19 @@ def test_a_dry_run_needs_no_write_access_to_the_state_directory(sandbox, install
     assert sorted(p.name for p in (state / name).iterdir()) == ["lock"]  # the lock only, nothing else
 
 
+TERMINAL_COLUMNS = 80
+
+
 def ask_on_a_terminal(
     argv: list[str], between: Callable[[], None], answer: bytes = b"y\n"
 ) -> tuple[int, str]:
-    """Run ctxmgr on a pseudo-terminal, wait for its question, call `between` (the world changing while
-    the operator reads the diff), then answer. Returns (exit code, everything it printed)."""
+    """Run ctxmgr on a pseudo-terminal TERMINAL_COLUMNS wide, wait for its question, call `between` (the
+    world changing while the operator reads the diff), then answer. Returns (exit code, everything it
+    printed)."""
     pid, fd = pty.fork()
     if pid == 0:  # the child: ctxmgr, with the terminal as stdin, stdout and stderr
         os.execvp(argv[0], argv)
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, TERMINAL_COLUMNS, 0, 0))
     seen = b""
     deadline = time.monotonic() + 120
     answered = False
@@ -471,13 +479,18 @@ def test_a_terminal_sees_the_diff_before_the_restart_and_a_live_status_while_vll
     code, out = ask_on_a_terminal(argv, lambda: None)
     assert code == 0, out
     diff_at = out.index("+    --max-model-len 100000")
-    status = re.findall(r"\r\x1b\[K([^\r\n]*timeout in [^\r\n]*)", out)
+    # each status line is drawn after a carriage return and erase-line (vLLM's own lines too, after it)
+    status = [
+        line for line in re.findall(r"\r\x1b\[K([^\r\n]*)", out) if line.startswith(f"{name}.service: ")
+    ]
     assert status and diff_at < out.index("\r\x1b[K"), out
     assert any(
         re.search(rf"{name}\.service: loading weights \d+/\d+ \[[#.]{{10}}\]", line) for line in status
-    )
-    # each line fits the terminal (cut at its width); the short ones show the whole of it
-    short = r"starting, \d+s, (?:about \S+(?: \S+)? left, )?timeout in \d+m \d\ds$"
+    ), status
+    # each line fits the terminal (cut at its width, so a bar's line loses its end); the short ones show
+    # the whole of it, with the time left the earlier start in the journal gives
+    assert max(len(line) for line in status) == TERMINAL_COLUMNS - 1, status
+    short = r"starting, \d+s, about \d+s left, timeout in \d+m \d\ds$"
     assert any(re.search(short, line) for line in status), status
     assert served_max_model_len(port) == 100000
 
