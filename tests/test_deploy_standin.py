@@ -97,10 +97,13 @@ def test_set_context_applies_and_is_idempotent(sandbox, install_unit, workdir) -
     states = [(r["action"], r["state"], r["max_model_len"]) for r in data["revisions"]]
     assert states == [("baseline", "baseline", 8192), ("set-context", "final", 200000)]
 
-    # rollback returns to the baseline through the same verified path
+    # rollback returns to the baseline through the same verified path, expected to take as long as the
+    # starts in the journal (a context vLLM compiled before: no cold compile to count)
     code, data, err = ctxmgr(sandbox, state, "rollback", "--service", name, "--yes", "--json")
     assert code == 0, err
     assert data["result"] == "applied" and data["changed"] is True
+    assert data["expected_downtime"]["starts"] == 2, data["expected_downtime"]
+    assert data["expected_downtime"]["compile_cache_misses"] is False
     assert path.read_text() == before
     models = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
     assert models["data"][0]["max_model_len"] == 8192
