@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from vllm_ctxmgr.change.observing import StartProgress
+from vllm_ctxmgr.change.restart import Restarter
 from vllm_ctxmgr.core.downtime import (
     CAPTURING,
     COMPILING,
@@ -22,11 +23,13 @@ from vllm_ctxmgr.core.downtime import (
     SERVING,
     STARTING,
     STOPPING,
+    DowntimeEstimate,
     StartTiming,
     downtime_text,
     estimate_downtime,
 )
-from vllm_ctxmgr.systemd.journal import parse_journal_json
+from vllm_ctxmgr.errors import CtxmgrError
+from vllm_ctxmgr.systemd.journal import JournalEntry, parse_journal_json
 from vllm_ctxmgr.vllm_log.patterns import classify
 from vllm_ctxmgr.vllm_log.timeline import TimedLine, phases_done, start_timings
 
@@ -66,7 +69,7 @@ def test_a_real_cpu_start_under_systemd_is_timed_phase_by_phase_and_its_stop_too
     assert start.phases == ((STARTING, 34.0), (LOADING, 0.0), (PROFILING, 1.0), (SERVING, 2.0))
     assert start.ready and not start.compiled and start.compile_cache is None
     assert start.max_model_len == 1024 and start.stop_s == 0.0
-    estimate = estimate_downtime([start], context_changes=True)
+    estimate = estimate_downtime([start], compile_cache="miss")
     assert estimate is not None
     assert estimate.total_s == 37.0 and estimate.start_s == 37.0
     assert [p.phase for p in estimate.phases] == [STOPPING, STARTING, LOADING, PROFILING, SERVING]
@@ -81,7 +84,7 @@ def test_a_real_cpu_start_under_systemd_is_timed_phase_by_phase_and_its_stop_too
 def test_a_crash_loop_has_no_start_that_served_so_the_downtime_is_not_known() -> None:
     starts = start_timings(short_iso(DATA / "vllm-logs" / "systemd_vllm-bad_journal.log"))
     assert len(starts) == 3 and not any(s.ready for s in starts)
-    assert estimate_downtime(starts, context_changes=True) is None
+    assert estimate_downtime(starts, compile_cache="miss") is None
     assert downtime_text({}) == [
         "expected downtime: not known (the journal holds no start of this service that served)"
     ]
@@ -116,8 +119,8 @@ def _start(began: float, compile_s: float | None, cache: str | None, **kw: float
 
 def test_a_new_context_misses_the_compile_cache_so_the_last_cold_compile_is_taken() -> None:
     starts = [_start(1, 300.0, "miss"), _start(2, 40.0, "hit", stop=8.0), _start(3, 42.0, "hit", stop=6.0)]
-    same = estimate_downtime(starts, context_changes=False)
-    new = estimate_downtime(starts, context_changes=True)
+    same = estimate_downtime(starts, compile_cache=None)
+    new = estimate_downtime(starts, compile_cache="miss")
     assert same is not None and new is not None
     # the same context: the median of the last starts (300, 40, 42 -> 42)
     assert dict((p.phase, p.seconds) for p in same.phases)[COMPILING] == 42.0
@@ -132,7 +135,7 @@ def test_a_new_context_misses_the_compile_cache_so_the_last_cold_compile_is_take
 
 
 def test_without_a_cold_compile_in_the_journal_the_warm_time_is_called_a_lower_bound() -> None:
-    estimate = estimate_downtime([_start(1, 40.0, "hit"), _start(2, 44.0, "hit")], context_changes=True)
+    estimate = estimate_downtime([_start(1, 40.0, "hit"), _start(2, 44.0, "hit")], compile_cache="miss")
     assert estimate is not None
     compiling = next(p for p in estimate.phases if p.phase == COMPILING)
     assert compiling.seconds == 42.0 and "lower bound" in compiling.source
@@ -141,7 +144,7 @@ def test_without_a_cold_compile_in_the_journal_the_warm_time_is_called_a_lower_b
 
 
 def test_the_time_left_counts_down_within_a_phase_and_never_below_the_phases_ahead() -> None:
-    estimate = estimate_downtime([_start(1, 100.0, "miss", stop=5.0)], context_changes=True)
+    estimate = estimate_downtime([_start(1, 100.0, "miss", stop=5.0)], compile_cache="miss")
     assert estimate is not None and estimate.start_s == 222.0
     assert estimate.time_left(0, 0) == 222.0
     assert estimate.time_left(50, 1) == 172.0  # weights: 20 + 60 end at 80; 30 left + 142 after
@@ -183,3 +186,106 @@ def test_max_model_len_is_a_factor_of_vllms_compile_hash_in_the_wheel() -> None:
     utils = (model_py.parent / "utils.py").read_text()
     factors = utils[utils.index("def get_hash_factors") :]
     assert "for dc_field in fields(config):" in factors and "if factor in ignored_factors:" in factors
+
+
+def _journal(*starts: tuple[str, int, str, float]) -> list[JournalEntry]:
+    """A unit's journal, one invocation per start: (invocation, max_model_len, compile line, its seconds
+    after the weights), each start 10 s of starting, 20 of weights, the compile, 5 of profiling."""
+    prefix = "(Worker_TP0 pid=7) INFO 12-06 10:00:00 [x.py:1] "
+    lines = {
+        "miss": prefix + "Compiling a graph for compile range (1, 8192) takes 20.51 s",
+        "hit": prefix
+        + "Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 9.150 s",
+    }
+    entries: list[JournalEntry] = []
+    began = 1000.0
+    for invocation, max_model_len, cache, compile_s in starts:
+        timed = [
+            (0.0, "Started vllm-x.service - vLLM."),
+            (0.5, prefix + f"Using max model len {max_model_len}"),
+            (10.0, prefix + "Starting to load model /m..."),
+            (30.0, prefix + "Loading weights took 20.00 seconds"),
+            (30.0 + compile_s, lines[cache]),
+            (30.0 + compile_s, prefix + f"torch.compile took {compile_s:.2f} s in total"),
+            (35.0 + compile_s, prefix + "Available KV cache memory: 55.79 GiB"),
+            (35.0 + compile_s, "INFO:     Application startup complete."),
+        ]
+        for at, message in timed:
+            fields = {"MESSAGE": message, "__REALTIME_TIMESTAMP": str(int((began + at) * 1e6)),
+                      "_SYSTEMD_INVOCATION_ID": invocation, "_SYSTEMD_UNIT": "vllm-x.service"}  # fmt: skip
+            entries.append(JournalEntry.from_json(fields))
+        began += 1000
+    return entries
+
+
+# the service's first start at 8192 compiled cold (30 s), its restart loaded the cache (4 s), and the
+# change to 100000 compiled cold (32 s) and served, but failed its probe: the rollback goes back to 8192
+CHANGE_THEN_ROLLBACK = _journal(
+    ("a", 8192, "miss", 30.0), ("b", 8192, "hit", 4.0), ("c", 100000, "miss", 32.0)
+)
+
+
+def test_a_rollback_to_a_context_compiled_before_takes_the_warm_compile_not_the_failed_changes_cold_one() -> (
+    None
+):
+    starts = start_timings([(e.realtime_us / 1e6, e.invocation_id, e.message) for e in CHANGE_THEN_ROLLBACK])
+    assert [(s.compile_cache, s.seconds(COMPILING)) for s in starts] == [
+        ("miss", 30.0),
+        ("hit", 4.0),
+        ("miss", 32.0),
+    ]
+    back = estimate_downtime(starts, compile_cache="hit")
+    forward = estimate_downtime(starts, compile_cache="miss")
+    as_running = estimate_downtime(starts, compile_cache=None)
+    assert back is not None and forward is not None and as_running is not None
+    compiling = next(p for p in back.phases if p.phase == COMPILING)
+    assert compiling.seconds == 4.0 and compiling.source == "the last start warm (cache hit)"
+    assert back.compile_cache_misses is False and back.start_s == 10 + 20 + 4 + 5
+    assert dict((p.phase, p.seconds) for p in forward.phases)[COMPILING] == 32.0
+    assert dict((p.phase, p.seconds) for p in as_running.phases)[COMPILING] == 30.0  # the median of the three
+    # only cold compiles in the journal: the recent starts' median stands, said to be an upper bound
+    cold_only = estimate_downtime([starts[0], starts[2]], compile_cache="hit")
+    assert cold_only is not None and dict((p.phase, p.seconds) for p in cold_only.phases)[COMPILING] == 31.0
+    assert any("upper bound" in note for note in cold_only.notes)
+
+
+class _Journal:
+    """A Systemd that only has a journal (or, with `error`, none it can read)."""
+
+    def __init__(self, entries: list[JournalEntry], error: bool = False) -> None:
+        self.entries, self.error = entries, error
+
+    def journal(
+        self, unit: str | None, after_cursor: str | None = None, lines: int | None = None
+    ) -> list[JournalEntry]:
+        if self.error:
+            raise CtxmgrError("journalctl vllm-x.service failed")
+        return self.entries
+
+
+def _expected_at_the_restore(systemd: _Journal, forward: DowntimeEstimate | None) -> DowntimeEstimate | None:
+    """What Restarter.restore counts down by when the previous unit starts again."""
+    restarter = Restarter(systemd, None, "vllm-x")  # type: ignore[arg-type]
+    restarter.expected = forward
+    seen: list[DowntimeEstimate | None] = []
+
+    def restart_and_probe(view: object) -> None:
+        seen.append(restarter.expected)
+        raise CtxmgrError("the test ends the restore here")
+
+    restarter.put_back = lambda files: None  # type: ignore[method-assign]
+    restarter.loaded_view = lambda: None  # type: ignore[method-assign,assignment,return-value]
+    restarter.restart_and_probe = restart_and_probe  # type: ignore[method-assign,assignment]
+    assert restarter.restore([], 8192) == (False, "the test ends the restore here")
+    (expected,) = seen
+    return expected
+
+
+def test_the_restore_after_a_failed_change_counts_down_by_the_warm_start_not_the_changes_estimate() -> None:
+    timeline = [(e.realtime_us / 1e6, e.invocation_id, e.message) for e in CHANGE_THEN_ROLLBACK]
+    forward = estimate_downtime(start_timings(timeline), compile_cache="miss")
+    expected = _expected_at_the_restore(_Journal(CHANGE_THEN_ROLLBACK), forward)
+    assert expected is not None and expected != forward
+    assert dict((p.phase, p.seconds) for p in expected.phases)[COMPILING] == 4.0
+    # a journal that cannot be read leaves no time left to show, and the service is still put back
+    assert _expected_at_the_restore(_Journal([], error=True), forward) is None

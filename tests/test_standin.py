@@ -128,6 +128,33 @@ def test_ok_start_reads_as_a_ready_vllm(glm: StandinProcess) -> None:
     assert not any(KEY in line for line in glm.lines)  # the key is redacted in non-default args
 
 
+def test_with_a_cache_root_a_config_compiled_before_loads_and_a_new_context_compiles_cold(
+    tmp_path: Path,
+) -> None:
+    """VLLM_CACHE_ROOT as vLLM keeps it: the context is in the compile hash, so only the same
+    max_model_len finds its graphs (vLLM's own hit and miss lines)."""
+    env = {"VLLM_CACHE_ROOT": str(tmp_path)}
+
+    def compile_lines(max_model_len: str) -> list[str]:
+        with launch([TINY, "--max-model-len", max_model_len], env={**FAST, **env}) as standin:
+            assert standin.wait_ready(30), standin.lines[-5:]
+            events = classify_all(standin.lines)
+        return [e.name for e in events if e.name.startswith("compile_cache")]
+
+    assert compile_lines("1024") == ["compile_cache_miss"]
+    assert compile_lines("1024") == ["compile_cache_hit"]
+    assert compile_lines("2048") == ["compile_cache_miss"]
+    assert len(list((tmp_path / "torch_compile_cache").iterdir())) == 2
+    # without one (every other test), no cache and no cache line: each start compiles alike
+    assert not any(e.name.startswith("compile_cache") for e in classify_all(run_to_ready([TINY])))
+
+
+def run_to_ready(args: list[str]) -> list[str]:
+    with launch(args, env=FAST) as standin:
+        assert standin.wait_ready(30), standin.lines[-5:]
+        return list(standin.lines)
+
+
 def test_metrics_agree_with_the_log(glm: StandinProcess) -> None:
     text = requests.get(f"{glm.url}/metrics", timeout=10).text
     labels = dict(re.findall(r'(\w+)="([^"]*)"', text))

@@ -371,7 +371,7 @@ def change_text(result: ChangeReport, shown_before: bool = False) -> str:
             f"KV {plan['kv_bytes_per_token_per_gpu']:,} B/token/GPU, "
             f"{gib(plan['kv_bytes_per_gpu'])} per request; largest context that fits {plan['max_context']:,}"
         )
-    if result.action == "set-context" and result.result in ("dry-run", "planned"):
+    if result.action in ("set-context", "rollback") and result.result in ("dry-run", "planned"):
         out += downtime_text(result.expected_downtime)
     before = _len_util(result.previous_max_model_len, result.previous_gpu_memory_utilization)
     after = _len_util(result.max_model_len, result.gpu_memory_utilization)

@@ -39,6 +39,11 @@ Environment (all optional):
   CTXMGR_STANDIN_SHARDS             safetensors shards to "load" (default 141)
   CTXMGR_STANDIN_EOS_AFTER          tokens generated before a natural stop unless ignore_eos (default 16)
   CTXMGR_STANDIN_TOKEN_DELAY_S      seconds per streamed token (default 0.002)
+  VLLM_CACHE_ROOT                   where vLLM keeps its torch.compile cache: set, the stand-in keeps one
+                                     there too, keyed by the config (max_model_len in it, as in vLLM's
+                                     compute_hash): a config compiled before loads from it (vLLM's cache
+                                     hit line), a new one compiles cold (its miss lines, a longer phase).
+                                     Unset: no cache and no cache lines (every start compiles alike)
   VLLM_API_KEY                      the API key when --api-key is absent, as in vLLM
 """
 
@@ -177,6 +182,13 @@ class Settings:
     pipeline_parallel_size: int = 1
     # None: torch's default process-group timeout (30 min), as in vLLM
     distributed_timeout_s: int | None = None
+    cache_root: str | None = None  # VLLM_CACHE_ROOT: where the torch.compile cache is kept
+
+    @property
+    def max_model_len(self) -> int:
+        """The context this start runs at (the derived one for none or auto)."""
+        arg = self.max_model_len_arg
+        return self.derived_max_model_len if arg in (None, -1) else arg
 
     @property
     def world_size(self) -> int:
@@ -280,6 +292,7 @@ def settings_from(argv: list[str], environ: dict[str, str]) -> Settings:
         master_port=args.master_port,
         headless=args.headless,
         distributed_timeout_s=args.distributed_timeout_seconds,
+        cache_root=env("VLLM_CACHE_ROOT") or None,
     )
 
 
@@ -637,12 +650,41 @@ def _load_and_profile(settings: Settings, log: VllmLog) -> None:
         "backends.py:1187",
         "Dynamo bytecode transform time: 9.87 s",
     )
-    log.workers("monitor.py:62", "torch.compile took 38.21 s in total")
+    _torch_compile(settings, log)
     log.workers(
         "gpu_model_runner.py:6304",
         "Profiling CUDA graph memory: PIECEWISE=51 (largest=512), FULL=35 (largest=256)",
     )
     log.sleep(0.4)
+
+
+COLD_COMPILE_S = 2.0  # the extra seconds (before the time scale) a compile with no cache entry takes
+WARM_COMPILE_S = 0.2
+
+
+def _torch_compile(settings: Settings, log: VllmLog) -> None:
+    """torch.compile's end: with VLLM_CACHE_ROOT, from the cache where this config compiled before (a
+    warm start), else compiled and then kept there (a cold one; backends.py's lines, 0.32's wording)."""
+    if settings.cache_root is None:
+        log.workers("monitor.py:62", "torch.compile took 38.21 s in total")
+        return
+    config = (
+        f"{settings.model}|{settings.max_model_len}|{settings.tensor_parallel_size}|"
+        f"{settings.pipeline_parallel_size}|{settings.kv_cache_dtype}"
+    )
+    entry = os.path.join(settings.cache_root, "torch_compile_cache", f"{zlib.crc32(config.encode()):08x}")
+    if os.path.isdir(entry):
+        log.sleep(WARM_COMPILE_S)
+        log.workers(
+            "backends.py:295",
+            "Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 9.150 s",
+        )
+        log.workers("monitor.py:62", "torch.compile took 12.34 s in total")
+        return
+    log.sleep(COLD_COMPILE_S)
+    log.workers("backends.py:925", "Compiling a graph for compile range (1, 8192) takes 20.51 s")
+    log.workers("monitor.py:62", "torch.compile took 38.21 s in total")
+    os.makedirs(entry, exist_ok=True)
 
 
 def _memory_lines(settings: Settings, log: VllmLog, kv: KvPlan) -> None:

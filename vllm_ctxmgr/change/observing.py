@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from vllm_ctxmgr.core.budget import effective_args
-from vllm_ctxmgr.core.downtime import DowntimeEstimate, estimate_downtime, span
+from vllm_ctxmgr.core.downtime import CompileCache, DowntimeEstimate, estimate_downtime, span
 from vllm_ctxmgr.core.hardware import GIB, GpuState
 from vllm_ctxmgr.core.observations import (
     Observation,
@@ -149,12 +149,15 @@ def _fraction(data: dict[str, Any]) -> tuple[int | None, int | None]:
     return (int(percent), 100) if percent is not None else (None, None)
 
 
-def expected_downtime(systemd: Systemd, unit: str, context_changes: bool) -> DowntimeEstimate | None:
+def expected_downtime(
+    systemd: Systemd, unit: str, compile_cache: CompileCache | None
+) -> DowntimeEstimate | None:
     """What a restart of the unit will cost, timed by its earlier starts in the journal (None: the
-    journal holds no start that served). `context_changes`: vLLM's compile cache will miss."""
+    journal holds no start that served). `compile_cache`: what vLLM's compile cache will do ("miss": a
+    new context; "hit": one it compiled before; None: the config it runs now)."""
     entries = systemd.journal(unit, lines=20000)
     lines = [(entry.realtime_us / 1e6, entry.invocation_id, entry.message) for entry in entries]
-    return estimate_downtime(start_timings(lines), context_changes)
+    return estimate_downtime(start_timings(lines), compile_cache)
 
 
 def observation_record(

@@ -14,7 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from vllm_ctxmgr.change.observing import Printer, StartProgress, observation_record, quiet, watch_start
+from vllm_ctxmgr.change.observing import (
+    Printer,
+    StartProgress,
+    expected_downtime,
+    observation_record,
+    quiet,
+    watch_start,
+)
 from vllm_ctxmgr.core.downtime import DowntimeEstimate
 from vllm_ctxmgr.core.observations import ObservationRecord
 from vllm_ctxmgr.errors import CtxmgrError
@@ -186,6 +193,7 @@ class Restarter:
         previous `max_model_len` where it set one. (it does, or why not)"""
         try:
             self.put_back(files)
+            self.expect_warm_start()
             view = self.loaded_view()
             verdict, probe_result = self.restart_and_probe(view)
         except CtxmgrError as exc:
@@ -199,6 +207,15 @@ class Restarter:
             return False, wrong
         self.on_step(f"{self.service} is serving again with its previous unit")
         return True, ""
+
+    def expect_warm_start(self) -> None:
+        """The time left while the previous unit starts again: its context served before, so vLLM's
+        compile cache hits (the forward change's estimate counted a cold compile). An estimate the
+        journal cannot give leaves none: it never stands in the way of putting a service back."""
+        try:
+            self.expected = expected_downtime(self.systemd, self.unit, "hit")
+        except CtxmgrError:
+            self.expected = None
 
     def loaded_view(self) -> ServiceView:
         """The service as systemd loads it now (its FragmentPath and DropInPaths, after install's

@@ -40,6 +40,7 @@ from vllm_ctxmgr.change.states import (
 )
 from vllm_ctxmgr.core.budget import default_gpu_memory_utilization
 from vllm_ctxmgr.core.change_policy import flags_to_apply
+from vllm_ctxmgr.core.downtime import CompileCache
 from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, multi_node_flag
 from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UnitError, UsageError
@@ -296,7 +297,8 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
     result.warnings = verify_warnings(inherited)
     if problems:
         raise UnitError(f"the new unit does not pass systemd-analyze verify: {problems[0]}")
-    restarter.expected = expected_downtime(systemd, restarter.unit, context != view.args.max_model_len)
+    cache: CompileCache | None = "miss" if context != view.args.max_model_len else None
+    restarter.expected = expected_downtime(systemd, restarter.unit, cache)
     result.expected_downtime = restarter.expected.to_json() if restarter.expected else {}
     if request.dry_run:
         result.result = Result.DRY_RUN
@@ -478,6 +480,8 @@ def rollback(
                 f"{restarter.service} already runs the unit of revision {target.number}: nothing to do"
             )
             return result
+        restarter.expect_warm_start()  # the target's context served before: vLLM compiled it then
+        result.expected_downtime = restarter.expected.to_json() if restarter.expected else {}
         if dry_run:
             result.result, result.reason = Result.DRY_RUN, "dry run: nothing was written or restarted"
             return result
@@ -495,6 +499,7 @@ def rollback(
         )
         done = apply(restarter, Change(store, rev, files, "rollback"), None, False)
         done.diff, done.warnings = result.diff, notes
+        done.expected_downtime = result.expected_downtime
         store.prune()
         return done
 

@@ -8,7 +8,9 @@ One phase moves with the change itself: vLLM keys its torch.compile cache by a h
 `max_model_len` is one of ModelConfig.compute_hash's factors (vllm/config/model.py:L453-L503 of the
 0.32 wheel: every field not in `ignored_factors`, and max_model_len is not there; VllmConfig.compute_hash
 folds it in at vllm/config/vllm.py:L472-L473). A new context therefore compiles cold, and a warm start's
-compile time says nothing about it: the estimate takes the last cold compile the journal holds.
+compile time says nothing about it: the estimate takes the last cold compile the journal holds. A
+rollback goes the other way: back to the context the service served before, whose graphs vLLM compiled
+and cached then, so its compile is a warm one however cold the failed start's was.
 """
 
 from __future__ import annotations
@@ -101,14 +103,19 @@ class DowntimeEstimate:
         }
 
 
-def estimate_downtime(starts: Sequence[StartTiming], context_changes: bool) -> DowntimeEstimate | None:
+def estimate_downtime(
+    starts: Sequence[StartTiming], compile_cache: CompileCache | None
+) -> DowntimeEstimate | None:
     """The expected downtime of a restart from the service's earlier starts, oldest first; None where
-    none of them reached vLLM's ready line.
+    none of them reached vLLM's ready line. `compile_cache`: what vLLM's compile cache will do at the
+    restart: "miss" for a new context, "hit" for one vLLM compiled before (a rollback), None for the
+    config the service runs now.
 
     Each phase is the median over the last RECENT_STARTS starts that served (one slow start does not
-    set the figure). torch.compile is the exception where the context changes: vLLM's compile cache
-    misses then, so the figure is the last cold compile's (a start whose compile lines say it missed);
-    where the journal holds none, the warm figure stands with a note that it is a lower bound."""
+    set the figure). torch.compile is the exception where the cache's answer is known: on a miss the
+    figure is the last cold compile's (a start whose compile lines say it missed), and where the journal
+    holds none, the warm figure stands with a note that it is a lower bound; on a hit it is the median
+    of the last warm compiles, not of the recent starts (the failed change's cold one among them)."""
     served = [s for s in starts if s.ready]
     if not served:
         return None
@@ -125,12 +132,14 @@ def estimate_downtime(starts: Sequence[StartTiming], context_changes: bool) -> D
         figures = [f for f in (s.seconds(phase) for s in recent) if f is not None]
         if last.seconds(phase) is None:
             continue
-        estimate = (
-            _compile_estimate(served, recent, notes) if phase == COMPILING and context_changes else None
-        )
+        estimate = None
+        if phase == COMPILING and compile_cache == "miss":
+            estimate = _compile_estimate(served, recent, notes)
+        elif phase == COMPILING and compile_cache == "hit":
+            estimate = _warm_compile_estimate(served, notes)
         phases.append(estimate or PhaseEstimate(phase, _median(figures), _source(len(figures), "start")))
     compiled = any(s.compiled for s in recent)
-    misses = context_changes if compiled else None
+    misses = compile_cache == "miss" if compiled else None
     return DowntimeEstimate(tuple(phases), last.began_at, len(recent), misses, tuple(notes))
 
 
@@ -156,6 +165,25 @@ def _compile_estimate(
         f"{how} is a lower bound"
     )
     return PhaseEstimate(COMPILING, seconds, f"the median of {len(warm)} start(s) {how}: a lower bound")
+
+
+def _warm_compile_estimate(served: list[StartTiming], notes: list[str]) -> PhaseEstimate | None:
+    """torch.compile's figure where the cache hits: the last warm compiles; where the journal holds
+    none, those of unknown cache state (None: it holds only cold ones, so the median of the recent
+    starts stands, with a note that it is an upper bound)."""
+    for cache, how in (("hit", "warm (cache hit)"), (None, "of unknown cache state")):
+        figures = [f for s in served if s.compile_cache == cache and (f := s.seconds(COMPILING)) is not None][
+            -RECENT_STARTS:
+        ]
+        if figures:
+            count = len(figures)
+            which = "the last start" if count == 1 else f"the median of the last {count} starts"
+            return PhaseEstimate(COMPILING, _median(figures), f"{which} {how}")
+    notes.append(
+        "vLLM compiled this context before, so its torch.compile cache hits; the journal holds only "
+        "cold compiles, so their time is an upper bound"
+    )
+    return None
 
 
 def _median(values: Sequence[float]) -> float:
