@@ -339,6 +339,13 @@ def passes(command: str, data: dict) -> bool:
     return command == "verify" and code == 1 and data.get("result") == "degraded"
 
 
+def changed_though_failed(code: int, data: dict) -> bool:
+    """A failure leaves nothing changed, except where ctxmgr could not roll back (exit 5) or a
+    deployment change served on every node but a node did not record it final (result "applied",
+    exit 1: its units are the new ones)."""
+    return code == 5 or (data.get("result") == "applied" and bool(data.get("changed")))
+
+
 def summary(params: dict, data: dict, check_mode: bool) -> dict:
     plan = data.get("plan") or {}
     result = {
@@ -441,8 +448,7 @@ def main() -> None:
 
     code = result["exit_code"]
     if not passes(params["command"], data):
-        # a failure leaves nothing changed except when ctxmgr could not roll back (exit 5)
-        result["changed"] = code == 5
+        result["changed"] = changed_though_failed(code, data)
         module.fail_json(msg=failure_message(params, data), **result)
 
     one_host_change = params["command"] == "set-context" and not params["nodes"]
