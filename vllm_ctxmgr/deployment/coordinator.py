@@ -59,6 +59,7 @@ from vllm_ctxmgr.deployment.wire import (
     StepAnswer,
     StopAnswer,
     VerifyAnswer,
+    VerifyStdin,
 )
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
 from vllm_ctxmgr.nvml import gpus_from_json
@@ -147,7 +148,7 @@ class DeploymentRequest:
     on_step: Printer = lambda _text: None
     wait_lock: float = 0.0  # seconds to wait for another run on the deployment's lock
     probe_tokens: int | None = None  # the head's probe after a change (set-context's --probe-tokens)
-    long_probe: bool = False  # ... and its 90%-of-the-context prompt (--long-probe)
+    long_probe: bool = False  # ... and its 90%-of-the-context prompt (--long-probe; verify's too)
 
 
 def deployment_name(nodes: tuple[NodeAddress, ...], name: str | None) -> str:
@@ -976,7 +977,8 @@ def verify_deployment(request: DeploymentRequest, state_dir: Path | str) -> dict
     coordinator = Coordinator(request, state_dir)
     coordinator.read()
     head, workers = coordinator._head(), coordinator._workers()
-    verified = coordinator._call(head, VerifyAnswer, "verify", timeout=SHOW_TIMEOUT + 600)
+    asked = VerifyStdin(request.long_probe)
+    verified = coordinator._call(head, VerifyAnswer, "verify", timeout=SHOW_TIMEOUT + 600, stdin=asked)
     served = verified.max_model_len
     checks = coordinator._each(
         workers, lambda n: coordinator._call(n, CheckAnswer, "check", "--max-model-len", str(served or 0))

@@ -114,8 +114,8 @@ notes:
     is ctxmgr's crash (an unexpected error) and always fails.
   - With O(nodes), every parameter one host's command takes (O(to), O(wait_lock), O(probe_tokens),
     O(long_probe)) is passed to C(ctxmgr deployment); O(probe_tokens) and O(long_probe) of C(set-context)
-    go to the head's probe. A ctxmgr whose deployment command does not take one (C(verify)'s
-    O(long_probe), or an older ctxmgr) refuses it by name and the task fails, never runs without it.
+    go to the head's probe, O(long_probe) of C(verify) to the head's verify. An older ctxmgr whose
+    deployment command does not take one refuses it by name and the task fails, never runs without it.
 attributes:
   check_mode:
     description: Runs ctxmgr's dry run (C(--dry-run)); C(changed) then means "would change".
