@@ -426,3 +426,37 @@ def test_a_faulty_finish_answer_is_that_nodes_failure(
     assert f"local:vllm-n1.service: {fault}" in result.reason and "deployment recover" in result.reason
     assert [(n.step, n.ok) for n in result.nodes] == [("final", True), ("started", False)]
     assert fault in result.nodes[1].reason
+
+
+def test_recover_keeps_the_reason_the_change_failed_and_adds_its_own(workdir: Path) -> None:
+    """A change failed (the head's KV check) and its coordinator died while rolling back: `deployment
+    recover` put every node back, but wrote only "was interrupted" into the nodes' revisions and the
+    deployment's record, replacing why the change had failed. The failure stays first, recover's own
+    reason after it."""
+    failed = "local:vllm-n0.service: vLLM refused the KV cache: 100,032 tokens fit, 200,000 were asked"
+    in_progress = {"revision": 5, "state": "restarting", "change": "c-x"}
+    answers = walk_answers(
+        **{f"show vllm-n{rank}.service": show_answer(rank, in_progress=in_progress) for rank in (0, 1)}
+    )
+    request, log = two_node_request(workdir, answers)
+    coordinator = Coordinator(request, workdir / "state")
+    coordinator.store.write_json(
+        "last-change.json", {"state": "rolling-back", "change_id": "c-x", "reason": failed}
+    )
+    result = coordinator.recover()
+    assert str(result.result) == "rolled-back" and result.exit_code == 0, result.reason
+    kept = f"{failed}; the deployment change c-x was interrupted while rolling back"
+    assert result.reason.startswith(kept + ": every node it wrote has its previous unit back"), result.reason
+    for rank in (0, 1):
+        assert requests_of(log, "restore", f"vllm-n{rank}.service") == [
+            {"wire": WIRE_VERSION, "reason": kept}
+        ]
+    assert (coordinator.store.read_json("last-change.json") or {})["reason"].startswith(kept)
+    # a record of another change (or none) is not this change's reason
+    coordinator.store.write_json(
+        "last-change.json", {"state": "rolling-back", "change_id": "c-y", "reason": "x"}
+    )
+    (workdir / "again").mkdir()
+    request, log = two_node_request(workdir / "again", answers)
+    again = Coordinator(request, workdir / "state").recover()
+    assert again.reason.startswith("the deployment change c-x was interrupted: every node"), again.reason

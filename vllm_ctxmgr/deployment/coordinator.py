@@ -532,6 +532,9 @@ class Coordinator:
             if finished:
                 return self._finish_left(finished, pending)
             interrupted = f"the deployment change {result.change_id} was interrupted"
+            failed = self._failed_reason(str(result.change_id))
+            if failed:  # the reason the change failed stays first; recover's own is added to it
+                interrupted = f"{failed}; {interrupted} while rolling back"
             self._roll_back_all(interrupted)
             result.changed = True  # every node it wrote was written back, and every node restarted
             if result.result is Result.ROLLED_BACK:
@@ -542,7 +545,20 @@ class Coordinator:
                 )
             else:
                 result.reason = f"{interrupted}{result.reason}"
+            self._record(str(result.result))  # with the reason: the way back recorded it without one
             return result
+
+    def _failed_reason(self, change_id: str) -> str:
+        """Why the change failed, as its own run recorded it before rolling back (the coordinator's
+        record, where that run was this one's), else "": recover adds to that reason, never replaces it."""
+        try:
+            record = self.store.read_json("last-change.json") or {}
+        except CtxmgrError:
+            return ""
+        reason = record.get("reason")
+        if record.get("change_id") != change_id or record.get("state") != "rolling-back":
+            return ""
+        return reason if isinstance(reason, str) else ""
 
     def _finish_left(
         self, finished: list[_Node], pending: Mapping[NodeAddress, InProgress | None]
