@@ -433,17 +433,22 @@ def test_a_killed_coordinator_is_finished_by_deployment_recover(sandbox: Sandbox
     assert again.code == 0 and again.data["result"] == "unchanged", again.stdout
 
 
-def corrupting_ctxmgr(workdir: Path, base: list[str], trigger: list[str], answer: bytes) -> tuple[str, ...]:
+def corrupting_ctxmgr(
+    workdir: Path, base: list[str], trigger: list[str], answer: bytes, take_step: bool = True
+) -> tuple[str, ...]:
     """A `ctxmgr` for `local` nodes that runs the real one and, where its words hold every word of
     `trigger` (and not --back), prints `answer` in place of the real answer: a node behind a hostile
-    or broken ssh, after the step itself was taken."""
-    script = workdir / "corrupting-ctxmgr.py"
+    or broken ssh, after the step itself was taken (or, `take_step` False, without taking it)."""
+    script = workdir / f"corrupting-ctxmgr-{len(list(workdir.glob('corrupting-ctxmgr*')))}.py"
     script.write_text(
         "import subprocess, sys\n"
-        f"base, trigger, answer = {base!r}, {trigger!r}, {answer!r}\n"
-        "done = subprocess.run([*base, *sys.argv[1:]], stdin=sys.stdin, capture_output=True)\n"
+        f"base, trigger, answer, take_step = {base!r}, {trigger!r}, {answer!r}, {take_step!r}\n"
         "args = sys.argv[1:]\n"
         "hit = all(t in args for t in trigger) and '--back' not in args\n"
+        "if hit and not take_step:\n"
+        "    sys.stdout.buffer.write(answer)\n"
+        "    raise SystemExit(0)\n"
+        "done = subprocess.run([*base, *args], stdin=sys.stdin, capture_output=True)\n"
         "sys.stdout.buffer.write(answer if hit else done.stdout)\n"
         "sys.stderr.buffer.write(done.stderr)\n"
         "raise SystemExit(0 if hit else done.returncode)\n"
@@ -473,6 +478,58 @@ def test_a_node_answer_that_is_not_utf8_after_every_node_stopped_rolls_the_deplo
     assert {name: path.read_text() for name, path in paths.items()} == before
     assert served(port) == 8192
     assert [revisions(state, s)[-1].state for s in (HEAD, RANK1)] == [State.ROLLED_BACK] * 2
+
+
+def test_a_faulty_answer_to_finish_is_that_nodes_failure_and_recover_finds_its_revision(
+    sandbox: Sandbox, deployment, workdir: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29.5 at the last step: every node serves the new length and node 1's answer to `finish` is
+    faulty. That is node 1's failure (named, exit 1), with no rollback of a deployment that serves;
+    nothing more is asked of node 1, so its revision is as the answer left it: final where node 1 took
+    the step, in progress where it did not, and then the next change refuses and `deployment recover`
+    finishes it (nothing written, nothing restarted)."""
+    port, paths, state = deployment()
+    base = ctxmgr_argv(sandbox.pid, state)
+    nodes = (NodeAddress("local", HEAD), NodeAddress("local", RANK1))
+
+    def change(context: int, take_step: bool) -> Any:
+        corrupt = corrupting_ctxmgr(workdir, base, ["finish", RANK1], b'{"ok": "\xff\xfe"}', take_step)
+        request = DeploymentRequest(
+            context=context,
+            nodes=nodes,
+            link=Link(local_ctxmgr=corrupt),
+            default_gpus=uniform_gpus(SEED_GPU_COUNT, int(SEED_GPU_GIB * GIB)),
+            planning=PlanningOptions(weights_bytes=int(SEED_WEIGHTS_GIB_PER_GPU * SEED_GPU_COUNT * GIB)),
+        )
+        return Coordinator(request, state).set_context()
+
+    # node 1 finished, its answer is garbled: its revision is final, as that step left it
+    result = change(200000, take_step=True)
+    assert str(result.result) == "applied" and result.exit_code == 1, result.reason
+    assert f"local:{RANK1}: its answer is not UTF-8" in result.reason, result.reason
+    assert [(n.step, n.ok) for n in result.nodes] == [("final", True), ("started", False)]
+    assert served(port) == 200000
+    assert [revisions(state, s)[-1].state for s in (HEAD, RANK1)] == [State.FINAL] * 2
+    nothing = run_ctxmgr(sandbox.pid, state, "deployment", "recover", *nodes_args(), "--json", timeout=120)
+    assert nothing.code == 0 and nothing.data["result"] == "unchanged", nothing.stdout + nothing.stderr
+
+    # node 1 never took the step: its revision is left in progress, and the next change says so
+    result = change(100000, take_step=False)
+    assert str(result.result) == "applied" and result.exit_code == 1, result.reason
+    assert "deployment recover" in result.reason
+    assert revisions(state, HEAD)[-1].state is State.FINAL
+    assert revisions(state, RANK1)[-1].state is State.RESTARTING
+    refused = run_ctxmgr(sandbox.pid, state, "deployment", "set-context", "65536", *nodes_args(), *GPU_ARGS,
+                         "--yes", "--json", timeout=120)  # fmt: skip
+    assert refused.code == 2 and "deployment recover" in refused.data["error"], refused.stdout
+    pid = sandbox.systemd.show(f"{HEAD}.service", "MainPID")["MainPID"]
+    done = run_ctxmgr(sandbox.pid, state, "deployment", "recover", *nodes_args(), "--json", timeout=300)
+    assert done.code == 0 and done.data["result"] == "applied", done.stdout + done.stderr
+    assert [revisions(state, s)[-1].state for s in (HEAD, RANK1)] == [State.FINAL] * 2
+    for path in paths.values():
+        assert "--max-model-len 100000" in path.read_text()
+    assert served(port) == 100000
+    assert sandbox.systemd.show(f"{HEAD}.service", "MainPID")["MainPID"] == pid  # nothing restarted
 
 
 def test_rollback_skips_a_failed_attempt_and_takes_to(sandbox: Sandbox, deployment) -> None:  # type: ignore[no-untyped-def]

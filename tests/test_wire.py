@@ -19,7 +19,12 @@ import pytest
 
 from vllm_ctxmgr.cli.deployment import _finish
 from vllm_ctxmgr.core.hardware import GIB, uniform_gpus
-from vllm_ctxmgr.deployment.coordinator import Coordinator, DeploymentRequest, plan_deployment
+from vllm_ctxmgr.deployment.coordinator import (
+    Coordinator,
+    DeploymentRequest,
+    plan_deployment,
+    verify_deployment,
+)
 from vllm_ctxmgr.deployment.remote import Link, NodeAddress, NodeError
 from vllm_ctxmgr.deployment.wire import (
     WIRE_VERSION,
@@ -27,6 +32,7 @@ from vllm_ctxmgr.deployment.wire import (
     PrepareStdin,
     ShowAnswer,
     StartStdin,
+    VerifyStdin,
     WireError,
     check_context_flags,
 )
@@ -118,7 +124,10 @@ def test_a_real_answer_passes_the_door_typed() -> None:
         ({"logged": {"available_kv_gib": 9999.0}}, r"logged: available_kv_gib is above 4,096"),
         ({"logged": {"model_loading_gib": float("nan")}}, r"model_loading_gib=nan is not a finite number"),
         ({"observation": {"max_model_len": "x"}}, r"observation: max_model_len='x' is not a int"),
-        ({"wire": 1}, r"speaks wire version 1, this ctxmgr 2: install the same ctxmgr on every node"),
+        (
+            {"wire": 1},
+            rf"speaks wire version 1, this ctxmgr {WIRE_VERSION}: install the same ctxmgr on every",
+        ),
         ({"service": None}, r"service=None is not text"),
     ],
 )
@@ -483,3 +492,101 @@ def test_a_signal_rolls_every_node_back_and_a_second_one_leaves_the_change_to_re
         f"interrupted again by SIGTERM while rolling back: change {coordinator.result.change_id} is left in "
         "progress on its nodes; run `ctxmgr deployment recover` with the same nodes"
     )
+
+
+def test_deployment_verify_takes_long_probe_to_the_heads_verify(workdir: Path) -> None:
+    """`deployment verify --long-probe` (refused as no such option before): the head's `node verify`
+    gets it in its request (VerifyStdin), as set-context's reaches the head's start; a headless rank's
+    check gets none. Checked at the door on the node."""
+    verified = {"wire": WIRE_VERSION, "service": "vllm-n0.service", "result": "ok", "max_model_len": 8192,
+                "probe_ok": True}  # fmt: skip
+    check = {"wire": WIRE_VERSION, "service": "vllm-n1.service", "ok": True, "active_state": "active",
+             "max_model_len": 8192}  # fmt: skip
+    answers = walk_answers(**{"verify vllm-n0.service": verified, "check vllm-n1.service": check})
+    for long_probe in (True, False):
+        (workdir / str(long_probe)).mkdir()
+        request, log = two_node_request(workdir / str(long_probe), answers)
+        request.long_probe = long_probe
+        data = verify_deployment(request, workdir / "state")
+        assert data["result"] == "ok", data
+        assert requests_of(log, "verify", "vllm-n0.service") == [
+            {"wire": WIRE_VERSION, "long_probe": long_probe}
+        ]
+        assert requests_of(log, "check", "vllm-n1.service") == [None]
+    for bad in ("yes", 1, None):
+        with pytest.raises(WireError, match=r"request: long_probe="):
+            VerifyStdin.from_json({"wire": WIRE_VERSION, "long_probe": bad}, "request")
+    # the CLI takes it (before: "no such option --long-probe")
+    argv = [sys.executable, "-m", "vllm_ctxmgr", "deployment", "verify", "--long-probe", "--help"]
+    assert subprocess.run(argv, capture_output=True, text=True, timeout=60).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("finish", "fault"),
+    [
+        ({"ok": True, "revision": 5, "state": "final"}, None),
+        (
+            {"ok": False, "revision": 5, "state": "probed", "reason": "disk full"},
+            "`node finish` failed: disk full",
+        ),
+        (
+            {"ok": True, "revision": 5, "state": "probed"},
+            "`node finish` failed: its revision is probed, not final",
+        ),
+        ({"ok": True, "revision": -5, "state": "final"}, "`node finish` answer: revision=-5 is not in"),
+    ],
+)
+def test_a_faulty_finish_answer_is_that_nodes_failure(
+    workdir: Path, finish: dict[str, Any], fault: str | None
+) -> None:
+    """Issue 29.5 at the finish step: every node served, node 1's answer to `finish` is faulty (said
+    failed, not final, or refused at the door): applied, but exit 1, node 1 named with its fault, and
+    nothing more asked of it (no restore, no settle: the deployment serves)."""
+    answers = walk_answers(**{"finish vllm-n1.service": {"wire": WIRE_VERSION, "service": "vllm-n1.service",
+                                                         **finish}})  # fmt: skip
+    request, log = two_node_request(workdir, answers)
+    result = Coordinator(request, workdir / "state").set_context()
+    assert str(result.result) == "applied" and result.changed
+    steps = [line.split()[1] for line in log.read_text().splitlines()]
+    assert "restore" not in steps and "settle" not in steps
+    if fault is None:
+        assert result.exit_code == 0 and [n.step for n in result.nodes] == ["final", "final"]
+        return
+    assert result.exit_code == 1, result.reason
+    assert f"local:vllm-n1.service: {fault}" in result.reason and "deployment recover" in result.reason
+    assert [(n.step, n.ok) for n in result.nodes] == [("final", True), ("started", False)]
+    assert fault in result.nodes[1].reason
+
+
+def test_recover_keeps_the_reason_the_change_failed_and_adds_its_own(workdir: Path) -> None:
+    """A change failed (the head's KV check) and its coordinator died while rolling back: `deployment
+    recover` put every node back, but wrote only "was interrupted" into the nodes' revisions and the
+    deployment's record, replacing why the change had failed. The failure stays first, recover's own
+    reason after it."""
+    failed = "local:vllm-n0.service: vLLM refused the KV cache: 100,032 tokens fit, 200,000 were asked"
+    in_progress = {"revision": 5, "state": "restarting", "change": "c-x"}
+    answers = walk_answers(
+        **{f"show vllm-n{rank}.service": show_answer(rank, in_progress=in_progress) for rank in (0, 1)}
+    )
+    request, log = two_node_request(workdir, answers)
+    coordinator = Coordinator(request, workdir / "state")
+    coordinator.store.write_json(
+        "last-change.json", {"state": "rolling-back", "change_id": "c-x", "reason": failed}
+    )
+    result = coordinator.recover()
+    assert str(result.result) == "rolled-back" and result.exit_code == 0, result.reason
+    kept = f"{failed}; the deployment change c-x was interrupted while rolling back"
+    assert result.reason.startswith(kept + ": every node it wrote has its previous unit back"), result.reason
+    for rank in (0, 1):
+        assert requests_of(log, "restore", f"vllm-n{rank}.service") == [
+            {"wire": WIRE_VERSION, "reason": kept}
+        ]
+    assert (coordinator.store.read_json("last-change.json") or {})["reason"].startswith(kept)
+    # a record of another change (or none) is not this change's reason
+    coordinator.store.write_json(
+        "last-change.json", {"state": "rolling-back", "change_id": "c-y", "reason": "x"}
+    )
+    (workdir / "again").mkdir()
+    request, log = two_node_request(workdir / "again", answers)
+    again = Coordinator(request, workdir / "state").recover()
+    assert again.reason.startswith("the deployment change c-x was interrupted: every node"), again.reason

@@ -122,6 +122,18 @@ def test_a_rolled_back_change_says_what_happened_on_the_host() -> None:
     assert result["unit_diff"] == "-a\n+b\n"
 
 
+def test_a_deployment_change_a_node_did_not_finish_fails_and_is_changed() -> None:
+    """Issue 29 item 5: every node serves the new length, a node's `finish` answer failed (exit 1,
+    result applied): the task fails, and it did change the hosts."""
+    unfinished = {"exit_code": 1, "result": "applied", "changed": True}
+    assert not module.passes("set-context", unfinished)
+    assert module.changed_though_failed(1, unfinished) is True
+    assert (
+        module.changed_though_failed(1, {"exit_code": 1, "result": "rolled-back", "changed": True}) is False
+    )
+    assert module.changed_though_failed(5, {"exit_code": 5, "result": "rollback-failed"}) is True
+
+
 # ---- HAProxy's runtime API -----------------------------------------------------------------------
 
 SHOW_STAT = (

@@ -202,7 +202,7 @@ def within_the_gpu(record: ObservationRecord, gpus: GpuState | None, unit: str) 
     return ObservationRecord.from_json(record.to_json(), f"{unit}: its last start")
 
 
-def _visible_gpus(env: dict[str, str]) -> GpuState | None:
+def visible_gpus(env: dict[str, str]) -> GpuState | None:
     """The GPUs the service sees (CUDA_VISIBLE_DEVICES), or None without NVML (the CPU build)."""
     try:
         return read_nvml().select(env.get("CUDA_VISIBLE_DEVICES"))
@@ -228,7 +228,7 @@ def observe_last_start(systemd: Systemd, service: str) -> tuple[ObservationRecor
     metrics = cache_config_info(view.base_url, api_key=view.api_key) if systemd.is_active(unit) else {}
     record = within_the_gpu(
         observation_record(service, observation, observation.ready, view, metrics),
-        _visible_gpus(view.env),
+        visible_gpus(view.env),
         unit,
     )
     data = asdict(observation)

@@ -20,10 +20,12 @@ from vllm_ctxmgr.change.observing import (
     expected_downtime,
     observation_record,
     quiet,
+    visible_gpus,
     watch_start,
+    within_the_gpu,
 )
 from vllm_ctxmgr.core.downtime import DowntimeEstimate
-from vllm_ctxmgr.core.observations import ObservationRecord
+from vllm_ctxmgr.core.observations import ObservationError, ObservationRecord
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.masking import mask
 from vllm_ctxmgr.probe import ProbeResult, cache_config_info, probe, wait_until_serving
@@ -55,6 +57,8 @@ class Restarter:
     last_metrics: dict[str, str] = field(default_factory=dict)
     read_only: bool = False  # a dry run: observations stay in memory (unsaved_observations)
     unsaved_observations: list[ObservationRecord] = field(default_factory=list)
+    # why a watched start's figures were not kept (one line each, for the result's warnings)
+    unkept_observations: list[str] = field(default_factory=list)
     expected: DowntimeEstimate | None = None  # the next start's expected phases, for the time left
 
     @property
@@ -156,9 +160,13 @@ class Restarter:
             )
         metrics = cache_config_info(view.base_url, api_key=view.api_key) if verdict.ok else {}
         self.last_metrics = metrics
-        self.keep_observation(
-            observation_record(self.service, verdict.observation, verdict.ok, view, metrics)
-        )
+        record = observation_record(self.service, verdict.observation, verdict.ok, view, metrics)
+        try:
+            # as `observe` keeps a start: no figure above the GPU it was measured on (issue 29 item 1)
+            self.keep_observation(within_the_gpu(record, visible_gpus(view.env), self.unit))
+        except ObservationError as exc:
+            self.unkept_observations.append(exc.message)
+            self.on_step(exc.message)
         return verdict
 
     def probe(self, view: ServiceView, probe_tokens: int | None, long_probe: bool) -> ProbeResult:

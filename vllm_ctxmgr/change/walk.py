@@ -59,7 +59,16 @@ Confirm = Callable[[ChangeResult], bool]
 
 def apply(restarter: Restarter, change: Change, probe_tokens: int | None, long_probe: bool) -> ChangeResult:
     """Record, install, restart, watch, probe: each step entered as its state; any failure (a
-    signal included) puts the previous unit back."""
+    signal included) puts the previous unit back. A start whose figures were not kept (more than its
+    GPU holds) is one warning of the result."""
+    result = _walk(restarter, change, probe_tokens, long_probe)
+    result.warnings.extend(restarter.unkept_observations)
+    restarter.unkept_observations.clear()
+    return result
+
+
+def _walk(restarter: Restarter, change: Change, probe_tokens: int | None, long_probe: bool) -> ChangeResult:
+    """apply's steps, forward and (on any failure) back."""
     rev = change.rev
     result = result_for(rev, rev.action)
     t0 = time.monotonic()
@@ -321,7 +330,7 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
     done = apply(
         restarter, Change(store, rev, files, "set-context"), request.probe_tokens, request.long_probe
     )
-    done.plan, done.diff, done.warnings = result.plan, result.diff, result.warnings
+    done.plan, done.diff, done.warnings = result.plan, result.diff, [*result.warnings, *done.warnings]
     done.expected_downtime = result.expected_downtime
     store.prune()
     return done
@@ -498,7 +507,7 @@ def rollback(
             rollback_of=target.number,
         )
         done = apply(restarter, Change(store, rev, files, "rollback"), None, False)
-        done.diff, done.warnings = result.diff, notes
+        done.diff, done.warnings = result.diff, [*notes, *done.warnings]
         done.expected_downtime = result.expected_downtime
         store.prune()
         return done

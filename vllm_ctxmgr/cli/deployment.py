@@ -60,6 +60,7 @@ from vllm_ctxmgr.deployment.wire import (
     PrepareStdin,
     ReasonStdin,
     StartStdin,
+    VerifyStdin,
 )
 from vllm_ctxmgr.errors import UsageError, VerifyExit
 from vllm_ctxmgr.files import read_regular
@@ -461,13 +462,17 @@ def deployment_recover_cmd(
 
 @deployment_group.command("verify", epilog=DEPLOYMENT_EXAMPLES["verify"])
 @_deployment_options
+@long_probe_option.but(help="The head's verify also sends a prompt of about 90% of the context.")
 @click.pass_context
 @handle_errors
-def deployment_verify_cmd(ctx: click.Context, as_json: bool, **options: Unpack[DeploymentFlags]) -> None:
+def deployment_verify_cmd(
+    ctx: click.Context, as_json: bool, long_probe: bool, **options: Unpack[DeploymentFlags]
+) -> None:
     """Check every node: the head as `ctxmgr verify` does, each headless rank active with no failure
     since its start and the head's max_model_len. Exit codes as verify: 0 ok, 1 degraded, 2 failed,
     70 crashed."""
     request = _request(ctx, 0, as_json=as_json, **options)
+    request.long_probe = long_probe
     data = verify_deployment(request, ctx.find_root().obj["state_dir"])
     if as_json:
         emit_json({"command": "deployment verify", "changed": False, **data})
@@ -689,6 +694,7 @@ def node_settle_cmd(ctx: click.Context, service: str, change_id: str, ok: bool, 
 @click.pass_context
 @handle_errors
 def node_verify_cmd(ctx: click.Context, service: str, timeout: float, as_json: bool) -> None:
-    """The head's `ctxmgr verify`, answered as a step (exit 0; the verdict is in the object)."""
-    options = VerifyOptions(probe_timeout=timeout)
+    """The head's `ctxmgr verify`, answered as a step (exit 0; the verdict is in the object; stdin:
+    long_probe)."""
+    options = VerifyOptions(long_probe=_stdin(VerifyStdin).long_probe, probe_timeout=timeout)
     _emit(node_steps.verify(restarter_for(ctx, service, True, 0.0), options), "verify")

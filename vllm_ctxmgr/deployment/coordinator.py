@@ -14,7 +14,8 @@ the deployment's, and each node's step is a `ctxmgr node` command there (node.py
     stop    every node, and wait until each has exited
     start   the headless ranks, then the head, watched until it serves and is probed at the new context
     finish  each headless rank checked in its own journal (a rank's OOM is the deployment's failure),
-            then every revision final
+            then every revision final (a node's faulty answer there: applied, exit 1, that node named;
+            the deployment serves, so nothing is rolled back, and `deployment recover` finishes it)
 
 and on any failure after the first write: every node's previous unit back, every node stopped and
 started again, the old deployment watched and probed; rolled-back, or rollback-failed (exit 5) when
@@ -41,6 +42,7 @@ from vllm_ctxmgr.core.topology import NodeRole, NodeUnit, Topology, read_topolog
 from vllm_ctxmgr.deployment.remote import Link, NodeAddress, NodeError
 from vllm_ctxmgr.deployment.wire import (
     CheckAnswer,
+    InProgress,
     LastChange,
     Message,
     NodeStart,
@@ -57,8 +59,9 @@ from vllm_ctxmgr.deployment.wire import (
     StepAnswer,
     StopAnswer,
     VerifyAnswer,
+    VerifyStdin,
 )
-from vllm_ctxmgr.errors import ExitCode, UsageError
+from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
 from vllm_ctxmgr.nvml import gpus_from_json
 from vllm_ctxmgr.store import ServiceStore
 
@@ -149,7 +152,7 @@ class DeploymentRequest:
     on_step: Printer = lambda _text: None
     wait_lock: float = 0.0  # seconds to wait for another run on the deployment's lock
     probe_tokens: int | None = None  # the head's probe after a change (set-context's --probe-tokens)
-    long_probe: bool = False  # ... and its 90%-of-the-context prompt (--long-probe)
+    long_probe: bool = False  # ... and its 90%-of-the-context prompt (--long-probe; verify's too)
 
 
 def deployment_name(nodes: tuple[NodeAddress, ...], name: str | None) -> str:
@@ -525,7 +528,17 @@ class Coordinator:
             if last is not None:
                 result.max_model_len = last.max_model_len
                 result.previous_max_model_len = last.previous_max_model_len
+            finished = [
+                n
+                for n in self.changing
+                if any(c.change == result.change_id and c.state == "final" for c in n.show.deployment_changes)
+            ]
+            if finished:
+                return self._finish_left(finished, pending)
             interrupted = f"the deployment change {result.change_id} was interrupted"
+            failed = self._failed_reason(str(result.change_id))
+            if failed:  # the reason the change failed stays first; recover's own is added to it
+                interrupted = f"{failed}; {interrupted} while rolling back"
             self._roll_back_all(interrupted)
             result.changed = True  # every node it wrote was written back, and every node restarted
             if result.result is Result.ROLLED_BACK:
@@ -536,7 +549,59 @@ class Coordinator:
                 )
             else:
                 result.reason = f"{interrupted}{result.reason}"
+            self._record(str(result.result))  # with the reason: the way back recorded it without one
             return result
+
+    def _failed_reason(self, change_id: str) -> str:
+        """Why the change failed, as its own run recorded it before rolling back (the coordinator's
+        record, where that run was this one's), else "": recover adds to that reason, never replaces it."""
+        try:
+            record = self.store.read_json("last-change.json") or {}
+        except CtxmgrError:
+            return ""
+        reason = record.get("reason")
+        if record.get("change_id") != change_id or record.get("state") != "rolling-back":
+            return ""
+        return reason if isinstance(reason, str) else ""
+
+    def _finish_left(
+        self, finished: list[_Node], pending: Mapping[NodeAddress, InProgress | None]
+    ) -> DeploymentResult:
+        """A change final on some node got past its finish step: the deployment served, the head passed
+        its probe and every rank was checked, and a node's answer to `finish` failed (issue 29 item 5).
+        Its nodes' units are the change's, so putting the previous units back would undo a change that
+        served (and the final nodes' would stay): the nodes it left in progress are finished instead, once
+        every node is active again."""
+        result = self.result
+        left = [n for n in self.changing if pending[n.address] is not None]
+        down = [
+            f"{n.address} is {n.show.active_state}" for n in self.changing if n.show.active_state != "active"
+        ]
+        if down:
+            raise CtxmgrError(
+                f"the deployment change {result.change_id} is final on "
+                + ", ".join(str(n.address) for n in finished)
+                + f" but not on {', '.join(str(n.address) for n in left)}, and "
+                + ", ".join(down)
+                + ": nothing was changed; start it, then run `ctxmgr deployment recover` again"
+            )
+        self.say(
+            f"the deployment change {result.change_id} served and is final on "
+            + ", ".join(str(n.address) for n in finished)
+            + "; finishing it on "
+            + ", ".join(str(n.address) for n in left)
+        )
+        unfinished = self._finish_all(left)
+        result.result = Result.APPLIED
+        result.reason = (
+            f"the deployment change {result.change_id} had served on every node; its revision is now "
+            f"final on {', '.join(str(n.address) for n in left)}, nothing was written or restarted"
+        )
+        if unfinished:
+            result.exit_code = ExitCode.ERROR
+            result.reason = f"the deployment change {result.change_id} had served on every node, {unfinished}"
+        self._record("unfinished" if unfinished else "final")
+        return result
 
     def rollback(self, to: str | None = None) -> DeploymentResult:
         """Every node back to the unit it had before the deployment's last good change (failed attempts,
@@ -682,23 +747,18 @@ class Coordinator:
         failure = self._restart_all(back=False)
         result.timings["start_s"] = round(time.monotonic() - t0, 3)
         if failure is None:
-            change = str(result.change_id)
-            finished = self._each(
-                self.changing, lambda n: self._call(n, StepAnswer, "finish", "--change", change)
-            )
-            for node, done in zip(self.changing, finished, strict=True):
-                assert node.outcome is not None
-                if isinstance(done, NodeError):
-                    node.outcome.ok, node.outcome.reason = False, done.message
-                else:
-                    node.outcome.step = "final"
+            self._record("finishing")
+            unfinished = self._finish_all(self.changing)
             result.result, result.changed = Result.APPLIED, True
             self._read_logged()
             found = f"found {self.drift}; " if self.drift else ""
             result.reason = (
                 f"{found}every node runs max_model_len {context}; the head served the context-sized probe"
             )
-            self._record("final")
+            if unfinished:
+                result.exit_code = ExitCode.ERROR
+                result.reason += f"; {unfinished}"
+            self._record("unfinished" if unfinished else "final")
             result.timings["total_s"] = round(time.monotonic() - t0, 3)
             return result
         result.reason, result.decisive_line = failure
@@ -706,6 +766,35 @@ class Coordinator:
         self._roll_back_all(result.reason)
         result.timings["total_s"] = round(time.monotonic() - t0, 3)
         return result
+
+    def _finish_all(self, nodes: list[_Node]) -> str:
+        """Every node's revision final, once the deployment served and every rank was checked. Any fault
+        in a node's answer is that node's failure (issue 29 item 5): nothing more is asked of it, so its
+        revision stays as that answer left it, and `deployment recover` (or the next change's refusal)
+        finds it there. "" where every node finished, else what failed, each node named."""
+        change = str(self.result.change_id)
+        finished = self._each(nodes, lambda n: self._call(n, StepAnswer, "finish", "--change", change))
+        faults: list[str] = []
+        for node, done in zip(nodes, finished, strict=True):
+            assert node.outcome is not None
+            if isinstance(done, NodeError):
+                fault = done.message
+            elif not done.ok or done.state not in ("final", "not written"):
+                said = done.reason or f"its revision is {done.state[:40] or 'in no state'}, not final"
+                fault = f"{node.address}: `node finish` failed: {said}"
+            else:
+                node.outcome.step = "final"
+                continue
+            node.outcome.ok, node.outcome.reason = False, fault
+            faults.append(fault)
+        if not faults:
+            return ""
+        return (
+            "but not every node recorded it final: "
+            + "; ".join(faults)
+            + ": its revision is left as that answer left it; `ctxmgr deployment recover` with the same "
+            "nodes finishes it"
+        )
 
     def _read_logged(self) -> None:
         """What every rank logged at the start just made (each node's own memory lines)."""
@@ -904,7 +993,8 @@ def verify_deployment(request: DeploymentRequest, state_dir: Path | str) -> dict
     coordinator = Coordinator(request, state_dir)
     coordinator.read()
     head, workers = coordinator._head(), coordinator._workers()
-    verified = coordinator._call(head, VerifyAnswer, "verify", timeout=SHOW_TIMEOUT + 600)
+    asked = VerifyStdin(request.long_probe)
+    verified = coordinator._call(head, VerifyAnswer, "verify", timeout=SHOW_TIMEOUT + 600, stdin=asked)
     served = verified.max_model_len
     checks = coordinator._each(
         workers, lambda n: coordinator._call(n, CheckAnswer, "check", "--max-model-len", str(served or 0))

@@ -1,8 +1,8 @@
 """What the coordinator of a multi-node deployment and `ctxmgr node STEP` say to each other.
 
 Every message is one of the dataclasses here, with the wire's version: a request on a step's stdin
-(PlanStdin, PrepareStdin, StartStdin, ReasonStdin) and a step's answer on its stdout (ShowAnswer ...
-VerifyAnswer).
+(PlanStdin, PrepareStdin, StartStdin, VerifyStdin, ReasonStdin) and a step's answer on its stdout
+(ShowAnswer ... VerifyAnswer).
 Each is checked at the door, where it arrives (`from_json`): every field of its type, numbers finite and
 in range, the memory figures within what `observe --import` accepts (core/observations.py), the flags
 within what a context change may change. A message that is not what the wire carries is refused with
@@ -26,8 +26,9 @@ from vllm_ctxmgr.errors import UsageError
 
 # bump when a message's fields change meaning, or a step reads a request it did not read before (2:
 # `node start` takes StartStdin, the probe's options; a node of 1 would start the head without them,
-# so the coordinator refuses its answers); both ends must speak the same one
-WIRE_VERSION = 2
+# so the coordinator refuses its answers; 3: `node verify` takes VerifyStdin, --long-probe); both ends
+# must speak the same one
+WIRE_VERSION = 3
 MAX_TEXT = 4 << 20  # one text field (a diff, a plan's text)
 MAX_ITEMS = 1 << 16  # one list or object (argv words, GPU lines, environment items)
 MAX_INT = 1 << 62
@@ -240,6 +241,15 @@ class StartStdin(Message):
 
     def check(self, what: str) -> None:
         _in_range(what, "probe_tokens", self.probe_tokens, 1, MAX_CONTEXT)
+
+
+@dataclass(frozen=True)
+class VerifyStdin(Message):
+    """`node verify`'s request: the head's verify as the operator asked for it (deployment verify's
+    --long-probe)."""
+
+    step: ClassVar[str] = "verify"
+    long_probe: bool = False
 
 
 @dataclass(frozen=True)

@@ -114,8 +114,8 @@ notes:
     is ctxmgr's crash (an unexpected error) and always fails.
   - With O(nodes), every parameter one host's command takes (O(to), O(wait_lock), O(probe_tokens),
     O(long_probe)) is passed to C(ctxmgr deployment); O(probe_tokens) and O(long_probe) of C(set-context)
-    go to the head's probe. A ctxmgr whose deployment command does not take one (C(verify)'s
-    O(long_probe), or an older ctxmgr) refuses it by name and the task fails, never runs without it.
+    go to the head's probe, O(long_probe) of C(verify) to the head's verify. An older ctxmgr whose
+    deployment command does not take one refuses it by name and the task fails, never runs without it.
 attributes:
   check_mode:
     description: Runs ctxmgr's dry run (C(--dry-run)); C(changed) then means "would change".
@@ -339,6 +339,13 @@ def passes(command: str, data: dict) -> bool:
     return command == "verify" and code == 1 and data.get("result") == "degraded"
 
 
+def changed_though_failed(code: int, data: dict) -> bool:
+    """A failure leaves nothing changed, except where ctxmgr could not roll back (exit 5) or a
+    deployment change served on every node but a node did not record it final (result "applied",
+    exit 1: its units are the new ones)."""
+    return code == 5 or (data.get("result") == "applied" and bool(data.get("changed")))
+
+
 def summary(params: dict, data: dict, check_mode: bool) -> dict:
     plan = data.get("plan") or {}
     result = {
@@ -441,8 +448,7 @@ def main() -> None:
 
     code = result["exit_code"]
     if not passes(params["command"], data):
-        # a failure leaves nothing changed except when ctxmgr could not roll back (exit 5)
-        result["changed"] = code == 5
+        result["changed"] = changed_though_failed(code, data)
         module.fail_json(msg=failure_message(params, data), **result)
 
     one_host_change = params["command"] == "set-context" and not params["nodes"]
