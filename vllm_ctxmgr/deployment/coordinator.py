@@ -522,6 +522,8 @@ class Coordinator:
                 result.max_model_len = last.max_model_len
                 result.previous_max_model_len = last.previous_max_model_len
             interrupted = f"the deployment change {result.change_id} was interrupted"
+            if any(self._finalised(n, result.change_id) for n in self.changing):
+                return self._finish_all(interrupted, [n for n in self.changing if pending[n.address]])
             self._roll_back_all(interrupted)
             result.changed = True  # every node it wrote was written back, and every node restarted
             if result.result is Result.ROLLED_BACK:
@@ -533,6 +535,28 @@ class Coordinator:
             else:
                 result.reason = f"{interrupted}{result.reason}"
             return result
+
+    @staticmethod
+    def _finalised(node: _Node, change: str) -> bool:
+        last = node.show.last_change
+        return last is not None and last.change == change and last.state == "final"
+
+    def _finish_all(self, interrupted: str, left: list[_Node]) -> DeploymentResult:
+        """A node made the change final: the coordinator had seen the deployment serve and every rank
+        pass (it finishes only then) and was stopped while finishing. Rolling the others back would
+        leave the nodes on different units; their revisions are finished instead."""
+        result, change = self.result, str(self.result.change_id)
+        finished = self._each(left, lambda n: self._call(n, StepAnswer, "finish", "--change", change))
+        failed = [f.message for f in finished if isinstance(f, NodeError)]
+        if failed:
+            raise CtxmgrError(f"{interrupted}; finishing it failed: {failed[0]}")
+        result.result, result.changed = Result.APPLIED, False
+        result.reason = (
+            f"{interrupted} while finishing, after every node served: "
+            f"every node's revision is final at max_model_len {result.max_model_len}"
+        )
+        self._record("final")
+        return result
 
     def rollback(self, to: str | None = None) -> DeploymentResult:
         """Every node back to the unit it had before the deployment's last good change (failed attempts,
@@ -671,6 +695,7 @@ class Coordinator:
                 answer = self._prepare(node, flags, context, False, env)
             except NodeError as exc:
                 node.outcome.ok, node.outcome.reason = False, exc.message
+                self._undo_unanswered(node, exc.message)
                 return self._put_back_unrestarted(written, exc.message)
             node.outcome.revision, node.outcome.step = answer.revision, "written"
             written.append(node)
@@ -730,6 +755,14 @@ class Coordinator:
         return self._each(
             nodes, lambda n: self._call(n, StepAnswer, "restore", "--change", change, stdin=stdin)
         )
+
+    def _undo_unanswered(self, node: _Node, reason: str) -> None:
+        """A node whose write failed may have recorded and written it all the same (its ctxmgr killed
+        mid-step): it is put back too. Where it cannot be reached, what it holds is left to
+        `deployment recover`, which the next change names."""
+        back = self._restore_all([node], reason)[0]
+        if not isinstance(back, NodeError) and back.revision is not None:
+            self._settle_all([node], True, reason)
 
     def _put_back_unrestarted(self, written: list[_Node], reason: str) -> DeploymentResult:
         """A write failed before anything restarted: the nodes already written get their unit back."""
@@ -868,7 +901,15 @@ class Coordinator:
             failure = self._restart_all(back=True)
         ok = failure is None
         settle_reason = "" if failure is None else failure[0]
-        self._settle_all(self.changing, ok, settle_reason)
+        # a node whose restore did not answer may not have its previous unit back: its revision stays
+        # in progress there, for `deployment recover` to put back, not settled as if it had
+        unanswered = [n for n, r in zip(self.changing, restored, strict=True) if isinstance(r, NodeError)]
+        self._settle_all([n for n in self.changing if n not in unanswered], ok, settle_reason)
+        if unanswered:
+            result.reason += (
+                f"; {', '.join(str(n.address) for n in unanswered)} may still hold the new unit: "
+                "run `ctxmgr deployment recover` with the same nodes"
+            )
         if ok:
             result.result, result.exit_code = Result.ROLLED_BACK, ExitCode.ERROR
             self.say("every node runs its previous unit again; the head passed its probe")
