@@ -740,6 +740,7 @@ class Coordinator:
                 answer = self._prepare(node, flags, context, False, env)
             except NodeError as exc:
                 node.outcome.ok, node.outcome.reason = False, exc.message
+                self._undo_unanswered(node, exc.message)
                 return self._put_back_unrestarted(written, exc.message)
             node.outcome.revision, node.outcome.step = answer.revision, "written"
             written.append(node)
@@ -823,6 +824,14 @@ class Coordinator:
         return self._each(
             nodes, lambda n: self._call(n, StepAnswer, "restore", "--change", change, stdin=stdin)
         )
+
+    def _undo_unanswered(self, node: _Node, reason: str) -> None:
+        """A node whose write failed may have recorded and written it all the same (its ctxmgr killed
+        mid-step): it is put back too. Where it cannot be reached, what it holds is left to
+        `deployment recover`, which the next change names."""
+        back = self._restore_all([node], reason)[0]
+        if not isinstance(back, NodeError) and back.revision is not None:
+            self._settle_all([node], True, reason)
 
     def _put_back_unrestarted(self, written: list[_Node], reason: str) -> DeploymentResult:
         """A write failed before anything restarted: the nodes already written get their unit back."""
@@ -960,8 +969,16 @@ class Coordinator:
             failure = self._restart_all(back=True)
         ok = failure is None
         settle_reason = "" if failure is None else failure[0]
-        self._settle_all(self.changing, ok, settle_reason)
+        # a node whose restore did not answer may not have its previous unit back: its revision stays
+        # in progress there, for `deployment recover` to put back, not settled as if it had
+        unanswered = [n for n, r in zip(self.changing, restored, strict=True) if isinstance(r, NodeError)]
+        self._settle_all([n for n in self.changing if n not in unanswered], ok, settle_reason)
         result.settled(ok, settle_reason)
+        if unanswered:
+            result.reason += (
+                f"; {', '.join(str(n.address) for n in unanswered)} may still hold the new unit: "
+                "run `ctxmgr deployment recover` with the same nodes"
+            )
         if ok:
             self.say("every node runs its previous unit again; the head passed its probe")
         self._record(str(result.result))

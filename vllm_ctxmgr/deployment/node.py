@@ -314,6 +314,11 @@ def start(
             return _start_as_is(restarter, head, probe)
         change = _change_of(restarter, change_id)
         rev = change.rev
+        if back and rev.state in (State.ROLLED_BACK, State.ROLLBACK_FAILED):
+            # put back and settled already (a write undone before anything restarted, or a way back
+            # whose restart failed, taken again by recover): its previous unit is in place, and it
+            # restarts as it is with the others
+            return _start_as_is(restarter, head, probe)
         if back:
             if rev.state is not State.ROLLING_BACK:
                 raise NodeStepError(
@@ -434,6 +439,7 @@ def finish(restarter: Restarter, change_id: str) -> StepAnswer:
         rev = change.rev
         if rev.state is State.RESTARTING:  # a headless rank: the coordinator checked its journal
             change.enter(State.SERVING, "active, no failure in its journal since its start")
+        if rev.state is State.SERVING:  # ... or a finish killed on the way, taken again by recover
             change.enter(State.PROBED, "the head served the context-sized probe")
         if rev.state is not State.PROBED:
             raise NodeStepError(f"{restarter.service}: revision {rev.number} is {rev.state}, not probed")
