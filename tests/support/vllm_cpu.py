@@ -44,7 +44,6 @@ MEASURED_STOP_S = 0.6  # systemctl stop of a serving unit 0.36-0.41 s, restart r
 READY_TIMEOUT_S = 3 * MEASURED_READY_S
 READY_FAT_KV_TIMEOUT_S = 3 * MEASURED_READY_FAT_KV_S
 CONFIG_FAILURE_TIMEOUT_S = 3 * MEASURED_CONFIG_FAILURE_S
-KV_FAILURE_TIMEOUT_S = 3 * MEASURED_KV_FAILURE_S
 CRASH_LOOP_ATTEMPT_TIMEOUT_S = 3 * MEASURED_CRASH_LOOP_ATTEMPT_S
 STOP_TIMEOUT_S = 30.0  # the unit's TimeoutStopSec; vLLM force-kills its engine itself well within it
 # Peak summed RSS of a unit's processes: 2.9 GB with VLLM_CPU_KVCACHE_SPACE=1 (the KV space is touched at
