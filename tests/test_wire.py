@@ -590,3 +590,38 @@ def test_recover_keeps_the_reason_the_change_failed_and_adds_its_own(workdir: Pa
     request, log = two_node_request(workdir / "again", answers)
     again = Coordinator(request, workdir / "state").recover()
     assert again.reason.startswith("the deployment change c-x was interrupted: every node"), again.reason
+
+
+@pytest.mark.parametrize(
+    ("made", "now"),
+    [
+        ([{"change": "c-z", "revision": 5, "state": "final", "max_model_len": 16384}], "final"),
+        ([], "interrupted"),
+    ],
+)
+def test_recover_settles_a_record_its_dead_coordinator_left_under_way(
+    workdir: Path, made: list[dict[str, Any]], now: str
+) -> None:
+    """The coordinator died after every node's finish (or before any node's write): no node has the
+    change in progress, so recover has nothing to do on the nodes, but the deployment's record still
+    said "finishing" ("writing") for ever. It now says what the nodes' revisions say; a settled record
+    and one of another change's nodes are left as they are."""
+    answers = walk_answers(**{f"show vllm-n{rank}.service": show_answer(rank, deployment_changes=made)
+                              for rank in (0, 1)})  # fmt: skip
+    request, log = two_node_request(workdir, answers)
+    coordinator = Coordinator(request, workdir / "state")
+    coordinator.store.write_json("last-change.json", {"state": "finishing", "change_id": "c-z", "reason": ""})
+    result = coordinator.recover()
+    assert (str(result.result), result.exit_code, result.changed) == ("unchanged", 0, False)
+    said = f"the record of change c-z said finishing and now says {now}, as its nodes' revisions do"
+    assert result.reason == f"no node has a deployment change in progress: nothing to recover; {said}"
+    record = coordinator.store.read_json("last-change.json") or {}
+    assert (record["state"], record["reason"]) == (now, said)
+    steps = [line.split()[1] for line in log.read_text().splitlines()]
+    assert set(steps) == {"show"}  # nothing asked of any node but what it holds
+    # run again: the record is settled, so nothing more is said or written
+    (workdir / "again").mkdir()
+    request, _log = two_node_request(workdir / "again", answers)
+    again = Coordinator(request, workdir / "state").recover()
+    assert again.reason == "no node has a deployment change in progress: nothing to recover"
+    assert (Coordinator(request, workdir / "state").store.read_json("last-change.json") or {}) == record

@@ -72,6 +72,8 @@ Printer = Callable[[str], None]
 SHOW_TIMEOUT = 120.0
 WATCH_INTERVAL = 3.0  # s between looks at every headless rank while the head starts
 STEP_TIMEOUT = 300.0  # a node's write, stop or check (a headless rank's stop took ~12 s)
+# the coordinator's record (last-change.json) while a step is under way; any other state is settled
+RECORD_IN_FLIGHT = ("writing", "finishing", "rolling-back")
 
 
 @dataclass
@@ -517,6 +519,7 @@ class Coordinator:
             if not changes:
                 result.result = Result.UNCHANGED
                 result.reason = "no node has a deployment change in progress: nothing to recover"
+                result.reason += self._close_stale_record()
                 return result
             if len(changes) > 1 or None in changes:
                 raise UsageError(
@@ -551,6 +554,36 @@ class Coordinator:
                 result.reason = f"{interrupted}{result.reason}"
             self._record(str(result.result))  # with the reason: the way back recorded it without one
             return result
+
+    def _close_stale_record(self) -> str:
+        """The coordinator's record still names a step under way while no node has its change in
+        progress: that coordinator died after every node had settled (or before any was written). The
+        record a person reads first is set to what the nodes' own revisions say, instead of "writing"
+        for ever; returns what recover adds to its reason ("" when the record was already settled)."""
+        try:
+            record = self.store.read_json("last-change.json") or {}
+        except CtxmgrError:
+            return ""
+        change, was = record.get("change_id"), record.get("state")
+        if was not in RECORD_IN_FLIGHT or not isinstance(change, str):
+            return ""
+        states = {
+            next((c.state for c in node.show.deployment_changes if c.change == change), None)
+            for node in self.changing
+        }
+        if states == {None}:
+            now = "interrupted"  # no node has a revision of it: the coordinator stopped before any write
+        elif len(states) == 1:
+            now = str(states.pop())
+        else:
+            return ""  # the nodes disagree: left for a person, as `deployment history` shows them
+        said = f"the record of change {change} said {was} and now says {now}, as its nodes' revisions do"
+        reason = record.get("reason")
+        kept = f"{reason}; " if isinstance(reason, str) and reason else ""
+        self.store.write_json(
+            "last-change.json", {**record, "state": now, "time": time.time(), "reason": kept + said}
+        )
+        return f"; {said}"
 
     def _failed_reason(self, change_id: str) -> str:
         """Why the change failed, as its own run recorded it before rolling back (the coordinator's
