@@ -126,8 +126,9 @@ def test_the_request_reaches_the_node_and_a_silent_node_times_out(workdir: Path)
     }
     silent = Link(local_ctxmgr=_script(workdir, "import time; time.sleep(30)"))
     started = time.monotonic()
-    with pytest.raises(NodeError, match=r"did not answer within 2 s"):
-        silent.call("local", ["node", "stop", "u"], timeout=2)
+    # named as every other fault of the call is: the node's label (host:service) and the step
+    with pytest.raises(NodeError, match=r"^local:u: `ctxmgr node stop` did not answer within 2 s$"):
+        silent.call("local", ["node", "stop", "u"], timeout=2, label="local:u")
     assert time.monotonic() - started < 10
 
 

@@ -95,7 +95,7 @@ class Link:
             code, stdout, stderr = _run_bounded(argv, request, timeout, MAX_ANSWER_BYTES)
         except subprocess.TimeoutExpired:
             raise NodeError(
-                f"{host}: `ctxmgr {args[0] if args else ''}` did not answer within {timeout:.0f} s"
+                f"{label}: `ctxmgr {' '.join(args[:2])}` did not answer within {timeout:.0f} s"
             ) from None
         except OSError as exc:
             raise NodeError(f"{label}: cannot run {argv[0]}: {exc.strerror or exc}") from None
