@@ -34,6 +34,7 @@ from tests.support.standin import free_port
 from tests.test_crash_campaign import Service
 from tests.test_multinode import GPU_ARGS, node_unit
 from vllm_ctxmgr.probe import wait_until_serving
+from vllm_ctxmgr.store import PENDING
 
 REPO = Path(__file__).resolve().parent.parent
 CAPACITY = 100_000  # the headless rank's KV room: the forced FAILING change is refused at start there
@@ -190,10 +191,25 @@ def run_case(deployment: Deployment, command: str, whose: str, step: str) -> lis
     if whose != "coordinator" and said(crashed).startswith("rolled-back:"):
         # the coordinator lived and says every node is back: so it must be, before any recover
         problems += [f"before recover: {p}" for p in deployment.check_whole()]
+    # the revisions the crash left under way: recover finishes these, and says so in each
+    pending = {
+        node.name: rev.number
+        for node in (deployment.head, deployment.rank1)
+        for rev in node.store.revisions()
+        if rev.deployment and rev.state in PENDING
+    }
     done = deployment.ctxmgr("recover", "--json")
     print(f"recover: exit {done.returncode}: {said(done)}")
     if done.returncode != 0:
         problems.append(f"recover after the crash exited {done.returncode}: {said(done)}")
+    elif said(done).startswith("rolled-back:"):
+        # each revision recover finished says so (one already rolling back kept only its first reason)
+        for node in (deployment.head, deployment.rank1):
+            if node.name in pending:
+                rev = node.store.get(pending[node.name])
+                if "was interrupted" not in (rev.reason or ""):
+                    problems.append(f"{node.name}: revision {rev.number} does not say recover's word: "
+                                    f"{rev.reason!r}")  # fmt: skip
     return problems + deployment.check_whole()
 
 

@@ -481,6 +481,14 @@ def restore(restarter: Restarter, change_id: str, reason: str) -> StepAnswer:
         if rev.state is not State.ROLLING_BACK:
             rev.reason = reason
             change.enter(State.ROLLING_BACK, f"putting the previous unit back: {reason}")
+        elif reason and reason != rev.reason:
+            # a second restore (`deployment recover` after the coordinator died on the way back): its
+            # word is added to why the change failed, never replaces it (recover's may already hold it)
+            rev.reason = reason if reason.startswith(rev.reason) else f"{rev.reason}; {reason}"
+            try:
+                restarter.store.save(rev)
+            except st.StoreError as exc:  # the previous unit goes back all the same
+                change.unwritten.append(exc.message)
         restarter.put_back(change.files)
         return StepAnswer(restarter.unit, True, rev.number, str(rev.state))
 
