@@ -289,3 +289,20 @@ def test_the_restore_after_a_failed_change_counts_down_by_the_warm_start_not_the
     assert dict((p.phase, p.seconds) for p in expected.phases)[COMPILING] == 4.0
     # a journal that cannot be read leaves no time left to show, and the service is still put back
     assert _expected_at_the_restore(_Journal([], error=True), forward) is None
+
+
+def test_a_change_back_to_a_context_compiled_before_is_counted_warm() -> None:
+    """Issue 28's left item: a change back to a context the service served before (8,192 here, then
+    16,384, now back) was counted a cold compile; vLLM cached that compile under the same hash."""
+    back = [_start(1, 300.0, "miss"), _start(2, 40.0, "hit"), _start(3, 280.0, "miss", stop=5.0)]
+    back[2] = StartTiming(3, back[2].phases, True, True, "miss", 16384, 5.0)
+    to_8192 = estimate_downtime(back, compile_cache="miss", max_model_len=8192)
+    to_32768 = estimate_downtime(back, compile_cache="miss", max_model_len=32768)
+    assert to_8192 is not None and to_32768 is not None
+    compiling = {p.phase: p for p in to_8192.phases}[COMPILING]
+    assert (compiling.seconds, compiling.source) == (40.0, "the last start warm (cache hit)")
+    assert to_8192.compile_cache_misses is False
+    assert any("max_model_len 8192 was compiled and served here before" in n for n in to_8192.notes)
+    # a context never served: still the last cold compile
+    assert {p.phase: p.seconds for p in to_32768.phases}[COMPILING] == 280.0
+    assert to_32768.compile_cache_misses is True

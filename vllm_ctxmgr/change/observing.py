@@ -150,14 +150,15 @@ def _fraction(data: dict[str, Any]) -> tuple[int | None, int | None]:
 
 
 def expected_downtime(
-    systemd: Systemd, unit: str, compile_cache: CompileCache | None
+    systemd: Systemd, unit: str, compile_cache: CompileCache | None, max_model_len: int | None = None
 ) -> DowntimeEstimate | None:
     """What a restart of the unit will cost, timed by its earlier starts in the journal (None: the
     journal holds no start that served). `compile_cache`: what vLLM's compile cache will do ("miss": a
-    new context; "hit": one it compiled before; None: the config it runs now)."""
+    new context; "hit": one it compiled before; None: the config it runs now); `max_model_len`: the
+    context the restart serves (a "miss" to one the journal shows served before is a hit)."""
     entries = systemd.journal(unit, lines=20000)
     lines = [(entry.realtime_us / 1e6, entry.invocation_id, entry.message) for entry in entries]
-    return estimate_downtime(start_timings(lines), compile_cache)
+    return estimate_downtime(start_timings(lines), compile_cache, max_model_len)
 
 
 def observation_record(

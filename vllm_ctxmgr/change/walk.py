@@ -307,7 +307,7 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
     if problems:
         raise UnitError(f"the new unit does not pass systemd-analyze verify: {problems[0]}")
     cache: CompileCache | None = "miss" if context != view.args.max_model_len else None
-    restarter.expected = expected_downtime(systemd, restarter.unit, cache)
+    restarter.expected = expected_downtime(systemd, restarter.unit, cache, context)
     result.expected_downtime = restarter.expected.to_json() if restarter.expected else {}
     if request.dry_run:
         result.result = Result.DRY_RUN

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 # The phases of one start, in vLLM's order; each ends at a line vLLM prints (vllm_log/timeline.py).
@@ -104,7 +105,7 @@ class DowntimeEstimate:
 
 
 def estimate_downtime(
-    starts: Sequence[StartTiming], compile_cache: CompileCache | None
+    starts: Sequence[StartTiming], compile_cache: CompileCache | None, max_model_len: int | None = None
 ) -> DowntimeEstimate | None:
     """The expected downtime of a restart from the service's earlier starts, oldest first; None where
     none of them reached vLLM's ready line. `compile_cache`: what vLLM's compile cache will do at the
@@ -115,13 +116,17 @@ def estimate_downtime(
     set the figure). torch.compile is the exception where the cache's answer is known: on a miss the
     figure is the last cold compile's (a start whose compile lines say it missed), and where the journal
     holds none, the warm figure stands with a note that it is a lower bound; on a hit it is the median
-    of the last warm compiles, not of the recent starts (the failed change's cold one among them)."""
+    of the last warm compiles, not of the recent starts (the failed change's cold one among them).
+    `max_model_len`, the context the restart will serve: one a start in the journal compiled and served
+    before is a hit (vLLM keeps that compile in its cache), not a miss."""
     served = [s for s in starts if s.ready]
     if not served:
         return None
     recent = served[-RECENT_STARTS:]
     last = recent[-1]
     notes: list[str] = []
+    if compile_cache == "miss" and max_model_len is not None:
+        compile_cache = _served_before(served, max_model_len, notes)
     phases: list[PhaseEstimate] = []
     stops = [s.stop_s for s in starts[-RECENT_STARTS:] if s.stop_s is not None]
     if stops:
@@ -165,6 +170,22 @@ def _compile_estimate(
         f"{how} is a lower bound"
     )
     return PhaseEstimate(COMPILING, seconds, f"the median of {len(warm)} start(s) {how}: a lower bound")
+
+
+def _served_before(served: list[StartTiming], max_model_len: int, notes: list[str]) -> CompileCache:
+    """A change back to a context the service compiled and served before (the one before last, say):
+    vLLM saved that compile under its hash, which the same config gives again, so the cache hits. It
+    misses still where anything else in the config changed since, or the cache was cleared: said so."""
+    before = [s for s in served if s.compiled and s.max_model_len == max_model_len]
+    if not before:
+        return "miss"
+    when = datetime.fromtimestamp(before[-1].began_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    notes.append(
+        f"max_model_len {max_model_len} was compiled and served here before (the start at {when}), so "
+        "vLLM's compile cache holds it: counted warm (cold, if the cache was cleared or another flag "
+        "changed since)"
+    )
+    return "hit"
 
 
 def _warm_compile_estimate(served: list[StartTiming], notes: list[str]) -> PhaseEstimate | None:
