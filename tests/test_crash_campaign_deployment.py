@@ -3,7 +3,9 @@ over the steps of a two-node deployment, which are the same steps. Killed: (a) o
 `ctxmgr node STEP` at each state its steps record (prepare, start, finish, restore, settle: node.py),
 the node's [[node]] `ctxmgr = [...]` in a deployment file running it under tests/support/crash_run.py;
 (b) the coordinator itself between its steps (`after-node:STEP:N`: right after the Nth answer to
-`node STEP`), where a kill -9 leaves the nodes with no one to finish them. Then `deployment recover`
+`node STEP`), where a kill -9 leaves the nodes with no one to finish them; and the same kills in
+`deployment rollback` (the same walk to the previous units) and in `deployment recover` itself, where
+a second recover must finish what the first left. Then `deployment recover`
 and what an operator relies on: each node's unit byte for byte one that served (never the old on one
 node and the new on the other), the deployment serving what its units say, no node revision left
 unfinished, and a next change that works.
@@ -68,6 +70,15 @@ ALL_CASES: list[tuple[str, str, str]] = [
     ("set-context", "coordinator", "after-node:finish:2"),
     ("failing", "coordinator", "after-node:restore:2"),  # every previous unit back, nothing restarted
     ("failing", "coordinator", "after-node:start:4"),  # restarted on the previous units, not settled
+    # `deployment rollback` is the same walk to the previous units: killed in it, recover finishes it
+    ("rollback", "coordinator", "after-node:prepare:2"),
+    ("rollback", "rank1", "node:restarting"),
+    ("rollback", "coordinator", "after-node:start:2"),
+    # `deployment recover` killed in its own way back (after the coordinator died in a failing change's):
+    # the second recover finishes what the first left
+    ("recover", "coordinator", "after-node:restore:2"),
+    ("recover", "coordinator", "after-node:start:1"),
+    ("recover", "head", "node:rolled-back"),
 ]
 QUICK = {
     ("set-context", "rank1", "unit-file-written"),
@@ -181,6 +192,14 @@ def run_case(deployment: Deployment, command: str, whose: str, step: str) -> lis
     problems: list[str] = []
     if command == "failing":
         crashed = deployment.set_context(FAILING, crash=(whose, step), force=True)
+    elif command == "rollback":
+        crashed = deployment.ctxmgr("rollback", "--yes", "--json", crash=(whose, step))
+    elif command == "recover":
+        # a failing change whose coordinator dies on the way back, then the recover itself is killed
+        first = deployment.set_context(FAILING, crash=("coordinator", "after-node:restore:2"), force=True)
+        if first.returncode != 137:
+            problems.append(f"the failing change's crash hook did not fire (exit {first.returncode})")
+        crashed = deployment.ctxmgr("recover", "--json", crash=(whose, step))
     else:
         crashed = deployment.set_context(next(deployment.contexts), crash=(whose, step))
     print(f"{command} killed ({whose} at {step}): exit {crashed.returncode}: {said(crashed)}")
