@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 # The phases of one start, in vLLM's order; each ends at a line vLLM prints (vllm_log/timeline.py).
@@ -179,9 +178,10 @@ def _served_before(served: list[StartTiming], max_model_len: int, notes: list[st
     before = [s for s in served if s.compiled and s.max_model_len == max_model_len]
     if not before:
         return "miss"
-    when = datetime.fromtimestamp(before[-1].began_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    back = len(served) - served.index(before[-1])
+    which = "the last start" if back == 1 else f"the start {back} back in the journal"
     notes.append(
-        f"max_model_len {max_model_len} was compiled and served here before (the start at {when}), so "
+        f"max_model_len {max_model_len} was compiled and served here before ({which}), so "
         "vLLM's compile cache holds it: counted warm (cold, if the cache was cleared or another flag "
         "changed since)"
     )
