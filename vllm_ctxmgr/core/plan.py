@@ -944,8 +944,54 @@ def make_plan(
     Raises UsageError for a target below 1 or a configuration vLLM itself would reject (TP not
     dividing the heads, DCP with sliding windows, ...). An infeasible target is not an error: the plan says
     `feasible=False` with the reason, `max_context` and ranked alternatives.
-    Long because it is the planner's one pass, in order: facts and refusals, the layout, the evaluation, the
-    deployment terms and the named flags, the reason, the alternatives."""
+    The planner's one pass, in order: facts and refusals, the observed budgets, the layout and its
+    evaluation, the verdict, the deployment terms and the named flags, the alternatives."""
+    _check_plan_options(options)
+    target, version = options.target_context, options.vllm_version
+    platform = options.platform or platform_for(gpus, options.cpu)
+    if args.env.get(ALLOW_LONG_ENV, "0").strip().lower() in ("1", "true"):
+        options = replace(options, allow_long=True)  # envs.py: the unit already allows a long context
+    _refuse_what_vllm_refuses(facts, args, target, platform, version)
+    derived, derived_key = _derived(facts, args, options)
+    warnings = _version_warnings(version)
+    notes: list[str] = list(args.notes)  # how the unit's arguments were read (a --config YAML)
+    base_layout = kv_cache_layout(
+        facts, _scheduled(facts, args, platform, version, target), platform, version
+    )
+    observed, by_rank, observed_notes = _observed_budgets(
+        base_layout, gpus, platform, version, observations, node_observations
+    )
+    notes.extend(observed_notes)
+    ctx = _Context(facts, args, gpus, options, platform, observed, derived, target, by_rank)
+
+    layout, outcome, run_warnings = _run(ctx, args, target, options.allow_long, same_config=True)
+    warnings.extend(run_warnings)
+    feasibility = _Feasibility.of(ctx, outcome, derived_key)
+    warnings.extend(feasibility.warnings)
+    warnings.extend(_unit_warnings(ctx, layout))
+    notes.extend(_estimated_terms_notes(outcome.lines))
+    named = not_modelled_flags(args, facts, version, options.expert_weight_bytes is not None)
+    named_warning = named_flags_warning(
+        named,
+        min((line.total.bytes or 0 for line in outcome.lines), default=None),
+        observed is not None and observed.available_kv is not None,
+    )
+    if named_warning:
+        warnings.append(named_warning)
+    notes.extend(_blocks_notes(layout, outcome, target))
+    alternatives: tuple[Alternative, ...] = ()
+    if not feasibility.feasible:
+        search = Search(
+            facts, args, gpus, platform, derived, target, options.allow_long, options.concurrency,
+            partial(_trial, ctx), options.vllm_version,
+        )  # fmt: skip
+        alternatives = find_alternatives(search, layout, outcome.max_context, feasibility.refused)
+    said = _Said(tuple(warnings), tuple(notes), tuple(named))
+    return _assembled_plan(ctx, layout, outcome, feasibility, derived_key, alternatives, said)
+
+
+def _check_plan_options(options: PlanOptions) -> None:
+    """The caller's own numbers (target, utilisation cap, concurrency) before any of vLLM's rules."""
     target = options.target_context
     if not isinstance(target, int) or target < 1:
         raise UsageError(f"the target context must be a positive number of tokens, not {target!r}")
@@ -955,19 +1001,25 @@ def make_plan(
         raise UsageError(
             f"the concurrency must be a positive number of requests, not {options.concurrency!r}"
         )
-    version = options.vllm_version
-    platform = options.platform or platform_for(gpus, options.cpu)
-    if args.env.get(ALLOW_LONG_ENV, "0").strip().lower() in ("1", "true"):
-        options = replace(options, allow_long=True)  # envs.py: the unit already allows a long context
-    if args.refusals:  # what vLLM's parser refuses, before any layout is built from it
+
+
+def _refuse_what_vllm_refuses(
+    facts: ModelFacts, args: ServeArgs, target: int, platform: Platform, version: VllmVersion
+) -> None:
+    """What vLLM's parser refuses, then what its configs refuse (core/deployment.py vllm_refusals),
+    before any layout is planned from it: a plan for a unit vLLM would not start is no plan."""
+    if args.refusals:
         raise UsageError(f"vLLM refuses this configuration: {args.refusals[0]}")
     default_mnbt = kv_cache_layout(facts, args, platform, version).max_num_batched_tokens
     refusals = vllm_refusals(args, target, facts, version, default_mnbt, gpu=not platform.is_cpu)
     if refusals:
         raise UsageError(f"vLLM refuses this configuration: {refusals[0]}")
-    derived, derived_key = _derived(facts, args, options)
+
+
+def _version_warnings(version: VllmVersion) -> list[str]:
+    """A vLLM version ctxmgr has no row for (its rules are the nearest release's), and the terms older
+    releases had that the plan does not model."""
     warnings: list[str] = []
-    notes: list[str] = list(args.notes)  # how the unit's arguments were read (a --config YAML)
     _, unknown_version = known_version(version)  # rule() itself answers with the nearest release's row
     if unknown_version:
         warnings.append(unknown_version)
@@ -975,10 +1027,19 @@ def make_plan(
         f"not modelled for vLLM {'.'.join(map(str, version))}: {term}"
         for term in not_modelled_before_oldest(version)
     )
+    return warnings
 
-    base_layout = kv_cache_layout(
-        facts, _scheduled(facts, args, platform, version, target), platform, version
-    )
+
+def _observed_budgets(
+    base_layout: KVCacheLayout,
+    gpus: GpuState | None,
+    platform: Platform,
+    version: VllmVersion,
+    observations: Sequence[Observation],
+    node_observations: Sequence[NodeObservation],
+) -> tuple[Observed | None, dict[int, Observed], list[str]]:
+    """What earlier starts measured: this service's own (the calibration) and, per global rank, each other
+    node's last start in a multi-node deployment; and the notes on how they were read."""
     by_rank: dict[int, Observed] = {}
     node_notes: list[str] = []
     if node_observations and gpus is not None:
@@ -987,27 +1048,37 @@ def make_plan(
     observed, observation_notes = observed_memory(
         observations, base_layout, version, platform, own_budget=bool(by_rank)
     )
-    notes.extend(observation_notes + node_notes)
-    ctx = _Context(facts, args, gpus, options, platform, observed, derived, target, by_rank)
+    return observed, by_rank, observation_notes + node_notes
 
-    above_derived = derived is not None and target > derived
-    refused = above_derived and not options.allow_long
-    layout, outcome, run_warnings = _run(ctx, args, target, options.allow_long, same_config=True)
-    warnings.extend(run_warnings)
 
-    env_changes: dict[str, str] = {}
-    key_text = f"{derived_key}={derived}" if derived_key else f"{derived}"
-    if refused:
-        feasible = False
-        reason = (
-            f"{target} tokens is above the model's derived maximum ({key_text}); vLLM refuses it unless "
-            f"{ALLOW_LONG_ENV}=1"
-        )
-    else:
-        feasible = outcome.feasible
+@dataclass(frozen=True)
+class _Feasibility:
+    """Whether the target fits and the reason the plan prints: above the model's derived max_model_len
+    vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is set (then the env change and vLLM's own
+    warning); else the evaluation's verdict, with the KV cache per GPU where it fits."""
+
+    feasible: bool
+    reason: str
+    refused: bool  # above the derived maximum and not allowed long: vLLM refuses the target itself
+    env_changes: dict[str, str]
+    warnings: tuple[str, ...]
+
+    @classmethod
+    def of(cls, ctx: _Context, outcome: _Outcome, derived_key: str | None) -> _Feasibility:
+        target, derived, options, args = ctx.target, ctx.derived, ctx.options, ctx.args
+        above_derived = derived is not None and target > derived
+        key_text = f"{derived_key}={derived}" if derived_key else f"{derived}"
+        if above_derived and not options.allow_long:
+            reason = (
+                f"{target} tokens is above the model's derived maximum ({key_text}); vLLM refuses it "
+                f"unless {ALLOW_LONG_ENV}=1"
+            )
+            return cls(False, reason, True, {}, ())
+        env_changes: dict[str, str] = {}
+        warnings: list[str] = []
         reason = outcome.verdict
         if (
-            feasible
+            outcome.feasible
             and outcome.lines
             and outcome.utilization is not None
             and not outcome.verdict.startswith(WEIGHTS_UNKNOWN)
@@ -1027,10 +1098,19 @@ def make_plan(
                 f"{target} tokens is above the derived maximum ({key_text}): positions past it were never "
                 "trained; with RoPE they can produce garbage or NaN (vLLM's own warning)"
             )
-    if derived is None:
+        return cls(outcome.feasible, reason, False, env_changes, tuple(warnings))
+
+
+def _unit_warnings(ctx: _Context, layout: KVCacheLayout) -> list[str]:
+    """What the plan warns about the unit beyond the fit: an unknown derived max_model_len, one node of a
+    multi-node deployment planned alone, --max-model-len auto on a vLLM without it, and a startup check
+    that counts less than the blocks take."""
+    args, target, version = ctx.args, ctx.target, ctx.options.vllm_version
+    warnings: list[str] = []
+    if ctx.derived is None:
         warnings.append("the model's maximum length is unknown: max_context is bounded by the target")
     node_flag = multi_node_flag(args)
-    if node_flag is not None and not options.whole_deployment:
+    if node_flag is not None and not ctx.options.whole_deployment:
         warnings.append(
             f"{node_flag}: this unit is one node of a multi-node deployment; the plan is this node's GPUs "
             "only: `ctxmgr deployment plan CONTEXT --node HOST:UNIT ...` plans every node's"
@@ -1043,36 +1123,46 @@ def make_plan(
             f"{layout.check_needed_bytes(target):,} B for one request of {target} tokens, less than the "
             f"{layout.bytes_needed(target):,} B its blocks take: it may start and still not hold that request"
         )
-    notes.extend(_estimated_terms_notes(outcome.lines))
-    named = not_modelled_flags(args, facts, version, options.expert_weight_bytes is not None)
-    named_warning = named_flags_warning(
-        named,
-        min((line.total.bytes or 0 for line in outcome.lines), default=None),
-        observed is not None and observed.available_kv is not None,
-    )
-    if named_warning:
-        warnings.append(named_warning)
-    if outcome.lines and outcome.utilization is not None and outcome.utilization > 0:
-        null_block = " (+1 null block)" if layout.null_block_reserve() else ""
-        notes.append(
-            f"blocks: {layout.blocks_needed(target)} per request of {target} tokens, "
-            f"{layout.bytes_per_block} B each{null_block}"
-        )
+    return warnings
 
-    plan_flags = _flag_changes(args, outcome, target, options) if feasible else {}
-    alternatives: tuple[Alternative, ...] = ()
-    if not feasible:
-        evaluate = partial(_trial, ctx)
-        search = Search(
-            facts, args, gpus, platform, derived, target, options.allow_long, options.concurrency, evaluate,
-            options.vllm_version,
-        )  # fmt: skip
-        alternatives = find_alternatives(search, layout, outcome.max_context, refused)
+
+def _blocks_notes(layout: KVCacheLayout, outcome: _Outcome, target: int) -> list[str]:
+    """How many KV-cache blocks one request of the target takes, where the plan has a utilisation."""
+    if not (outcome.lines and outcome.utilization is not None and outcome.utilization > 0):
+        return []
+    null_block = " (+1 null block)" if layout.null_block_reserve() else ""
+    return [
+        f"blocks: {layout.blocks_needed(target)} per request of {target} tokens, "
+        f"{layout.bytes_per_block} B each{null_block}"
+    ]
+
+
+@dataclass(frozen=True)
+class _Said:
+    """What the plan tells besides its figures, in the order found (repeats dropped when assembled)."""
+
+    warnings: tuple[str, ...]
+    notes: tuple[str, ...]
+    not_modelled: tuple[NamedFlag, ...]
+
+
+def _assembled_plan(
+    ctx: _Context,
+    layout: KVCacheLayout,
+    outcome: _Outcome,
+    feasibility: _Feasibility,
+    derived_key: str | None,
+    alternatives: tuple[Alternative, ...],
+    said: _Said,
+) -> Plan:
+    """The Plan from the pass's results: the flags to write only where the target fits, the env change
+    only then too, and no least utilisation for a target vLLM refuses."""
+    target, options, feasible = ctx.target, ctx.options, feasibility.feasible
     return Plan(
         concurrency=options.concurrency,
         capacity=_capacity(layout, outcome, target),
         feasible=feasible,
-        reason=reason,
+        reason=feasibility.reason,
         verdict=outcome.verdict,
         max_model_len=target,
         gpu_memory_utilization=outcome.utilization,
@@ -1080,21 +1170,21 @@ def make_plan(
         kv_bytes_per_gpu=layout.bytes_needed(target),
         kv_bytes_per_token_per_gpu=layout.bytes_per_token(),
         kv_cache_memory_bytes=outcome.kv_cache_memory_bytes,
-        derived_max_model_len=derived,
+        derived_max_model_len=ctx.derived,
         derived_max_model_len_key=derived_key,
-        vllm_version=version,
-        platform=platform,
+        vllm_version=options.vllm_version,
+        platform=ctx.platform,
         layout=layout,
         gpus=outcome.lines,
-        flag_changes=plan_flags,
-        env_changes=env_changes if feasible else {},
+        flag_changes=_flag_changes(ctx.args, outcome, target, options) if feasible else {},
+        env_changes=feasibility.env_changes if feasible else {},
         alternatives=alternatives,
-        warnings=tuple(dict.fromkeys(warnings)),
-        notes=tuple(dict.fromkeys(notes + list(layout.notes))),
-        not_modelled=tuple(named),
-        least_gpu_memory_utilization=outcome.least if not refused else None,
-        max_context_limit=_context_limit(outcome.max_context, derived, target, options.allow_long),
-        confidence=_confidence(outcome, observed),
+        warnings=tuple(dict.fromkeys(said.warnings)),
+        notes=tuple(dict.fromkeys(said.notes + tuple(layout.notes))),
+        not_modelled=said.not_modelled,
+        least_gpu_memory_utilization=outcome.least if not feasibility.refused else None,
+        max_context_limit=_context_limit(outcome.max_context, ctx.derived, target, options.allow_long),
+        confidence=_confidence(outcome, ctx.observed),
     )
 
 
