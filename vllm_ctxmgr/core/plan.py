@@ -640,103 +640,173 @@ def _evaluate(
     upper: int,
     same_config: bool,
 ) -> _Outcome:
-    """Does `target` fit on these GPUs, at which utilisation, and what is the most that fits?
-    Long because the fixed, explicit, unknown-weights and searched utilisations share the same per-GPU
-    figures; each branch returns its own outcome."""
+    """Does `target` fit on these GPUs, at which utilisation, and what is the most that fits? Without GPU
+    state, by the explicit or logged KV budget alone; with an explicit --kv-cache-memory-bytes, by that
+    budget; else by gpu_memory_utilization: unknown weights, a fixed utilisation or the searched one,
+    which share the same per-GPU figures (_UtilizationFit)."""
     current_u = args.gpu_memory_utilization or default_gpu_memory_utilization(options.vllm_version)
     explicit, explicit_source = explicit_budget(args, platform, options.vllm_version)
     requests = options.concurrency
     need_by_stage = [
         kv_needed_bytes(layout, target, s, requests) for s in range(layout.pipeline_parallel_size)
     ]
-
     if not gpus:
-        budget: int | None = explicit
-        source = explicit_source
-        if budget is None and observed is not None and observed.available_kv is not None:
-            budget, source = observed.available_kv, observed.budget_source
-        if budget is None:
-            return _Outcome(True, "no memory information (no GPU state)", current_u, upper, (), None)
-        max_context = layout.max_model_len_for(budget, upper, requests)
-        fits = layout.fits(target, budget, requests)
-        verdict = f"fits in the {source} KV budget" if fits else f"does not fit in the {source} KV budget"
-        return _Outcome(fits, verdict, current_u, max_context, (), args.kv_cache_memory_bytes, budget)
-
+        return _evaluate_without_gpus(
+            layout, args, observed, explicit, explicit_source, current_u, target, upper, requests
+        )
     if explicit is not None:
         return _evaluate_explicit(
             layout, args, gpus, options, target, upper, explicit, explicit_source, current_u
         )
+    fit = _UtilizationFit.of(layout, gpus, options, observed, target, upper, same_config, need_by_stage)
+    if not all(g.weights_known() for g in gpus):
+        return _evaluate_weights_unknown(fit)
+    if options.fixed_gpu_memory_utilization is not None:
+        return _evaluate_fixed_utilization(fit, options)
+    return _evaluate_searched_utilization(fit, options.max_gpu_memory_utilization)
 
-    cap = options.max_gpu_memory_utilization
-    u_limit = min([cap] + [g.max_utilization() for g in gpus])
-    weights_known = all(g.weights_known() for g in gpus)
 
-    def need(g: _Gpu) -> int:
-        return need_by_stage[g.stage] + g.margin
+def _evaluate_without_gpus(
+    layout: KVCacheLayout,
+    args: ServeArgs,
+    observed: Observed | None,
+    explicit: int | None,
+    explicit_source: str,
+    current_u: float,
+    target: int,
+    upper: int,
+    requests: int,
+) -> _Outcome:
+    """No GPU state: the explicit --kv-cache-memory-bytes, else the KV budget an earlier start logged,
+    is all there is to plan by; with neither the plan cannot say whether it fits."""
+    budget: int | None = explicit
+    source = explicit_source
+    if budget is None and observed is not None and observed.available_kv is not None:
+        budget, source = observed.available_kv, observed.budget_source
+    if budget is None:
+        return _Outcome(True, "no memory information (no GPU state)", current_u, upper, (), None)
+    max_context = layout.max_model_len_for(budget, upper, requests)
+    fits = layout.fits(target, budget, requests)
+    verdict = f"fits in the {source} KV budget" if fits else f"does not fit in the {source} KV budget"
+    return _Outcome(fits, verdict, current_u, max_context, (), args.kv_cache_memory_bytes, budget)
 
-    u_needed: float | None = 0.0
-    for g in gpus:
-        smallest = next((k / 100 for k in range(1, 101) if g.budget(k / 100) >= need(g)), None)
-        u_needed = None if smallest is None or u_needed is None else max(u_needed, smallest)
 
-    max_context = 0
-    if u_limit >= 0.01:
-        max_context = layout.max_model_len_for(
-            _stage_min(gpus, layout, lambda g: g.budget(u_limit) - g.margin), upper, requests
-        )
-    if (
-        same_config
-        and observed is not None
-        and observed.estimated_max_model_len
-        and observed.utilization is not None
-        and u_limit <= observed.utilization
-    ):
-        max_context = min(max_context, observed.estimated_max_model_len)
+@dataclass(frozen=True)
+class _UtilizationFit:
+    """What every gpu_memory_utilization branch shares: the KV cache each GPU needs (its stage's blocks
+    plus its margin), the highest utilisation the GPUs and the cap allow (u_limit), the smallest that
+    holds the target on every GPU (u_needed, None where none does) and the longest context at u_limit."""
 
-    def budget_source(g: _Gpu) -> str:  # each GPU's own: a headless node's ranks, that node's journal
-        return g.observed.budget_source if g.observed is not None and g.has_observed_budget else "estimate"
+    layout: KVCacheLayout
+    gpus: list[_Gpu]
+    target: int
+    requests: int
+    need_by_stage: list[int]
+    u_limit: float
+    u_needed: float | None
+    max_context: int
 
-    if not weights_known:
-        # Plan at the most vLLM will take and say how large the weights may be.
-        u = u_limit
-        allowance = min(g.budget(u) - need(g) for g in gpus) if u >= 0.01 else -1
-        feasible = allowance >= 0
-        if feasible:
-            verdict = f"{WEIGHTS_UNKNOWN}: fits if the weights take at most {allowance / GIB:.2f} GiB per GPU"
-        else:
-            verdict = "does not fit even without weights"
-        lines = tuple(
-            _line(
-                g, layout, target, g.requested(u), g.budget(u), "estimate without weights", g.margin, requests
+    @classmethod
+    def of(
+        cls,
+        layout: KVCacheLayout,
+        gpus: list[_Gpu],
+        options: PlanOptions,
+        observed: Observed | None,
+        target: int,
+        upper: int,
+        same_config: bool,
+        need_by_stage: list[int],
+    ) -> _UtilizationFit:
+        requests = options.concurrency
+        u_limit = min([options.max_gpu_memory_utilization] + [g.max_utilization() for g in gpus])
+        u_needed: float | None = 0.0
+        for g in gpus:
+            need = need_by_stage[g.stage] + g.margin
+            smallest = next((k / 100 for k in range(1, 101) if g.budget(k / 100) >= need), None)
+            u_needed = None if smallest is None or u_needed is None else max(u_needed, smallest)
+        max_context = 0
+        if u_limit >= 0.01:
+            max_context = layout.max_model_len_for(
+                _stage_min(gpus, layout, lambda g: g.budget(u_limit) - g.margin), upper, requests
             )
-            for g in gpus
-        )
-        return _Outcome(feasible, verdict, u, max_context, lines, None)
+        if (  # the same unit started before: its logged estimate of the longest context bounds ours
+            same_config
+            and observed is not None
+            and observed.estimated_max_model_len
+            and observed.utilization is not None
+            and u_limit <= observed.utilization
+        ):
+            max_context = min(max_context, observed.estimated_max_model_len)
+        return cls(layout, gpus, target, requests, need_by_stage, u_limit, u_needed, max_context)
 
+    def need(self, g: _Gpu) -> int:
+        """The KV cache `g` must hold for the target, with its margin."""
+        return self.need_by_stage[g.stage] + g.margin
+
+    def lines(self, u: float, source: str | None = None) -> tuple[GpuMemory, ...]:
+        """Every GPU's line at utilisation `u`; the budget's source is each GPU's own unless given (a
+        headless node's ranks: that node's journal)."""
+        layout, target, requests = self.layout, self.target, self.requests
+        return tuple(
+            _line(
+                g,
+                layout,
+                target,
+                g.requested(u),
+                g.budget(u),
+                source or _budget_source(g),
+                g.margin,
+                requests,
+            )
+            for g in self.gpus
+        )
+
+
+def _budget_source(g: _Gpu) -> str:
+    """Where a GPU's KV budget comes from: the start its own node logged, else the estimate."""
+    return g.observed.budget_source if g.observed is not None and g.has_observed_budget else "estimate"
+
+
+def _evaluate_weights_unknown(fit: _UtilizationFit) -> _Outcome:
+    """Weights unknown: plan at the most vLLM will take and say how large the weights may be."""
+    u = fit.u_limit
+    allowance = min(g.budget(u) - fit.need(g) for g in fit.gpus) if u >= 0.01 else -1
+    feasible = allowance >= 0
+    if feasible:
+        verdict = f"{WEIGHTS_UNKNOWN}: fits if the weights take at most {allowance / GIB:.2f} GiB per GPU"
+    else:
+        verdict = "does not fit even without weights"
+    return _Outcome(feasible, verdict, u, fit.max_context, fit.lines(u, "estimate without weights"), None)
+
+
+def _evaluate_fixed_utilization(fit: _UtilizationFit, options: PlanOptions) -> _Outcome:
+    """A gpu_memory_utilization the caller or the unit fixes: does the target fit at exactly that one,
+    and is that one within what the GPUs' free memory allows?"""
     fixed = options.fixed_gpu_memory_utilization
-    if fixed is not None:
-        fits_kv = all(g.budget(fixed) >= need_by_stage[g.stage] for g in gpus)
-        fits_memory = fixed <= min(g.max_utilization() for g in gpus) + 1e-9
-        whose = options.fixed_gpu_memory_utilization_is
-        if fits_kv and fits_memory:
-            verdict = f"fits at {whose} gpu_memory_utilization {fixed:.2f}"
-        elif not fits_memory:
-            verdict = (
-                f"does not fit: the free memory allows gpu_memory_utilization {u_limit:.2f}, not {fixed:.2f}"
-            )
-        else:
-            verdict = (
-                f"does not fit: the KV budget at {whose} gpu_memory_utilization {fixed:.2f} is too small"
-            )
-        lines = tuple(
-            _line(
-                g, layout, target, g.requested(fixed), g.budget(fixed), budget_source(g), g.margin, requests
-            )
-            for g in gpus
+    assert fixed is not None
+    fits_kv = all(g.budget(fixed) >= fit.need_by_stage[g.stage] for g in fit.gpus)
+    fits_memory = fixed <= min(g.max_utilization() for g in fit.gpus) + 1e-9
+    whose = options.fixed_gpu_memory_utilization_is
+    if fits_kv and fits_memory:
+        verdict = f"fits at {whose} gpu_memory_utilization {fixed:.2f}"
+    elif not fits_memory:
+        verdict = (
+            f"does not fit: the free memory allows gpu_memory_utilization {fit.u_limit:.2f}, not {fixed:.2f}"
         )
-        least = u_needed if u_needed is not None and u_needed <= u_limit + 1e-9 else None
-        return _Outcome(fits_kv and fits_memory, verdict, fixed, max_context, lines, None, least=least)
+    else:
+        verdict = f"does not fit: the KV budget at {whose} gpu_memory_utilization {fixed:.2f} is too small"
+    u_needed = fit.u_needed
+    least = u_needed if u_needed is not None and u_needed <= fit.u_limit + 1e-9 else None
+    return _Outcome(
+        fits_kv and fits_memory, verdict, fixed, fit.max_context, fit.lines(fixed), None, least=least
+    )
 
+
+def _evaluate_searched_utilization(fit: _UtilizationFit, cap: float) -> _Outcome:
+    """The least gpu_memory_utilization that holds the target on every GPU, if the free memory and the
+    cap allow it; else why not (the free memory, the cap, or no utilisation at all)."""
+    u_needed, u_limit = fit.u_needed, fit.u_limit
     feasible = u_needed is not None and u_needed <= u_limit + 1e-9
     u = u_needed if feasible else u_limit
     assert u is not None
@@ -750,12 +820,8 @@ def _evaluate(
     elif u_needed is not None:
         verdict = f"does not fit: needs gpu_memory_utilization {u_needed:.2f}, above the cap {cap:.2f}"
     else:
-        verdict = _too_small(gpus, need)
-    lines = tuple(
-        _line(g, layout, target, g.requested(u), g.budget(u), budget_source(g), g.margin, requests)
-        for g in gpus
-    )
-    return _Outcome(feasible, verdict, u, max_context, lines, None, least=u if feasible else None)
+        verdict = _too_small(fit.gpus, fit.need)
+    return _Outcome(feasible, verdict, u, fit.max_context, fit.lines(u), None, least=u if feasible else None)
 
 
 def _too_small(gpus: list[_Gpu], need: Callable[[_Gpu], int]) -> str:
