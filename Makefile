@@ -154,6 +154,7 @@ bench: setup
 	$(PY) benchmarks/calibration_logs.py
 	$(PY) benchmarks/campaign_model_files.py
 	$(PY) benchmarks/crash_campaign.py
+	$(PY) benchmarks/longest_functions.py
 
 clean:
 	rm -rf $(VENV) .venv-ansible .venv-ansible-* .cache .pytest_cache

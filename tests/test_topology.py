@@ -155,6 +155,25 @@ def test_a_node_rank_out_of_range_is_vllms_refusal() -> None:
     assert "`--node-rank` must be between 0 and 1; got `--node-rank 2`" in refusal(units)
 
 
+def test_nnodes_launch_refusals_of_one_node_and_a_data_parallel_split_vllm_refuses() -> None:
+    """The rest of what _refuse_nnodes_launch and _nnodes_role refuse, which no other test reaches."""
+    uni = refusal(two_nodes("-tp 16 --distributed-executor-backend uni"))
+    assert "gpu-a vllm-glm5.service: --distributed-executor-backend uni with --nnodes" in uni
+    api_servers = refusal(two_nodes("-tp 16", worker_extra="--api-server-count 2"))
+    assert (
+        "gpu-b vllm-glm5.service: vLLM refuses it: --api-server-count=2 cannot be used with --headless"
+        in api_servers
+    )
+    local = refusal(two_nodes("-dp 3 -tp 2", head_extra="--data-parallel-size-local 2"))
+    assert (
+        "gpu-a vllm-glm5.service: --data-parallel-size-local 2 does not divide --data-parallel-size 3"
+        in local
+    )
+    groups = refusal(two_nodes("-dp 4", head_extra="--data-parallel-size-local 1"))
+    assert "nnodes (2) must be divisible by the number of data parallel node groups (4 = " in groups
+    assert "config/parallel.py:827" in groups
+
+
 def test_a_missing_and_a_duplicate_node_rank() -> None:
     units = [unit(f"n{k}", f"-tp 24 --nnodes 3 --node-rank {k} {MASTER}" + (" --headless" if k else ""))
              for k in range(2)]  # fmt: skip

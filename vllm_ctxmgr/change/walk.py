@@ -23,7 +23,7 @@ from typing import Any
 
 from vllm_ctxmgr import store as st
 from vllm_ctxmgr.change.observing import calibration, capacity, expected_downtime
-from vllm_ctxmgr.change.planning import PlanRequest, plan_service
+from vllm_ctxmgr.change.planning import PlanRequest, ServicePlan, plan_service
 from vllm_ctxmgr.change.recovery import recover_if_needed
 from vllm_ctxmgr.change.restart import InstallError, Restarter
 from vllm_ctxmgr.change.states import (
@@ -41,13 +41,14 @@ from vllm_ctxmgr.change.states import (
 from vllm_ctxmgr.core.budget import default_gpu_memory_utilization
 from vllm_ctxmgr.core.change_policy import flags_to_apply
 from vllm_ctxmgr.core.downtime import CompileCache
-from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, multi_node_flag
+from vllm_ctxmgr.core.plan import Plan
+from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, ServeArgs, multi_node_flag
 from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UnitError, UsageError
 from vllm_ctxmgr.store import FileChange, Revision, ServiceStore, State
 from vllm_ctxmgr.systemd.service import ServiceView, read_service
 from vllm_ctxmgr.systemd.systemctl import Systemd, new_problems, verify_did_not_run
-from vllm_ctxmgr.systemd.unit_edit import edit_unit, unified_diff
+from vllm_ctxmgr.systemd.unit_edit import UnitEdit, edit_unit, unified_diff
 
 # Shown the change (its diff, plan and reason) before anything is written; False: nothing is changed.
 Confirm = Callable[[ChangeResult], bool]
@@ -218,71 +219,25 @@ def _recover_first(
 
 
 def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> ChangeResult:
-    """set-context under the lock. Long because it reads as its steps in order: recover, plan, refuse or
-    keep, render, verify the candidate, confirm, record, apply."""
-    store, systemd = restarter.store, restarter.systemd
+    """set-context under the lock, read as its steps in order: recover, plan, refuse or keep, render,
+    verify the candidate, confirm, record, apply."""
+    systemd = restarter.systemd
     pending = _recover_first(restarter, "set-context", request.dry_run, request.confirm)
     if pending is not None:
         return pending
-    planning = replace(
-        request.planning or PlanRequest(request.context),
-        context=request.context,
-        fixed_gpu_memory_utilization=request.gpu_memory_utilization,
-    )
-    service_plan = plan_service(
-        systemd, store, restarter.service, planning, restarter.keep_observation,
-        restarter.unsaved_observations, argv_check=False,
-    )  # fmt: skip
+    service_plan = _plan_set_context(restarter, request)
     view, plan = service_plan.view, service_plan.plan
-    if tuple(plan.vllm_version) < OLDEST_VLLM:
-        # planned by the oldest known release's rules (plan says what they do not model): not applied
-        version, oldest = ".".join(map(str, plan.vllm_version)), ".".join(map(str, OLDEST_VLLM))
-        raise UsageError(
-            f"{restarter.service} runs vLLM {version}, older than {oldest}, the oldest release ctxmgr knows "
-            f"the rules of: set-context changes a service and refuses it (`ctxmgr plan --service "
-            f"{restarter.service}` plans it read-only by {oldest}'s rules)"
-        )
-    node_flag = multi_node_flag(view.args)
-    if node_flag is not None:
-        raise UsageError(
-            f"{restarter.service} is one node of a multi-node vLLM deployment (its unit gives {node_flag}): "
-            "changing this node alone would leave the others at the old max_model_len; change every node "
-            "as one: `ctxmgr deployment set-context CONTEXT --node HOST:UNIT --node HOST:UNIT ...`"
-        )
+    _refuse_unchangeable(restarter.service, plan, view.args)
     if service_plan.learned:
         restarter.on_step(service_plan.learned)
     context = plan.max_model_len  # `auto` is resolved by the plan: the unit gets the number
     if request.context == AUTO_CONTEXT:
         restarter.on_step(f"auto: the largest context that fits is {context}")
-    result = ChangeResult(
-        restarter.service,
-        "set-context",
-        Result.PLANNED,
-        False,
-        previous_max_model_len=view.args.max_model_len,
-        previous_gpu_memory_utilization=view.args.gpu_memory_utilization,
-        max_model_len=plan.max_model_len,
-        gpu_memory_utilization=plan.gpu_memory_utilization,
-        plan=plan.to_json(),
-        unit_path=str(view.unit_path),
-    )
-    if not plan.feasible and view.args.max_model_len == context and request.gpu_memory_utilization is None:
-        result.result = Result.UNCHANGED
-        result.reason = (
-            f"{restarter.service} already has max_model_len {context}: nothing changed, nothing restarted"
-        )
-        result.suggestion = f"note: the plan says it does not fit with ctxmgr's margin: {plan.reason}"
-        return result
-    if not plan.feasible and not request.force:
-        result.result, result.exit_code = Result.INFEASIBLE, ExitCode.INFEASIBLE
-        result.reason = plan.reason
-        best = next((a for a in plan.alternatives if a.feasible), None)
-        result.suggestion = f"largest context that fits: {plan.max_context}"
-        if best is not None and (best.max_context != plan.max_context or best.env_changes):
-            how = [f"{k} {v}" for k, v in best.flag_changes.items()]
-            how += [f"Environment={k}={v}" for k, v in best.env_changes.items()]
-            result.suggestion += f"; or {best.description}" + (f" ({' '.join(how)})" if how else "")
-        return result
+    result = _planned_result(restarter.service, view, plan)
+    if not plan.feasible:
+        not_applied = _kept_or_infeasible(restarter.service, request, plan, view.args, result)
+        if not_applied is not None:
+            return not_applied
     applied = flags_to_apply(view.args, plan, context, request.gpu_memory_utilization)
     result.gpu_memory_utilization = applied.gpu_memory_utilization
     result.suggestion = applied.suggestion
@@ -292,15 +247,7 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
     result.unit_path = str(edit.path)
     if not edit.changed:
         result.result = Result.UNCHANGED
-        result.reason = (
-            f"{restarter.service} already has max_model_len {context}"
-            + (
-                f" and gpu_memory_utilization {view.args.gpu_memory_utilization:g}"
-                if view.args.gpu_memory_utilization
-                else ""
-            )
-            + ": nothing to change, nothing restarted"
-        )
+        result.reason = _already_set(restarter.service, context, view.args)
         return result
     problems, inherited = verify_candidate(systemd, view, edit.path, edit.new_text)
     result.warnings = verify_warnings(inherited)
@@ -313,6 +260,103 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
         result.result = Result.DRY_RUN
         result.reason = "dry run: nothing was written or restarted"
         return result
+    return _record_and_apply(restarter, request, view, edit, context, result)
+
+
+def _plan_set_context(restarter: Restarter, request: SetContextRequest) -> ServicePlan:
+    """The service planned for the target max_model_len (and the user's gpu_memory_utilization, if
+    given), as `plan --service` plans it; the argv was checked when the unit was read."""
+    planning = replace(
+        request.planning or PlanRequest(request.context),
+        context=request.context,
+        fixed_gpu_memory_utilization=request.gpu_memory_utilization,
+    )
+    return plan_service(
+        restarter.systemd, restarter.store, restarter.service, planning, restarter.keep_observation,
+        restarter.unsaved_observations, argv_check=False,
+    )  # fmt: skip
+
+
+def _refuse_unchangeable(service: str, plan: Plan, args: ServeArgs) -> None:
+    """A vLLM older than the oldest release whose rules ctxmgr knows, and one node of a multi-node
+    deployment, are planned read-only but never changed by set-context."""
+    if tuple(plan.vllm_version) < OLDEST_VLLM:
+        # planned by the oldest known release's rules (plan says what they do not model): not applied
+        version, oldest = ".".join(map(str, plan.vllm_version)), ".".join(map(str, OLDEST_VLLM))
+        raise UsageError(
+            f"{service} runs vLLM {version}, older than {oldest}, the oldest release ctxmgr knows "
+            f"the rules of: set-context changes a service and refuses it (`ctxmgr plan --service "
+            f"{service}` plans it read-only by {oldest}'s rules)"
+        )
+    node_flag = multi_node_flag(args)
+    if node_flag is not None:
+        raise UsageError(
+            f"{service} is one node of a multi-node vLLM deployment (its unit gives {node_flag}): "
+            "changing this node alone would leave the others at the old max_model_len; change every node "
+            "as one: `ctxmgr deployment set-context CONTEXT --node HOST:UNIT --node HOST:UNIT ...`"
+        )
+
+
+def _planned_result(service: str, view: ServiceView, plan: Plan) -> ChangeResult:
+    """The result as planned, before anything is written: the unit's max_model_len and
+    gpu_memory_utilization now and the plan's."""
+    return ChangeResult(
+        service,
+        "set-context",
+        Result.PLANNED,
+        False,
+        previous_max_model_len=view.args.max_model_len,
+        previous_gpu_memory_utilization=view.args.gpu_memory_utilization,
+        max_model_len=plan.max_model_len,
+        gpu_memory_utilization=plan.gpu_memory_utilization,
+        plan=plan.to_json(),
+        unit_path=str(view.unit_path),
+    )
+
+
+def _kept_or_infeasible(
+    service: str, request: SetContextRequest, plan: Plan, args: ServeArgs, result: ChangeResult
+) -> ChangeResult | None:
+    """A plan that does not fit: unchanged where the unit already has that max_model_len (nothing to
+    restart), else infeasible with the largest context that fits and the best alternative, unless
+    --force applies it anyway (None: go on)."""
+    context = plan.max_model_len
+    if args.max_model_len == context and request.gpu_memory_utilization is None:
+        result.result = Result.UNCHANGED
+        result.reason = f"{service} already has max_model_len {context}: nothing changed, nothing restarted"
+        result.suggestion = f"note: the plan says it does not fit with ctxmgr's margin: {plan.reason}"
+        return result
+    if request.force:
+        return None
+    result.result, result.exit_code = Result.INFEASIBLE, ExitCode.INFEASIBLE
+    result.reason = plan.reason
+    best = next((a for a in plan.alternatives if a.feasible), None)
+    result.suggestion = f"largest context that fits: {plan.max_context}"
+    if best is not None and (best.max_context != plan.max_context or best.env_changes):
+        how = [f"{k} {v}" for k, v in best.flag_changes.items()]
+        how += [f"Environment={k}={v}" for k, v in best.env_changes.items()]
+        result.suggestion += f"; or {best.description}" + (f" ({' '.join(how)})" if how else "")
+    return result
+
+
+def _already_set(service: str, context: int, args: ServeArgs) -> str:
+    """Why a unit the edit leaves byte-identical is not restarted."""
+    utilization = args.gpu_memory_utilization
+    also = f" and gpu_memory_utilization {utilization:g}" if utilization else ""
+    return f"{service} already has max_model_len {context}{also}: nothing to change, nothing restarted"
+
+
+def _record_and_apply(
+    restarter: Restarter,
+    request: SetContextRequest,
+    view: ServiceView,
+    edit: UnitEdit,
+    context: int,
+    result: ChangeResult,
+) -> ChangeResult:
+    """Confirm the diff, keep the baseline, record the planned revision, then the forward walk; the
+    result carries the plan, the diff and the candidate's warnings."""
+    store = restarter.store
     old = edit.old_text.encode() if edit.existed else None
     files = [FileChange(Path(edit.path), old, edit.new_text.encode())]
     _confirm(restarter, request.confirm, result, files)

@@ -640,103 +640,173 @@ def _evaluate(
     upper: int,
     same_config: bool,
 ) -> _Outcome:
-    """Does `target` fit on these GPUs, at which utilisation, and what is the most that fits?
-    Long because the fixed, explicit, unknown-weights and searched utilisations share the same per-GPU
-    figures; each branch returns its own outcome."""
+    """Does `target` fit on these GPUs, at which utilisation, and what is the most that fits? Without GPU
+    state, by the explicit or logged KV budget alone; with an explicit --kv-cache-memory-bytes, by that
+    budget; else by gpu_memory_utilization: unknown weights, a fixed utilisation or the searched one,
+    which share the same per-GPU figures (_UtilizationFit)."""
     current_u = args.gpu_memory_utilization or default_gpu_memory_utilization(options.vllm_version)
     explicit, explicit_source = explicit_budget(args, platform, options.vllm_version)
     requests = options.concurrency
     need_by_stage = [
         kv_needed_bytes(layout, target, s, requests) for s in range(layout.pipeline_parallel_size)
     ]
-
     if not gpus:
-        budget: int | None = explicit
-        source = explicit_source
-        if budget is None and observed is not None and observed.available_kv is not None:
-            budget, source = observed.available_kv, observed.budget_source
-        if budget is None:
-            return _Outcome(True, "no memory information (no GPU state)", current_u, upper, (), None)
-        max_context = layout.max_model_len_for(budget, upper, requests)
-        fits = layout.fits(target, budget, requests)
-        verdict = f"fits in the {source} KV budget" if fits else f"does not fit in the {source} KV budget"
-        return _Outcome(fits, verdict, current_u, max_context, (), args.kv_cache_memory_bytes, budget)
-
+        return _evaluate_without_gpus(
+            layout, args, observed, explicit, explicit_source, current_u, target, upper, requests
+        )
     if explicit is not None:
         return _evaluate_explicit(
             layout, args, gpus, options, target, upper, explicit, explicit_source, current_u
         )
+    fit = _UtilizationFit.of(layout, gpus, options, observed, target, upper, same_config, need_by_stage)
+    if not all(g.weights_known() for g in gpus):
+        return _evaluate_weights_unknown(fit)
+    if options.fixed_gpu_memory_utilization is not None:
+        return _evaluate_fixed_utilization(fit, options)
+    return _evaluate_searched_utilization(fit, options.max_gpu_memory_utilization)
 
-    cap = options.max_gpu_memory_utilization
-    u_limit = min([cap] + [g.max_utilization() for g in gpus])
-    weights_known = all(g.weights_known() for g in gpus)
 
-    def need(g: _Gpu) -> int:
-        return need_by_stage[g.stage] + g.margin
+def _evaluate_without_gpus(
+    layout: KVCacheLayout,
+    args: ServeArgs,
+    observed: Observed | None,
+    explicit: int | None,
+    explicit_source: str,
+    current_u: float,
+    target: int,
+    upper: int,
+    requests: int,
+) -> _Outcome:
+    """No GPU state: the explicit --kv-cache-memory-bytes, else the KV budget an earlier start logged,
+    is all there is to plan by; with neither the plan cannot say whether it fits."""
+    budget: int | None = explicit
+    source = explicit_source
+    if budget is None and observed is not None and observed.available_kv is not None:
+        budget, source = observed.available_kv, observed.budget_source
+    if budget is None:
+        return _Outcome(True, "no memory information (no GPU state)", current_u, upper, (), None)
+    max_context = layout.max_model_len_for(budget, upper, requests)
+    fits = layout.fits(target, budget, requests)
+    verdict = f"fits in the {source} KV budget" if fits else f"does not fit in the {source} KV budget"
+    return _Outcome(fits, verdict, current_u, max_context, (), args.kv_cache_memory_bytes, budget)
 
-    u_needed: float | None = 0.0
-    for g in gpus:
-        smallest = next((k / 100 for k in range(1, 101) if g.budget(k / 100) >= need(g)), None)
-        u_needed = None if smallest is None or u_needed is None else max(u_needed, smallest)
 
-    max_context = 0
-    if u_limit >= 0.01:
-        max_context = layout.max_model_len_for(
-            _stage_min(gpus, layout, lambda g: g.budget(u_limit) - g.margin), upper, requests
-        )
-    if (
-        same_config
-        and observed is not None
-        and observed.estimated_max_model_len
-        and observed.utilization is not None
-        and u_limit <= observed.utilization
-    ):
-        max_context = min(max_context, observed.estimated_max_model_len)
+@dataclass(frozen=True)
+class _UtilizationFit:
+    """What every gpu_memory_utilization branch shares: the KV cache each GPU needs (its stage's blocks
+    plus its margin), the highest utilisation the GPUs and the cap allow (u_limit), the smallest that
+    holds the target on every GPU (u_needed, None where none does) and the longest context at u_limit."""
 
-    def budget_source(g: _Gpu) -> str:  # each GPU's own: a headless node's ranks, that node's journal
-        return g.observed.budget_source if g.observed is not None and g.has_observed_budget else "estimate"
+    layout: KVCacheLayout
+    gpus: list[_Gpu]
+    target: int
+    requests: int
+    need_by_stage: list[int]
+    u_limit: float
+    u_needed: float | None
+    max_context: int
 
-    if not weights_known:
-        # Plan at the most vLLM will take and say how large the weights may be.
-        u = u_limit
-        allowance = min(g.budget(u) - need(g) for g in gpus) if u >= 0.01 else -1
-        feasible = allowance >= 0
-        if feasible:
-            verdict = f"{WEIGHTS_UNKNOWN}: fits if the weights take at most {allowance / GIB:.2f} GiB per GPU"
-        else:
-            verdict = "does not fit even without weights"
-        lines = tuple(
-            _line(
-                g, layout, target, g.requested(u), g.budget(u), "estimate without weights", g.margin, requests
+    @classmethod
+    def of(
+        cls,
+        layout: KVCacheLayout,
+        gpus: list[_Gpu],
+        options: PlanOptions,
+        observed: Observed | None,
+        target: int,
+        upper: int,
+        same_config: bool,
+        need_by_stage: list[int],
+    ) -> _UtilizationFit:
+        requests = options.concurrency
+        u_limit = min([options.max_gpu_memory_utilization] + [g.max_utilization() for g in gpus])
+        u_needed: float | None = 0.0
+        for g in gpus:
+            need = need_by_stage[g.stage] + g.margin
+            smallest = next((k / 100 for k in range(1, 101) if g.budget(k / 100) >= need), None)
+            u_needed = None if smallest is None or u_needed is None else max(u_needed, smallest)
+        max_context = 0
+        if u_limit >= 0.01:
+            max_context = layout.max_model_len_for(
+                _stage_min(gpus, layout, lambda g: g.budget(u_limit) - g.margin), upper, requests
             )
-            for g in gpus
-        )
-        return _Outcome(feasible, verdict, u, max_context, lines, None)
+        if (  # the same unit started before: its logged estimate of the longest context bounds ours
+            same_config
+            and observed is not None
+            and observed.estimated_max_model_len
+            and observed.utilization is not None
+            and u_limit <= observed.utilization
+        ):
+            max_context = min(max_context, observed.estimated_max_model_len)
+        return cls(layout, gpus, target, requests, need_by_stage, u_limit, u_needed, max_context)
 
+    def need(self, g: _Gpu) -> int:
+        """The KV cache `g` must hold for the target, with its margin."""
+        return self.need_by_stage[g.stage] + g.margin
+
+    def lines(self, u: float, source: str | None = None) -> tuple[GpuMemory, ...]:
+        """Every GPU's line at utilisation `u`; the budget's source is each GPU's own unless given (a
+        headless node's ranks: that node's journal)."""
+        layout, target, requests = self.layout, self.target, self.requests
+        return tuple(
+            _line(
+                g,
+                layout,
+                target,
+                g.requested(u),
+                g.budget(u),
+                source or _budget_source(g),
+                g.margin,
+                requests,
+            )
+            for g in self.gpus
+        )
+
+
+def _budget_source(g: _Gpu) -> str:
+    """Where a GPU's KV budget comes from: the start its own node logged, else the estimate."""
+    return g.observed.budget_source if g.observed is not None and g.has_observed_budget else "estimate"
+
+
+def _evaluate_weights_unknown(fit: _UtilizationFit) -> _Outcome:
+    """Weights unknown: plan at the most vLLM will take and say how large the weights may be."""
+    u = fit.u_limit
+    allowance = min(g.budget(u) - fit.need(g) for g in fit.gpus) if u >= 0.01 else -1
+    feasible = allowance >= 0
+    if feasible:
+        verdict = f"{WEIGHTS_UNKNOWN}: fits if the weights take at most {allowance / GIB:.2f} GiB per GPU"
+    else:
+        verdict = "does not fit even without weights"
+    return _Outcome(feasible, verdict, u, fit.max_context, fit.lines(u, "estimate without weights"), None)
+
+
+def _evaluate_fixed_utilization(fit: _UtilizationFit, options: PlanOptions) -> _Outcome:
+    """A gpu_memory_utilization the caller or the unit fixes: does the target fit at exactly that one,
+    and is that one within what the GPUs' free memory allows?"""
     fixed = options.fixed_gpu_memory_utilization
-    if fixed is not None:
-        fits_kv = all(g.budget(fixed) >= need_by_stage[g.stage] for g in gpus)
-        fits_memory = fixed <= min(g.max_utilization() for g in gpus) + 1e-9
-        whose = options.fixed_gpu_memory_utilization_is
-        if fits_kv and fits_memory:
-            verdict = f"fits at {whose} gpu_memory_utilization {fixed:.2f}"
-        elif not fits_memory:
-            verdict = (
-                f"does not fit: the free memory allows gpu_memory_utilization {u_limit:.2f}, not {fixed:.2f}"
-            )
-        else:
-            verdict = (
-                f"does not fit: the KV budget at {whose} gpu_memory_utilization {fixed:.2f} is too small"
-            )
-        lines = tuple(
-            _line(
-                g, layout, target, g.requested(fixed), g.budget(fixed), budget_source(g), g.margin, requests
-            )
-            for g in gpus
+    assert fixed is not None
+    fits_kv = all(g.budget(fixed) >= fit.need_by_stage[g.stage] for g in fit.gpus)
+    fits_memory = fixed <= min(g.max_utilization() for g in fit.gpus) + 1e-9
+    whose = options.fixed_gpu_memory_utilization_is
+    if fits_kv and fits_memory:
+        verdict = f"fits at {whose} gpu_memory_utilization {fixed:.2f}"
+    elif not fits_memory:
+        verdict = (
+            f"does not fit: the free memory allows gpu_memory_utilization {fit.u_limit:.2f}, not {fixed:.2f}"
         )
-        least = u_needed if u_needed is not None and u_needed <= u_limit + 1e-9 else None
-        return _Outcome(fits_kv and fits_memory, verdict, fixed, max_context, lines, None, least=least)
+    else:
+        verdict = f"does not fit: the KV budget at {whose} gpu_memory_utilization {fixed:.2f} is too small"
+    u_needed = fit.u_needed
+    least = u_needed if u_needed is not None and u_needed <= fit.u_limit + 1e-9 else None
+    return _Outcome(
+        fits_kv and fits_memory, verdict, fixed, fit.max_context, fit.lines(fixed), None, least=least
+    )
 
+
+def _evaluate_searched_utilization(fit: _UtilizationFit, cap: float) -> _Outcome:
+    """The least gpu_memory_utilization that holds the target on every GPU, if the free memory and the
+    cap allow it; else why not (the free memory, the cap, or no utilisation at all)."""
+    u_needed, u_limit = fit.u_needed, fit.u_limit
     feasible = u_needed is not None and u_needed <= u_limit + 1e-9
     u = u_needed if feasible else u_limit
     assert u is not None
@@ -750,12 +820,8 @@ def _evaluate(
     elif u_needed is not None:
         verdict = f"does not fit: needs gpu_memory_utilization {u_needed:.2f}, above the cap {cap:.2f}"
     else:
-        verdict = _too_small(gpus, need)
-    lines = tuple(
-        _line(g, layout, target, g.requested(u), g.budget(u), budget_source(g), g.margin, requests)
-        for g in gpus
-    )
-    return _Outcome(feasible, verdict, u, max_context, lines, None, least=u if feasible else None)
+        verdict = _too_small(fit.gpus, fit.need)
+    return _Outcome(feasible, verdict, u, fit.max_context, fit.lines(u), None, least=u if feasible else None)
 
 
 def _too_small(gpus: list[_Gpu], need: Callable[[_Gpu], int]) -> str:
@@ -944,8 +1010,54 @@ def make_plan(
     Raises UsageError for a target below 1 or a configuration vLLM itself would reject (TP not
     dividing the heads, DCP with sliding windows, ...). An infeasible target is not an error: the plan says
     `feasible=False` with the reason, `max_context` and ranked alternatives.
-    Long because it is the planner's one pass, in order: facts and refusals, the layout, the evaluation, the
-    deployment terms and the named flags, the reason, the alternatives."""
+    The planner's one pass, in order: facts and refusals, the observed budgets, the layout and its
+    evaluation, the verdict, the deployment terms and the named flags, the alternatives."""
+    _check_plan_options(options)
+    target, version = options.target_context, options.vllm_version
+    platform = options.platform or platform_for(gpus, options.cpu)
+    if args.env.get(ALLOW_LONG_ENV, "0").strip().lower() in ("1", "true"):
+        options = replace(options, allow_long=True)  # envs.py: the unit already allows a long context
+    _refuse_what_vllm_refuses(facts, args, target, platform, version)
+    derived, derived_key = _derived(facts, args, options)
+    warnings = _version_warnings(version)
+    notes: list[str] = list(args.notes)  # how the unit's arguments were read (a --config YAML)
+    base_layout = kv_cache_layout(
+        facts, _scheduled(facts, args, platform, version, target), platform, version
+    )
+    observed, by_rank, observed_notes = _observed_budgets(
+        base_layout, gpus, platform, version, observations, node_observations
+    )
+    notes.extend(observed_notes)
+    ctx = _Context(facts, args, gpus, options, platform, observed, derived, target, by_rank)
+
+    layout, outcome, run_warnings = _run(ctx, args, target, options.allow_long, same_config=True)
+    warnings.extend(run_warnings)
+    feasibility = _Feasibility.of(ctx, outcome, derived_key)
+    warnings.extend(feasibility.warnings)
+    warnings.extend(_unit_warnings(ctx, layout))
+    notes.extend(_estimated_terms_notes(outcome.lines))
+    named = not_modelled_flags(args, facts, version, options.expert_weight_bytes is not None)
+    named_warning = named_flags_warning(
+        named,
+        min((line.total.bytes or 0 for line in outcome.lines), default=None),
+        observed is not None and observed.available_kv is not None,
+    )
+    if named_warning:
+        warnings.append(named_warning)
+    notes.extend(_blocks_notes(layout, outcome, target))
+    alternatives: tuple[Alternative, ...] = ()
+    if not feasibility.feasible:
+        search = Search(
+            facts, args, gpus, platform, derived, target, options.allow_long, options.concurrency,
+            partial(_trial, ctx), options.vllm_version,
+        )  # fmt: skip
+        alternatives = find_alternatives(search, layout, outcome.max_context, feasibility.refused)
+    said = _Said(tuple(warnings), tuple(notes), tuple(named))
+    return _assembled_plan(ctx, layout, outcome, feasibility, derived_key, alternatives, said)
+
+
+def _check_plan_options(options: PlanOptions) -> None:
+    """The caller's own numbers (target, utilisation cap, concurrency) before any of vLLM's rules."""
     target = options.target_context
     if not isinstance(target, int) or target < 1:
         raise UsageError(f"the target context must be a positive number of tokens, not {target!r}")
@@ -955,19 +1067,25 @@ def make_plan(
         raise UsageError(
             f"the concurrency must be a positive number of requests, not {options.concurrency!r}"
         )
-    version = options.vllm_version
-    platform = options.platform or platform_for(gpus, options.cpu)
-    if args.env.get(ALLOW_LONG_ENV, "0").strip().lower() in ("1", "true"):
-        options = replace(options, allow_long=True)  # envs.py: the unit already allows a long context
-    if args.refusals:  # what vLLM's parser refuses, before any layout is built from it
+
+
+def _refuse_what_vllm_refuses(
+    facts: ModelFacts, args: ServeArgs, target: int, platform: Platform, version: VllmVersion
+) -> None:
+    """What vLLM's parser refuses, then what its configs refuse (core/deployment.py vllm_refusals),
+    before any layout is planned from it: a plan for a unit vLLM would not start is no plan."""
+    if args.refusals:
         raise UsageError(f"vLLM refuses this configuration: {args.refusals[0]}")
     default_mnbt = kv_cache_layout(facts, args, platform, version).max_num_batched_tokens
     refusals = vllm_refusals(args, target, facts, version, default_mnbt, gpu=not platform.is_cpu)
     if refusals:
         raise UsageError(f"vLLM refuses this configuration: {refusals[0]}")
-    derived, derived_key = _derived(facts, args, options)
+
+
+def _version_warnings(version: VllmVersion) -> list[str]:
+    """A vLLM version ctxmgr has no row for (its rules are the nearest release's), and the terms older
+    releases had that the plan does not model."""
     warnings: list[str] = []
-    notes: list[str] = list(args.notes)  # how the unit's arguments were read (a --config YAML)
     _, unknown_version = known_version(version)  # rule() itself answers with the nearest release's row
     if unknown_version:
         warnings.append(unknown_version)
@@ -975,10 +1093,19 @@ def make_plan(
         f"not modelled for vLLM {'.'.join(map(str, version))}: {term}"
         for term in not_modelled_before_oldest(version)
     )
+    return warnings
 
-    base_layout = kv_cache_layout(
-        facts, _scheduled(facts, args, platform, version, target), platform, version
-    )
+
+def _observed_budgets(
+    base_layout: KVCacheLayout,
+    gpus: GpuState | None,
+    platform: Platform,
+    version: VllmVersion,
+    observations: Sequence[Observation],
+    node_observations: Sequence[NodeObservation],
+) -> tuple[Observed | None, dict[int, Observed], list[str]]:
+    """What earlier starts measured: this service's own (the calibration) and, per global rank, each other
+    node's last start in a multi-node deployment; and the notes on how they were read."""
     by_rank: dict[int, Observed] = {}
     node_notes: list[str] = []
     if node_observations and gpus is not None:
@@ -987,27 +1114,37 @@ def make_plan(
     observed, observation_notes = observed_memory(
         observations, base_layout, version, platform, own_budget=bool(by_rank)
     )
-    notes.extend(observation_notes + node_notes)
-    ctx = _Context(facts, args, gpus, options, platform, observed, derived, target, by_rank)
+    return observed, by_rank, observation_notes + node_notes
 
-    above_derived = derived is not None and target > derived
-    refused = above_derived and not options.allow_long
-    layout, outcome, run_warnings = _run(ctx, args, target, options.allow_long, same_config=True)
-    warnings.extend(run_warnings)
 
-    env_changes: dict[str, str] = {}
-    key_text = f"{derived_key}={derived}" if derived_key else f"{derived}"
-    if refused:
-        feasible = False
-        reason = (
-            f"{target} tokens is above the model's derived maximum ({key_text}); vLLM refuses it unless "
-            f"{ALLOW_LONG_ENV}=1"
-        )
-    else:
-        feasible = outcome.feasible
+@dataclass(frozen=True)
+class _Feasibility:
+    """Whether the target fits and the reason the plan prints: above the model's derived max_model_len
+    vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is set (then the env change and vLLM's own
+    warning); else the evaluation's verdict, with the KV cache per GPU where it fits."""
+
+    feasible: bool
+    reason: str
+    refused: bool  # above the derived maximum and not allowed long: vLLM refuses the target itself
+    env_changes: dict[str, str]
+    warnings: tuple[str, ...]
+
+    @classmethod
+    def of(cls, ctx: _Context, outcome: _Outcome, derived_key: str | None) -> _Feasibility:
+        target, derived, options, args = ctx.target, ctx.derived, ctx.options, ctx.args
+        above_derived = derived is not None and target > derived
+        key_text = f"{derived_key}={derived}" if derived_key else f"{derived}"
+        if above_derived and not options.allow_long:
+            reason = (
+                f"{target} tokens is above the model's derived maximum ({key_text}); vLLM refuses it "
+                f"unless {ALLOW_LONG_ENV}=1"
+            )
+            return cls(False, reason, True, {}, ())
+        env_changes: dict[str, str] = {}
+        warnings: list[str] = []
         reason = outcome.verdict
         if (
-            feasible
+            outcome.feasible
             and outcome.lines
             and outcome.utilization is not None
             and not outcome.verdict.startswith(WEIGHTS_UNKNOWN)
@@ -1027,10 +1164,19 @@ def make_plan(
                 f"{target} tokens is above the derived maximum ({key_text}): positions past it were never "
                 "trained; with RoPE they can produce garbage or NaN (vLLM's own warning)"
             )
-    if derived is None:
+        return cls(outcome.feasible, reason, False, env_changes, tuple(warnings))
+
+
+def _unit_warnings(ctx: _Context, layout: KVCacheLayout) -> list[str]:
+    """What the plan warns about the unit beyond the fit: an unknown derived max_model_len, one node of a
+    multi-node deployment planned alone, --max-model-len auto on a vLLM without it, and a startup check
+    that counts less than the blocks take."""
+    args, target, version = ctx.args, ctx.target, ctx.options.vllm_version
+    warnings: list[str] = []
+    if ctx.derived is None:
         warnings.append("the model's maximum length is unknown: max_context is bounded by the target")
     node_flag = multi_node_flag(args)
-    if node_flag is not None and not options.whole_deployment:
+    if node_flag is not None and not ctx.options.whole_deployment:
         warnings.append(
             f"{node_flag}: this unit is one node of a multi-node deployment; the plan is this node's GPUs "
             "only: `ctxmgr deployment plan CONTEXT --node HOST:UNIT ...` plans every node's"
@@ -1043,36 +1189,46 @@ def make_plan(
             f"{layout.check_needed_bytes(target):,} B for one request of {target} tokens, less than the "
             f"{layout.bytes_needed(target):,} B its blocks take: it may start and still not hold that request"
         )
-    notes.extend(_estimated_terms_notes(outcome.lines))
-    named = not_modelled_flags(args, facts, version, options.expert_weight_bytes is not None)
-    named_warning = named_flags_warning(
-        named,
-        min((line.total.bytes or 0 for line in outcome.lines), default=None),
-        observed is not None and observed.available_kv is not None,
-    )
-    if named_warning:
-        warnings.append(named_warning)
-    if outcome.lines and outcome.utilization is not None and outcome.utilization > 0:
-        null_block = " (+1 null block)" if layout.null_block_reserve() else ""
-        notes.append(
-            f"blocks: {layout.blocks_needed(target)} per request of {target} tokens, "
-            f"{layout.bytes_per_block} B each{null_block}"
-        )
+    return warnings
 
-    plan_flags = _flag_changes(args, outcome, target, options) if feasible else {}
-    alternatives: tuple[Alternative, ...] = ()
-    if not feasible:
-        evaluate = partial(_trial, ctx)
-        search = Search(
-            facts, args, gpus, platform, derived, target, options.allow_long, options.concurrency, evaluate,
-            options.vllm_version,
-        )  # fmt: skip
-        alternatives = find_alternatives(search, layout, outcome.max_context, refused)
+
+def _blocks_notes(layout: KVCacheLayout, outcome: _Outcome, target: int) -> list[str]:
+    """How many KV-cache blocks one request of the target takes, where the plan has a utilisation."""
+    if not (outcome.lines and outcome.utilization is not None and outcome.utilization > 0):
+        return []
+    null_block = " (+1 null block)" if layout.null_block_reserve() else ""
+    return [
+        f"blocks: {layout.blocks_needed(target)} per request of {target} tokens, "
+        f"{layout.bytes_per_block} B each{null_block}"
+    ]
+
+
+@dataclass(frozen=True)
+class _Said:
+    """What the plan tells besides its figures, in the order found (repeats dropped when assembled)."""
+
+    warnings: tuple[str, ...]
+    notes: tuple[str, ...]
+    not_modelled: tuple[NamedFlag, ...]
+
+
+def _assembled_plan(
+    ctx: _Context,
+    layout: KVCacheLayout,
+    outcome: _Outcome,
+    feasibility: _Feasibility,
+    derived_key: str | None,
+    alternatives: tuple[Alternative, ...],
+    said: _Said,
+) -> Plan:
+    """The Plan from the pass's results: the flags to write only where the target fits, the env change
+    only then too, and no least utilisation for a target vLLM refuses."""
+    target, options, feasible = ctx.target, ctx.options, feasibility.feasible
     return Plan(
         concurrency=options.concurrency,
         capacity=_capacity(layout, outcome, target),
         feasible=feasible,
-        reason=reason,
+        reason=feasibility.reason,
         verdict=outcome.verdict,
         max_model_len=target,
         gpu_memory_utilization=outcome.utilization,
@@ -1080,21 +1236,21 @@ def make_plan(
         kv_bytes_per_gpu=layout.bytes_needed(target),
         kv_bytes_per_token_per_gpu=layout.bytes_per_token(),
         kv_cache_memory_bytes=outcome.kv_cache_memory_bytes,
-        derived_max_model_len=derived,
+        derived_max_model_len=ctx.derived,
         derived_max_model_len_key=derived_key,
-        vllm_version=version,
-        platform=platform,
+        vllm_version=options.vllm_version,
+        platform=ctx.platform,
         layout=layout,
         gpus=outcome.lines,
-        flag_changes=plan_flags,
-        env_changes=env_changes if feasible else {},
+        flag_changes=_flag_changes(ctx.args, outcome, target, options) if feasible else {},
+        env_changes=feasibility.env_changes if feasible else {},
         alternatives=alternatives,
-        warnings=tuple(dict.fromkeys(warnings)),
-        notes=tuple(dict.fromkeys(notes + list(layout.notes))),
-        not_modelled=tuple(named),
-        least_gpu_memory_utilization=outcome.least if not refused else None,
-        max_context_limit=_context_limit(outcome.max_context, derived, target, options.allow_long),
-        confidence=_confidence(outcome, observed),
+        warnings=tuple(dict.fromkeys(said.warnings)),
+        notes=tuple(dict.fromkeys(said.notes + tuple(layout.notes))),
+        not_modelled=said.not_modelled,
+        least_gpu_memory_utilization=outcome.least if not feasibility.refused else None,
+        max_context_limit=_context_limit(outcome.max_context, ctx.derived, target, options.allow_long),
+        confidence=_confidence(outcome, ctx.observed),
     )
 
 

@@ -334,43 +334,76 @@ def parse_size(value: str, *, unit_required: bool = False) -> int:
 
 
 def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> ServeArgs:
-    """ServeArgs from the words after `vllm serve` (or after `-m vllm.entrypoints.openai.api_server`).
-    Long because it is one table-like read of every flag ServeArgs holds, each converted as vLLM's argparse
-    converts it."""
-
+    """ServeArgs from the words after `vllm serve` (or after `-m vllm.entrypoints.openai.api_server`),
+    each flag converted as vLLM's argparse converts it; what vLLM's parser refuses is kept in `refusals`
+    for the planner, and what ctxmgr cannot read at all is a UsageError."""
     refusals: list[str] = []
     positionals, flags = split_flags(args, refusals)
-    for name, value in flags.items():
-        problem = flag_value_problem(name, value) if name in CHECKED_CONFIG_FLAGS else None
-        if problem and isinstance(value, str):
-            shown = value if len(value) <= 40 else value[:40] + "..."
-            raise UsageError(f"{name} {shown!r}: {problem} (as ctxmgr's own {name} takes it)")
+    _refuse_unreadable_config_values(flags)
     model = flags.get("--model")
     if positionals:
         model = positionals[0]  # `vllm serve MODEL` (the positional wins, as in vLLM's serve command)
     if not isinstance(model, str) or not model:
         raise UsageError("the vLLM command names no model (`vllm serve MODEL` or `--model MODEL`)")
+    read = _FlagReader(flags, refusals)
+    _refuse_unknown_dtype(read)
+    return _serve_args(model, read, _CombinedFlags.of(read), env)
 
-    def num(flag: str, kind: type = int, **kw: bool) -> int | float | None:
-        value = flags.get(flag)
+
+def _refuse_unreadable_config_values(flags: Mapping[str, str | bool]) -> None:
+    """A value ctxmgr's own option of the same name would refuse (a JSON config nested too deep, ...) is
+    refused here too, so a unit's flag and the CLI's read the same."""
+    for name, value in flags.items():
+        problem = flag_value_problem(name, value) if name in CHECKED_CONFIG_FLAGS else None
+        if problem and isinstance(value, str):
+            shown = value if len(value) <= 40 else value[:40] + "..."
+            raise UsageError(f"{name} {shown!r}: {problem} (as ctxmgr's own {name} takes it)")
+
+
+@dataclass
+class _FlagReader:
+    """One command's flags, each read by the type vLLM's argparse gives it; what vLLM's parser refuses
+    goes to `refusals` (the planner refuses it), what ctxmgr cannot read raises UsageError."""
+
+    flags: Mapping[str, str | bool]
+    refusals: list[str]
+
+    def integer(self, flag: str, *, allow_auto: bool = False) -> int | None:
+        """An int flag; max_model_len, kv_cache_memory_bytes and max_num_batched_tokens also take vLLM's
+        human-readable forms (`32k`, `1G`, and `auto` for max_model_len)."""
+        value = self.flags.get(flag)
         if value is None or isinstance(value, bool):
             return None
         try:
-            if kind is float:
-                return float(value)  # type: ignore[arg-type]
             if flag in ("--max-model-len", "--kv-cache-memory-bytes", "--max-num-batched-tokens"):
-                return human_readable_int(str(value), **kw)
+                return human_readable_int(str(value), allow_auto=allow_auto)
             return int(str(value))
         except ValueError:
             raise UsageError(f"{flag} {value!r} is not a number") from None
 
-    def boolean(on: str) -> bool | None:
-        value = flags.get(on)
+    def fraction(self, flag: str) -> float | None:
+        """A float flag (gpu_memory_utilization)."""
+        value = self.flags.get(flag)
+        if value is None or isinstance(value, bool):
+            return None
+        try:
+            return float(value)
+        except ValueError:
+            raise UsageError(f"{flag} {value!r} is not a number") from None
+
+    def switch(self, flag: str) -> bool | None:
+        """A boolean flag: True, False for `--no-X`, None where the command leaves it to vLLM."""
+        value = self.flags.get(flag)
         return value if isinstance(value, bool) else None
 
-    def json_flag(name: str, label: str) -> dict[str, Any] | None:
+    def text(self, flag: str) -> str | None:
+        """A string flag's value; None where it is not given (or given bare)."""
+        value = self.flags.get(flag)
+        return value if isinstance(value, str) else None
+
+    def json_object(self, name: str, label: str) -> dict[str, Any] | None:
         """A JSON-valued flag as vLLM's type parses it (engine/arg_utils.py parse_type: json.loads)."""
-        value = flags.get(name)
+        value = self.flags.get(name)
         if not isinstance(value, str) or value in ("", "None"):
             return None
         try:
@@ -378,128 +411,190 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
         except TooDeep as exc:
             raise UsageError(f"argument {label}: {exc}{_DEEP}") from None
         except ValueError:
-            refusals.append(
+            self.refusals.append(
                 f"argument {label}: Value {value} cannot be converted to json.loads "
                 "(vLLM's parser refuses it: engine/arg_utils.py parse_type)"
             )
             return None
         if not isinstance(parsed, dict):
-            refusals.append(f"argument {label}: {value} is not a JSON object (vLLM's config refuses it)")
+            self.refusals.append(f"argument {label}: {value} is not a JSON object (vLLM's config refuses it)")
             return None
         return parsed
 
-    dtype = str(flags.get("--dtype", "auto"))
-    if dtype not in MODEL_DTYPES:  # config/model.py ModelDType: argparse's choices
+
+def _refuse_unknown_dtype(read: _FlagReader) -> None:
+    """--dtype outside vLLM's choices is argparse's refusal (config/model.py ModelDType)."""
+    dtype = str(read.flags.get("--dtype", "auto"))
+    if dtype not in MODEL_DTYPES:
         choices = ", ".join(repr(c) for c in MODEL_DTYPES)
-        refusals.append(f"argument --dtype: invalid choice: {dtype!r} (choose from {choices})")
-    mamba_dtypes = {}
-    for flag_name in ("--mamba-cache-dtype", "--mamba-ssm-cache-dtype"):
-        value = str(flags.get(flag_name, "auto"))
-        if value not in MAMBA_DTYPES:  # config/cache.py MambaDType: argparse's choices
-            choices = ", ".join(repr(c) for c in MAMBA_DTYPES)
-            refusals.append(f"argument {flag_name}: invalid choice: {value!r} (choose from {choices})")
-            value = "auto"
-        mamba_dtypes[flag_name] = value
-    speculative = json_flag("--speculative-config", "--speculative-config/-sc") or {}
-    speculative = {key.replace("-", "_"): item for key, item in speculative.items()}
-    for flag_name, key in (
-        ("--spec-method", "method"),
-        ("--spec-model", "model"),
-        ("--spec-tokens", "num_speculative_tokens"),
-    ):
-        value = flags.get(flag_name)
-        if isinstance(value, str):
-            if key in speculative:
-                # engine/arg_utils.py create_speculative_config
-                refusals.append(f"{flag_name} and --speculative-config['{key}'] are mutually exclusive")
-            speculative[key] = value
-    num_spec = 0
-    try:
-        num_spec = int(speculative.get("num_speculative_tokens") or 0)
-    except (TypeError, ValueError, OverflowError):  # 1e400 is JSON's inf
-        refusals.append(
-            f"speculative num_speculative_tokens {speculative.get('num_speculative_tokens')!r} "
-            "is not an integer (vLLM's config refuses it)"
-        )
-    if not 0 <= num_spec <= MAX_COUNT:
-        refusals.append(f"speculative num_speculative_tokens {num_spec}: ctxmgr reads 0 to {MAX_COUNT:,}")
+        read.refusals.append(f"argument --dtype: invalid choice: {dtype!r} (choose from {choices})")
+
+
+def _mamba_dtype(read: _FlagReader, flag_name: str) -> str:
+    """--mamba-cache-dtype / --mamba-ssm-cache-dtype, refused outside vLLM's choices (config/cache.py
+    MambaDType) and then planned as auto."""
+    value = str(read.flags.get(flag_name, "auto"))
+    if value not in MAMBA_DTYPES:
+        choices = ", ".join(repr(c) for c in MAMBA_DTYPES)
+        read.refusals.append(f"argument {flag_name}: invalid choice: {value!r} (choose from {choices})")
+        return "auto"
+    return value
+
+
+@dataclass(frozen=True)
+class _SpeculativeDecoding:
+    """What speculative decoding adds to the KV cache: num_speculative_tokens, and the method and draft
+    model SpeculativeConfig resolves (a draft model has a KV cache of its own)."""
+
+    num_speculative_tokens: int = 0
+    method: str | None = None
+    model: str | None = None
+
+    @classmethod
+    def of(cls, read: _FlagReader) -> _SpeculativeDecoding:
+        """--speculative-config merged with the --spec-* shorthands, which may not repeat one of its keys
+        (engine/arg_utils.py create_speculative_config)."""
+        speculative = read.json_object("--speculative-config", "--speculative-config/-sc") or {}
+        speculative = {key.replace("-", "_"): item for key, item in speculative.items()}
+        for flag_name, key in (
+            ("--spec-method", "method"),
+            ("--spec-model", "model"),
+            ("--spec-tokens", "num_speculative_tokens"),
+        ):
+            value = read.flags.get(flag_name)
+            if isinstance(value, str):
+                if key in speculative:
+                    read.refusals.append(
+                        f"{flag_name} and --speculative-config['{key}'] are mutually exclusive"
+                    )
+                speculative[key] = value
         num_spec = 0
-    method, spec_model = speculative_method(speculative, refusals)
-    hf_overrides = json_flag("--hf-overrides", "--hf-overrides")
-    for legacy, key in (("--rope-scaling", "rope_scaling"), ("--rope-theta", "rope_theta")):
-        if legacy == "--rope-scaling":
-            value = json_flag(legacy, legacy)
-        else:
-            value = flags.get(legacy) if isinstance(flags.get(legacy), str) else None
-        if value is not None:
-            hf_overrides = {**(hf_overrides or {}), key: value}
-    kv_transfer = json_flag("--kv-transfer-config", "--kv-transfer-config")
-    offload = flags.get("--cpu-offload-gb")
-    try:
-        cpu_offload_gb = float(offload) if isinstance(offload, str) else 0.0
-    except ValueError:
-        raise UsageError(f"--cpu-offload-gb {offload!r} is not a number") from None
-    quantization = flags.get("--quantization")
-    load_format = flags.get("--load-format")
-    mode = flags.get("--performance-mode")
-    compilation = json_flag("--compilation-config", "--compilation-config/-cc")
-    level = flags.get("--optimization-level")
-    level = level if isinstance(level, str) else None
-    # config/vllm.py OPTIMIZATION_LEVEL_00 and CompilationConfig.cudagraph_mode NONE: no CUDA graphs,
-    # as --enforce-eager
-    graphs_off = level == "0" or str((compilation or {}).get("cudagraph_mode", "")).upper() == "NONE"
-    port = num("--port")
+        try:
+            num_spec = int(speculative.get("num_speculative_tokens") or 0)
+        except (TypeError, ValueError, OverflowError):  # 1e400 is JSON's inf
+            read.refusals.append(
+                f"speculative num_speculative_tokens {speculative.get('num_speculative_tokens')!r} "
+                "is not an integer (vLLM's config refuses it)"
+            )
+        if not 0 <= num_spec <= MAX_COUNT:
+            read.refusals.append(
+                f"speculative num_speculative_tokens {num_spec}: ctxmgr reads 0 to {MAX_COUNT:,}"
+            )
+            num_spec = 0
+        method, model = speculative_method(speculative, read.refusals)
+        return cls(num_spec, method, model)
+
+
+def _hf_overrides(read: _FlagReader) -> dict[str, Any] | None:
+    """--hf-overrides with the legacy --rope-scaling / --rope-theta folded in, as vLLM applies them to
+    config.json (they change the model's derived max_model_len)."""
+    hf_overrides = read.json_object("--hf-overrides", "--hf-overrides")
+    rope_scaling = read.json_object("--rope-scaling", "--rope-scaling")
+    if rope_scaling is not None:
+        hf_overrides = {**(hf_overrides or {}), "rope_scaling": rope_scaling}
+    rope_theta = read.text("--rope-theta")
+    if rope_theta is not None:
+        hf_overrides = {**(hf_overrides or {}), "rope_theta": rope_theta}
+    return hf_overrides
+
+
+@dataclass(frozen=True)
+class _CombinedFlags:
+    """The flags vLLM checks or combines beyond converting one word, read in the order vLLM's parser and
+    configs meet them (so the first refusal is the one vLLM would give)."""
+
+    mamba_cache_dtype: str
+    mamba_ssm_cache_dtype: str
+    speculative: _SpeculativeDecoding
+    hf_overrides: dict[str, Any] | None
+    kv_transfer_config: dict[str, Any] | None
+    cpu_offload_gb: float
+    compilation_config: dict[str, Any] | None
+    optimization_level: str | None
+
+    @classmethod
+    def of(cls, read: _FlagReader) -> _CombinedFlags:
+        mamba_cache_dtype = _mamba_dtype(read, "--mamba-cache-dtype")
+        mamba_ssm_cache_dtype = _mamba_dtype(read, "--mamba-ssm-cache-dtype")
+        speculative = _SpeculativeDecoding.of(read)
+        hf_overrides = _hf_overrides(read)
+        kv_transfer = read.json_object("--kv-transfer-config", "--kv-transfer-config")
+        offload = read.flags.get("--cpu-offload-gb")
+        try:
+            cpu_offload_gb = float(offload) if isinstance(offload, str) else 0.0
+        except ValueError:
+            raise UsageError(f"--cpu-offload-gb {offload!r} is not a number") from None
+        compilation = read.json_object("--compilation-config", "--compilation-config/-cc")
+        level = read.text("--optimization-level")
+        return cls(
+            mamba_cache_dtype, mamba_ssm_cache_dtype, speculative, hf_overrides, kv_transfer, cpu_offload_gb,
+            compilation, level,
+        )  # fmt: skip
+
+    @property
+    def cuda_graphs_off(self) -> bool:
+        """config/vllm.py OPTIMIZATION_LEVEL_00 and CompilationConfig.cudagraph_mode NONE: no CUDA graphs,
+        as --enforce-eager."""
+        mode = str((self.compilation_config or {}).get("cudagraph_mode", ""))
+        return self.optimization_level == "0" or mode.upper() == "NONE"
+
+
+def _serve_args(
+    model: str, read: _FlagReader, combined: _CombinedFlags, env: dict[str, str] | None
+) -> ServeArgs:
+    """ServeArgs from the read flags: each plain flag converted here, in the order the checked ones leave
+    (a wrong --port is reported before a wrong --tensor-parallel-size, as before)."""
+    port = read.integer("--port")
+    speculative = combined.speculative
     return ServeArgs(
         model=model,
-        tensor_parallel_size=int(num("--tensor-parallel-size") or 1),
-        pipeline_parallel_size=int(num("--pipeline-parallel-size") or 1),
-        decode_context_parallel_size=int(num("--decode-context-parallel-size") or 1),
-        data_parallel_size=int(num("--data-parallel-size") or 1),
-        kv_cache_dtype=str(flags.get("--kv-cache-dtype", "auto")),
-        dtype=str(flags.get("--dtype", "auto")),
-        block_size=num("--block-size"),  # type: ignore[arg-type]
-        max_num_batched_tokens=num("--max-num-batched-tokens"),  # type: ignore[arg-type]
-        max_num_seqs=num("--max-num-seqs"),  # type: ignore[arg-type]
-        max_model_len=num("--max-model-len", allow_auto=True),  # type: ignore[arg-type]
-        gpu_memory_utilization=num("--gpu-memory-utilization", float),  # type: ignore[arg-type]
-        kv_cache_memory_bytes=num("--kv-cache-memory-bytes"),  # type: ignore[arg-type]
-        enable_prefix_caching=boolean("--enable-prefix-caching"),
-        enforce_eager=bool(boolean("--enforce-eager")) or graphs_off,
-        disable_sliding_window=bool(boolean("--disable-sliding-window")),
-        disable_hybrid_kv_cache_manager=bool(boolean("--disable-hybrid-kv-cache-manager")),
-        num_speculative_tokens=num_spec,
-        given_flags=tuple(name for name, value in flags.items() if value is not False),
-        hf_overrides=hf_overrides,
-        enable_chunked_prefill=boolean("--enable-chunked-prefill"),
-        cpu_offload_gb=cpu_offload_gb,
-        quantization=quantization if isinstance(quantization, str) else None,
-        load_format=load_format if isinstance(load_format, str) else None,
-        speculative_method=method,
-        speculative_model=spec_model,
-        kv_transfer_config=kv_transfer,
-        async_scheduling=boolean("--async-scheduling"),
-        performance_mode=mode if isinstance(mode, str) else None,
-        enable_lora=bool(boolean("--enable-lora")),
-        max_loras=int(num("--max-loras") or 1),
-        max_lora_rank=int(num("--max-lora-rank") or 16),
-        lora_dtype=str(flags.get("--lora-dtype", "auto")),
-        fully_sharded_loras=bool(boolean("--fully-sharded-loras")),
-        long_prefill_token_threshold=num("--long-prefill-token-threshold"),  # type: ignore[arg-type]
-        max_num_active_seqs=num("--max-num-active-seqs"),  # type: ignore[arg-type]
-        limit_mm_per_prompt=json_flag("--limit-mm-per-prompt", "--limit-mm-per-prompt"),
-        compilation_config=compilation,
-        mamba_cache_dtype=mamba_dtypes["--mamba-cache-dtype"],
-        mamba_ssm_cache_dtype=mamba_dtypes["--mamba-ssm-cache-dtype"],
-        optimization_level=level,
-        hybrid_kv_cache_manager_forced=flags.get("--disable-hybrid-kv-cache-manager") is False,
-        refusals=tuple(refusals),
-        flags=dict(flags),
-        served_model_name=flags.get("--served-model-name")
-        if isinstance(flags.get("--served-model-name"), str)
-        else None,  # type: ignore[arg-type]
-        host=flags.get("--host") if isinstance(flags.get("--host"), str) else None,  # type: ignore[arg-type]
-        port=int(port) if port is not None else 8000,
-        api_key=flags.get("--api-key") if isinstance(flags.get("--api-key"), str) else None,  # type: ignore[arg-type]
+        tensor_parallel_size=read.integer("--tensor-parallel-size") or 1,
+        pipeline_parallel_size=read.integer("--pipeline-parallel-size") or 1,
+        decode_context_parallel_size=read.integer("--decode-context-parallel-size") or 1,
+        data_parallel_size=read.integer("--data-parallel-size") or 1,
+        kv_cache_dtype=str(read.flags.get("--kv-cache-dtype", "auto")),
+        dtype=str(read.flags.get("--dtype", "auto")),
+        block_size=read.integer("--block-size"),
+        max_num_batched_tokens=read.integer("--max-num-batched-tokens"),
+        max_num_seqs=read.integer("--max-num-seqs"),
+        max_model_len=read.integer("--max-model-len", allow_auto=True),
+        gpu_memory_utilization=read.fraction("--gpu-memory-utilization"),
+        kv_cache_memory_bytes=read.integer("--kv-cache-memory-bytes"),
+        enable_prefix_caching=read.switch("--enable-prefix-caching"),
+        enforce_eager=bool(read.switch("--enforce-eager")) or combined.cuda_graphs_off,
+        disable_sliding_window=bool(read.switch("--disable-sliding-window")),
+        disable_hybrid_kv_cache_manager=bool(read.switch("--disable-hybrid-kv-cache-manager")),
+        num_speculative_tokens=speculative.num_speculative_tokens,
+        given_flags=tuple(name for name, value in read.flags.items() if value is not False),
+        hf_overrides=combined.hf_overrides,
+        enable_chunked_prefill=read.switch("--enable-chunked-prefill"),
+        cpu_offload_gb=combined.cpu_offload_gb,
+        quantization=read.text("--quantization"),
+        load_format=read.text("--load-format"),
+        speculative_method=speculative.method,
+        speculative_model=speculative.model,
+        kv_transfer_config=combined.kv_transfer_config,
+        async_scheduling=read.switch("--async-scheduling"),
+        performance_mode=read.text("--performance-mode"),
+        enable_lora=bool(read.switch("--enable-lora")),
+        max_loras=read.integer("--max-loras") or 1,
+        max_lora_rank=read.integer("--max-lora-rank") or 16,
+        lora_dtype=str(read.flags.get("--lora-dtype", "auto")),
+        fully_sharded_loras=bool(read.switch("--fully-sharded-loras")),
+        long_prefill_token_threshold=read.integer("--long-prefill-token-threshold"),
+        max_num_active_seqs=read.integer("--max-num-active-seqs"),
+        limit_mm_per_prompt=read.json_object("--limit-mm-per-prompt", "--limit-mm-per-prompt"),
+        compilation_config=combined.compilation_config,
+        mamba_cache_dtype=combined.mamba_cache_dtype,
+        mamba_ssm_cache_dtype=combined.mamba_ssm_cache_dtype,
+        optimization_level=combined.optimization_level,
+        hybrid_kv_cache_manager_forced=read.flags.get("--disable-hybrid-kv-cache-manager") is False,
+        refusals=tuple(read.refusals),  # after limit_mm_per_prompt, whose refusal it holds
+        flags=dict(read.flags),
+        served_model_name=read.text("--served-model-name"),
+        host=read.text("--host"),
+        port=port if port is not None else 8000,
+        api_key=read.text("--api-key"),
         env=dict(env or {}),
     )
 

@@ -344,50 +344,7 @@ def with_ray_gpus(topology: Topology, gpu_counts: Mapping[str, int]) -> Topology
 def _read_nnodes(serve: list[NodeUnit]) -> Topology:
     """vLLM's own multi-node mode: every node `vllm serve ... --nnodes N --node-rank k`, master on rank 0."""
     for unit in serve:  # what each node's vLLM refuses on its own, in create_engine_config's order
-        nnodes = _int(unit, "--nnodes", 1)
-        node_rank = _int(unit, "--node-rank", 0)
-        dp_backend = _flag(unit, "--data-parallel-backend") or "mp"
-        if nnodes > 1 and dp_backend != "mp":
-            _vllm(
-                unit,
-                "Invalid data-parallel launch options: "
-                f"`--nnodes {nnodes}` requires `--data-parallel-backend mp`; got "
-                f"`--data-parallel-backend {dp_backend}`. Use the MP backend or set `--nnodes 1`.",
-                DP_BACKEND_MP,
-            )
-        world = _world(unit)
-        if nnodes > 1 and world % nnodes != 0:
-            _vllm(
-                unit,
-                "Invalid data-parallel launch options: "
-                f"`--nnodes {nnodes}` must evenly divide the total world size ({world}). Adjust `--nnodes`, "
-                "`--data-parallel-size`, `--pipeline-parallel-size`, `--tensor-parallel-size`, or "
-                "`--prefill-context-parallel-size`.",
-                WORLD_DIVIDES,
-            )
-        if nnodes > 1 and not 0 <= node_rank < nnodes:
-            _vllm(
-                unit,
-                "Invalid data-parallel launch options: `--node-rank` must "
-                f"be between 0 and {nnodes - 1}; got `--node-rank {node_rank}`. Set it to this node's "
-                "zero-based index.",
-                NODE_RANK_RANGE,
-            )
-        backend = _flag(unit, "--distributed-executor-backend")
-        if backend not in (None, "mp"):
-            raise TopologyError(
-                f"{_name(unit)}: --distributed-executor-backend {backend} with --nnodes: ctxmgr reads "
-                "vLLM's own multi-node mode with the mp backend only"
-            )
-        if _headless(unit) and _int(unit, "--api-server-count", 0) > 0:
-            count = _int(unit, "--api-server-count", 0)
-            _vllm(
-                unit,
-                f"--api-server-count={count} cannot be used with --headless (no API servers are started "
-                "in headless mode).",
-                HEADLESS_API_COUNT,
-            )
-        _refuse_lb_modes(unit)
+        _refuse_nnodes_launch(unit)
     _same_everywhere(serve)
     first = serve[0]
     nnodes = _int(first, "--nnodes", 1)
@@ -402,78 +359,162 @@ def _read_nnodes(serve: list[NodeUnit]) -> Topology:
         by_rank.setdefault(_int(unit, "--node-rank", 0), []).append(unit)
     _each_once("node rank", by_rank, nnodes, "--node-rank")
 
-    args = _args(first)
-    tp, pp, dp, pcp = (
-        args.tensor_parallel_size,
-        args.pipeline_parallel_size,
-        args.data_parallel_size,
-        _int(first, "--prefill-context-parallel-size", 1),
-    )
-    wdp = tp * pp * pcp  # vLLM's world_size_within_dp
-    world = dp * wdp
-    local = world // nnodes  # arg_utils.py:2421
-    roles: list[NodeRole] = []
-    for rank in range(nnodes):
-        unit = by_rank[rank][0]
-        given_local = _int_or_none(unit, "--data-parallel-size-local")
-        dp_local = given_local if given_local is not None else max(local // wdp, 1)  # arg_utils.py:2444
-        if dp_local < 1 or dp % dp_local:
-            raise TopologyError(
-                f"{_name(unit)}: --data-parallel-size-local {dp_local} does not divide "
-                f"--data-parallel-size {dp}"
-            )
-        node_groups = dp // dp_local
-        if nnodes % node_groups:
-            _vllm(
-                unit,
-                "Invalid data parallel configuration: "
-                f"nnodes ({nnodes}) must be divisible by the number of data parallel node groups "
-                f"({node_groups} = data_parallel_size {dp} / data_parallel_size_local {dp_local})",
-                DP_NODE_GROUPS,
-            )
-        within = nnodes // node_groups  # nnodes_within_dp
-        rank_within = rank % within
-        start = _int_or_none(unit, "--data-parallel-start-rank")
-        dp_start = start if start is not None else (rank * local) // wdp  # arg_utils.py:2422
-        per_engine = wdp // within  # ParallelConfig.local_world_size
-        dp_ranks = tuple(range(dp_start, dp_start + dp_local))
-        ranks = tuple(d * wdp + per_engine * rank_within + i for d in dp_ranks for i in range(per_engine))
-        headless = _headless(unit)
-        if rank == 0 and headless:
-            raise TopologyError(
-                f"{_name(unit)}: node rank 0 runs --headless, so no node runs the API server (vLLM waits "
-                "for a front end that never comes)"
-            )
-        if rank > 0 and not headless:
-            if rank_within == 0:  # the first node of another engine: the head's DP handshake refuses it
-                _vllm(
-                    unit,
-                    f"Remote engine {dp_start} must use --headless unless in external or hybrid dp lb mode",
-                    REMOTE_HEADLESS,
-                )
-            raise TopologyError(
-                f"{_name(unit)}: node rank {rank} lacks --headless: every rank > 0 runs vLLM's headless "
-                "workers (entrypoints/cli/serve.py run_headless), not a second API server and engine"
-            )
-        roles.append(_role(unit, rank, headless or rank > 0, ranks, dp_ranks, tp * pcp, wdp))
-    _each_rank_once(roles, world)
+    sizes = _NnodesSizes.of(first, nnodes)
+    roles = [_nnodes_role(by_rank[rank][0], rank, sizes) for rank in range(nnodes)]
+    _each_rank_once(roles, sizes.world_size)
+    dp = sizes.data_parallel_size
     return Topology(
         nodes=tuple(roles),
         backend="mp",
         nnodes=nnodes,
-        world_size=world,
-        local_world_size=local,
+        world_size=sizes.world_size,
+        local_world_size=sizes.local_world_size,
         master_addr=master_addr,
         master_port=_int(first, "--master-port", DEFAULT_MASTER_PORT),
-        tensor_parallel_size=tp,
-        pipeline_parallel_size=pp,
-        prefill_context_parallel_size=pcp,
+        tensor_parallel_size=sizes.tensor_parallel_size,
+        pipeline_parallel_size=sizes.pipeline_parallel_size,
+        prefill_context_parallel_size=sizes.prefill_context_parallel_size,
         data_parallel_size=dp,
         data_parallel_address=_flag(first, "--data-parallel-address") or (master_addr if dp > 1 else None),
         data_parallel_rpc_port=_int(first, "--data-parallel-rpc-port", DEFAULT_DP_RPC_PORT)
         if dp > 1
         else None,
     )
+
+
+def _refuse_nnodes_launch(unit: NodeUnit) -> None:
+    """What one node's vLLM refuses in its --nnodes launch options on its own, before any other node is
+    read, in create_engine_config's order (so the first refusal is the one that node's vLLM would log)."""
+    nnodes = _int(unit, "--nnodes", 1)
+    node_rank = _int(unit, "--node-rank", 0)
+    dp_backend = _flag(unit, "--data-parallel-backend") or "mp"
+    if nnodes > 1 and dp_backend != "mp":
+        _vllm(
+            unit,
+            "Invalid data-parallel launch options: "
+            f"`--nnodes {nnodes}` requires `--data-parallel-backend mp`; got "
+            f"`--data-parallel-backend {dp_backend}`. Use the MP backend or set `--nnodes 1`.",
+            DP_BACKEND_MP,
+        )
+    world = _world(unit)
+    if nnodes > 1 and world % nnodes != 0:
+        _vllm(
+            unit,
+            "Invalid data-parallel launch options: "
+            f"`--nnodes {nnodes}` must evenly divide the total world size ({world}). Adjust `--nnodes`, "
+            "`--data-parallel-size`, `--pipeline-parallel-size`, `--tensor-parallel-size`, or "
+            "`--prefill-context-parallel-size`.",
+            WORLD_DIVIDES,
+        )
+    if nnodes > 1 and not 0 <= node_rank < nnodes:
+        _vllm(
+            unit,
+            "Invalid data-parallel launch options: `--node-rank` must "
+            f"be between 0 and {nnodes - 1}; got `--node-rank {node_rank}`. Set it to this node's "
+            "zero-based index.",
+            NODE_RANK_RANGE,
+        )
+    backend = _flag(unit, "--distributed-executor-backend")
+    if backend not in (None, "mp"):
+        raise TopologyError(
+            f"{_name(unit)}: --distributed-executor-backend {backend} with --nnodes: ctxmgr reads "
+            "vLLM's own multi-node mode with the mp backend only"
+        )
+    if _headless(unit) and _int(unit, "--api-server-count", 0) > 0:
+        count = _int(unit, "--api-server-count", 0)
+        _vllm(
+            unit,
+            f"--api-server-count={count} cannot be used with --headless (no API servers are started "
+            "in headless mode).",
+            HEADLESS_API_COUNT,
+        )
+    _refuse_lb_modes(unit)
+
+
+@dataclass(frozen=True)
+class _NnodesSizes:
+    """The parallel sizes every node shares (the head's, once _same_everywhere has compared them) and
+    what vLLM derives from them for --nnodes: each node's rank layout is computed from these alone."""
+
+    nnodes: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    data_parallel_size: int
+    prefill_context_parallel_size: int
+
+    @classmethod
+    def of(cls, first: NodeUnit, nnodes: int) -> _NnodesSizes:
+        args = _args(first)
+        return cls(
+            nnodes=nnodes,
+            tensor_parallel_size=args.tensor_parallel_size,
+            pipeline_parallel_size=args.pipeline_parallel_size,
+            data_parallel_size=args.data_parallel_size,
+            prefill_context_parallel_size=_int(first, "--prefill-context-parallel-size", 1),
+        )
+
+    @property
+    def world_size_within_dp(self) -> int:
+        """vLLM's world_size_within_dp: one engine's GPUs (TP x PP x PCP)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.prefill_context_parallel_size
+
+    @property
+    def world_size(self) -> int:
+        return self.data_parallel_size * self.world_size_within_dp
+
+    @property
+    def local_world_size(self) -> int:
+        """The GPUs each node holds (arg_utils.py:2421)."""
+        return self.world_size // self.nnodes
+
+
+def _nnodes_role(unit: NodeUnit, rank: int, sizes: _NnodesSizes) -> NodeRole:
+    """Node `rank`'s global ranks and DP ranks as vLLM lays them out for --nnodes (arg_utils.py:2421-2444,
+    ParallelConfig), refusing a DP split vLLM refuses and a node that runs the wrong half (API server or
+    --headless workers) for its rank."""
+    nnodes, dp, wdp = sizes.nnodes, sizes.data_parallel_size, sizes.world_size_within_dp
+    local = sizes.local_world_size
+    given_local = _int_or_none(unit, "--data-parallel-size-local")
+    dp_local = given_local if given_local is not None else max(local // wdp, 1)  # arg_utils.py:2444
+    if dp_local < 1 or dp % dp_local:
+        raise TopologyError(
+            f"{_name(unit)}: --data-parallel-size-local {dp_local} does not divide --data-parallel-size {dp}"
+        )
+    node_groups = dp // dp_local
+    if nnodes % node_groups:
+        _vllm(
+            unit,
+            "Invalid data parallel configuration: "
+            f"nnodes ({nnodes}) must be divisible by the number of data parallel node groups "
+            f"({node_groups} = data_parallel_size {dp} / data_parallel_size_local {dp_local})",
+            DP_NODE_GROUPS,
+        )
+    within = nnodes // node_groups  # nnodes_within_dp
+    rank_within = rank % within
+    start = _int_or_none(unit, "--data-parallel-start-rank")
+    dp_start = start if start is not None else (rank * local) // wdp  # arg_utils.py:2422
+    per_engine = wdp // within  # ParallelConfig.local_world_size
+    dp_ranks = tuple(range(dp_start, dp_start + dp_local))
+    ranks = tuple(d * wdp + per_engine * rank_within + i for d in dp_ranks for i in range(per_engine))
+    headless = _headless(unit)
+    if rank == 0 and headless:
+        raise TopologyError(
+            f"{_name(unit)}: node rank 0 runs --headless, so no node runs the API server (vLLM waits "
+            "for a front end that never comes)"
+        )
+    if rank > 0 and not headless:
+        if rank_within == 0:  # the first node of another engine: the head's DP handshake refuses it
+            _vllm(
+                unit,
+                f"Remote engine {dp_start} must use --headless unless in external or hybrid dp lb mode",
+                REMOTE_HEADLESS,
+            )
+        raise TopologyError(
+            f"{_name(unit)}: node rank {rank} lacks --headless: every rank > 0 runs vLLM's headless "
+            "workers (entrypoints/cli/serve.py run_headless), not a second API server and engine"
+        )
+    tp_pcp = sizes.tensor_parallel_size * sizes.prefill_context_parallel_size
+    return _role(unit, rank, headless or rank > 0, ranks, dp_ranks, tp_pcp, wdp)
 
 
 def _read_dp(serve: list[NodeUnit]) -> Topology:
