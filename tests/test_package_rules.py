@@ -185,7 +185,7 @@ ALLOWED = {
     "vllm_log": {"core"},
     "probe": {"masking"},
     "nvml": {"core", "files"},
-    "store": {"masking"},
+    "store": {"core", "masking"},
     "change.observing": {"core", "nvml", "probe", "store", "systemd", "vllm_log"},
     "change.planning": {"change.observing", "core", "model_files", "nvml", "store", "systemd"},
     "change.restart": {"change.observing", "core", "masking", "probe", "store", "systemd", "vllm_log"},
