@@ -189,7 +189,7 @@ ALLOWED = {
     "change.observing": {"core", "nvml", "probe", "store", "systemd", "vllm_log"},
     "change.planning": {"change.observing", "core", "model_files", "nvml", "store", "systemd"},
     "change.restart": {"change.observing", "core", "masking", "probe", "store", "systemd", "vllm_log"},
-    "change.states": {"change.restart", "store", "systemd"},
+    "change.states": {"change.restart", "core", "store", "systemd"},
     "change.recovery": {"change.restart", "change.states", "store", "systemd"},
     "change.walk": {
         "change.observing",

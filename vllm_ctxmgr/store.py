@@ -533,7 +533,7 @@ class Revision:
     finished: float | None = None
     verified: bool = False
     plan: Mapping[str, object] = field(default_factory=dict)  # a PlanRecord, in plan.json beside the record
-    capacity: Mapping[str, object] = field(default_factory=dict)  # change.observing.capacity
+    capacity: dict[str, object] = field(default_factory=dict)  # change.observing.capacity and calibration
     user: str | None = None  # who made the change
     host: str | None = None  # where
     ctxmgr_version: str | None = None  # with which ctxmgr

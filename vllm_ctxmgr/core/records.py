@@ -41,7 +41,7 @@ class RevisionRecord(TypedDict):
     finished: float | None
     verified: bool
     plan: Mapping[str, object]
-    capacity: Mapping[str, object]
+    capacity: dict[str, object]  # a start's figures and the plan's calibration error on it
     user: str | None
     host: str | None
     ctxmgr_version: str | None
