@@ -71,7 +71,7 @@ from typing import cast
 
 from vllm_ctxmgr.core.json_types import JSONObject, JSONValue
 from vllm_ctxmgr.core.observations import StoredObservation
-from vllm_ctxmgr.core.records import RevisionRecord, StepRecord
+from vllm_ctxmgr.core.records import HistoryRow, RevisionRecord, StepRecord
 from vllm_ctxmgr.errors import CtxmgrError, LockedError, UnsafePathError, UsageError
 from vllm_ctxmgr.masking import scrub
 
@@ -861,7 +861,7 @@ class ServiceStore:
                 return rev
         return None
 
-    def history(self) -> list[dict[str, object]]:
+    def history(self) -> list[HistoryRow]:
         """Every revision as plain rows for `ctxmgr history` (text and --json), for a person auditing
         changes; plans and unit bytes stay in their files."""
         return [

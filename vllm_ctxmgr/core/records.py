@@ -51,6 +51,29 @@ class RevisionRecord(TypedDict):
     files: list[dict[str, str | None]]  # {path, unit, previous}
 
 
+class HistoryRow(TypedDict):
+    """One revision as `ctxmgr history` shows it (store.ServiceStore.history), text and --json."""
+
+    revision: int
+    time: float
+    finished: float | None
+    action: str
+    state: str
+    max_model_len: int | None
+    gpu_memory_utilization: float | None
+    previous_max_model_len: int | None
+    rollback_of: int | None
+    vllm_version: str | None
+    user: str | None
+    host: str | None
+    ctxmgr_version: str | None
+    reason: str
+    decisive_line: str
+    capacity: dict[str, object]
+    steps: list[StepRecord]
+    files: list[str]  # the unit files it changed
+
+
 class ProbeStepRecord(TypedDict):
     """probe.ProbeStep as a dict."""
 
