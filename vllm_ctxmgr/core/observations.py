@@ -146,7 +146,7 @@ class ObservationRecord:
         return cast(StoredObservation, data)  # its keys are the fields (tests/test_records.py)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], source: str) -> ObservationRecord:
+    def from_json(cls, data: Mapping[str, object], source: str) -> ObservationRecord:
         """A record checked at the door: each known field of its type (unknown ones, a newer ctxmgr's,
         ignored), every number finite, not negative and within what a start can log, the memory parts
         within the device's total, text printable and short, a block size vLLM has."""
