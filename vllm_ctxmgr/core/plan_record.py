@@ -54,6 +54,17 @@ class ConfidenceRecord(TypedDict):
     error_band: ErrorBandRecord | None
 
 
+class NotModelledFlagRecord(TypedDict):
+    """core.deployment.NamedFlag.to_json(): a flag of the unit that changes GPU memory and was not
+    counted, with the share of the margin it is given and why."""
+
+    flag: str
+    family: str
+    detail: str
+    margin_share: float
+    why: str
+
+
 class PlatformRecord(TypedDict):
     """The platform a stored plan was made for: Platform without its batch-default inputs."""
 
@@ -108,7 +119,7 @@ class PlanRecord(TypedDict):
     layout: JSONObject
     # the unit's flags that change GPU memory and were not counted (core/deployment.py NamedFlag);
     # absent from plans stored before it existed
-    not_modelled_flags: NotRequired[list[JSONObject]]
+    not_modelled_flags: NotRequired[list[NotModelledFlagRecord]]
 
 
 def _record_bytes(entry: Mapping[str, object], name: str) -> int | None:
