@@ -21,6 +21,7 @@ from vllm_ctxmgr.core.verdict import (
     GpuMarginRecord,
     LastVerifyRecord,
     UnitFacts,
+    UnitRecord,
     Verification,
     VerifyFacts,
     record,
@@ -71,3 +72,4 @@ def test_the_last_verify_record_has_the_keys_record_writes() -> None:
     data = record(verification, facts)
     assert set(data) | {"trigger"} == keys(LastVerifyRecord)
     assert keys(GpuMarginRecord) == {f.name for f in fields(GpuMargin)} | {"margin_left_bytes"}
+    assert set(asdict(unit)) == keys(UnitRecord)

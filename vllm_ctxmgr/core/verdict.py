@@ -120,6 +120,20 @@ class GpuMargin:
         return min(self.startup_slack_now, self.kv_spare_bytes)
 
 
+class UnitRecord(TypedDict, total=False):
+    """UnitFacts as a dict: what systemd said about the service, in a verification's JSON ({} in a
+    Verification that decide() has not filled)."""
+
+    active_state: str
+    sub_state: str
+    result: str
+    n_restarts: int
+    invocation_id: str
+    active_enter_monotonic_us: int
+    serving_since: float | None
+    started_at: float | None
+
+
 class GpuMarginRecord(TypedDict):
     """One GPU of a verification's JSON: GpuMargin as a dict, with the margin it leaves."""
 
@@ -188,7 +202,7 @@ class Verification:
     available_kv_gib: float | None = None
     margin_bytes: int | None = None  # the smallest margin left over the GPUs
     gpus: list[GpuMarginRecord] = field(default_factory=list)
-    unit: dict[str, str | int | float | None] = field(default_factory=dict)  # UnitFacts as a dict
+    unit: UnitRecord = field(default_factory=UnitRecord)  # {} until decide() fills it
     revision: int | None = None
     duration_s: float | None = None
     action: JSONObject = field(default_factory=dict)  # what --on-failure did
@@ -377,7 +391,7 @@ def decide(facts: VerifyFacts, clock: Clock = utc_clock) -> Verification:
     """ok / degraded / failed, with every reason; no I/O. `clock` writes the times in the reasons."""
     unit = facts.unit
     result = Verification(facts.service, OK, facts.time, notes=list(facts.notes))
-    result.unit = asdict(unit)
+    result.unit = cast(UnitRecord, asdict(unit))
     result.revision = facts.current_revision
     good = [r for r in facts.revisions if r.get("state") in GOOD_STATES]
     result.planned_max_model_len = good[-1].get("max_model_len") if good else None
