@@ -185,11 +185,11 @@ ALLOWED = {
     "vllm_log": {"core"},
     "probe": {"masking"},
     "nvml": {"core", "files"},
-    "store": {"masking"},
+    "store": {"core", "masking"},
     "change.observing": {"core", "nvml", "probe", "store", "systemd", "vllm_log"},
     "change.planning": {"change.observing", "core", "model_files", "nvml", "store", "systemd"},
     "change.restart": {"change.observing", "core", "masking", "probe", "store", "systemd", "vllm_log"},
-    "change.states": {"change.restart", "store", "systemd"},
+    "change.states": {"change.restart", "core", "store", "systemd"},
     "change.recovery": {"change.restart", "change.states", "store", "systemd"},
     "change.walk": {
         "change.observing",

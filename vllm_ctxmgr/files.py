@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 from vllm_ctxmgr.errors import CtxmgrError, UsageError
 
@@ -136,14 +135,14 @@ def load_yaml(data: bytes, label: str, error: type[CtxmgrError] = UsageError) ->
         raise error(f"{label}: not a YAML file ctxmgr can read ({type(exc).__name__})") from None
 
 
-def _check_yaml_nodes(root: Any, label: str, error: type[CtxmgrError]) -> None:
+def _check_yaml_nodes(root: object, label: str, error: type[CtxmgrError]) -> None:
     """The node graph's size with every alias expanded (each shared node counted once per use, as
     a reader flattening it sees it), without recursion; a node inside itself is a cycle."""
     import yaml
 
     size: dict[int, int] = {}
     on_path: set[int] = set()
-    stack: list[tuple[Any, bool]] = [(root, False)]
+    stack: list[tuple[object, bool]] = [(root, False)]
     while stack:
         node, done = stack.pop()
         key = id(node)
@@ -171,7 +170,7 @@ def _check_yaml_nodes(root: Any, label: str, error: type[CtxmgrError]) -> None:
                 stack.append((child, False))
 
 
-def _yaml_children(node: Any) -> list[Any]:
+def _yaml_children(node: object) -> list[object]:
     import yaml
 
     if isinstance(node, yaml.SequenceNode):

@@ -6,13 +6,17 @@ import shutil
 import textwrap
 from collections import Counter
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from vllm_ctxmgr.core.budget import DEFAULT_MARGIN_FRACTION, DEFAULT_MARGIN_MIN_BYTES, margin_bytes
-from vllm_ctxmgr.core.downtime import downtime_text
+from vllm_ctxmgr.core.calibration import CalibrationRecord
+from vllm_ctxmgr.core.downtime import DowntimeRecord, downtime_text
 from vllm_ctxmgr.core.facts import LayerKind, ModelFacts, derived_max_model_len
 from vllm_ctxmgr.core.hardware import GpuState, gib
+from vllm_ctxmgr.core.json_types import JSONObject
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
+from vllm_ctxmgr.core.observations import ObservationFigures
+from vllm_ctxmgr.core.records import HistoryRow, ProbeRecord
 from vllm_ctxmgr.core.vllm_versions import rules_line
 
 if TYPE_CHECKING:  # types only: a plan's text should not load the verdict (verify's text reads one)
@@ -75,7 +79,7 @@ def facts_text(model: ModelFacts, version: tuple[int, int, int] = NEWEST_VLLM) -
     return "\n".join(out)
 
 
-def facts_json(model: ModelFacts, version: tuple[int, int, int] = NEWEST_VLLM) -> dict[str, Any]:
+def facts_json(model: ModelFacts, version: tuple[int, int, int] = NEWEST_VLLM) -> JSONObject:
 
     derived, key = derived_max_model_len(model, version)
     data = asdict(model)
@@ -337,10 +341,11 @@ class ChangeReport(Protocol):
     decisive_line: str
     suggestion: str
     diff: str
-    plan: Mapping[str, Any]  # a core.plan_record.PlanRecord; empty where no plan was made
-    probe: Mapping[str, Any]
-    observation: Mapping[str, Any]
-    calibration: Mapping[str, Any]  # predicted vs observed KV capacity
+    plan: Mapping[str, object]  # a core.plan_record.PlanRecord; empty where no plan was made
+    probe: ProbeRecord
+    observation: ObservationFigures
+    calibration: CalibrationRecord  # predicted vs observed KV capacity
+    expected_downtime: DowntimeRecord
     pending_recovery: int | None
     warnings: Sequence[str]
 
@@ -451,7 +456,7 @@ def _len_util(length: int | None, util: float | None) -> str:
     return text + (f" / gpu_memory_utilization {util:g}" if util else "")
 
 
-def history_text(service: str, rows: list[dict[str, Any]]) -> str:
+def history_text(service: str, rows: list[HistoryRow]) -> str:
     import time
 
     if not rows:

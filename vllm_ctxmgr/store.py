@@ -61,14 +61,17 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import cast
 
+from vllm_ctxmgr.core.json_types import JSONObject, JSONValue
+from vllm_ctxmgr.core.observations import StoredObservation
+from vllm_ctxmgr.core.records import HistoryRow, RevisionRecord, StepRecord
 from vllm_ctxmgr.errors import CtxmgrError, LockedError, UnsafePathError, UsageError
 from vllm_ctxmgr.masking import scrub
 
@@ -155,7 +158,7 @@ def iso(epoch: float | None) -> str | None:
     return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="milliseconds")
 
 
-def _epoch(value: Any, path: Path, key: str) -> float | None:
+def _epoch(value: JSONValue, path: Path, key: str) -> float | None:
     """An ISO-8601 time (format 2) or epoch seconds (format 1)."""
     if value is None:
         return None
@@ -471,7 +474,7 @@ def stored_names(index: int) -> tuple[str, str]:
     return f"unit{suffix}", f"previous{suffix}"
 
 
-def _files_of_record(value: Any, path: Path) -> list[dict[str, str | None]]:
+def _files_of_record(value: JSONValue, path: Path) -> list[dict[str, str | None]]:
     """record.json's `files`, checked: absolute unit paths, each copy named as stored_names names it."""
     if not isinstance(value, list) or not value:
         raise StoreError(f"{path}: `files` is not a list of unit files")
@@ -503,7 +506,7 @@ class Step:
     time: float
     note: str = ""
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> StepRecord:
         """The step as record.json keeps it: an ISO time a person reads, not epoch seconds."""
         return {"state": str(self.state), "time": iso(self.time), "note": self.note}
 
@@ -529,8 +532,8 @@ class Revision:
     decisive_line: str = ""
     finished: float | None = None
     verified: bool = False
-    plan: dict[str, Any] = field(default_factory=dict)  # in plan.json beside the record
-    capacity: dict[str, Any] = field(default_factory=dict)
+    plan: Mapping[str, object] = field(default_factory=dict)  # a PlanRecord, in plan.json beside the record
+    capacity: dict[str, object] = field(default_factory=dict)  # change.observing.capacity and calibration
     user: str | None = None  # who made the change
     host: str | None = None  # where
     ctxmgr_version: str | None = None  # with which ctxmgr
@@ -545,16 +548,16 @@ class Revision:
     def __post_init__(self) -> None:
         self.state = State(self.state)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RevisionRecord:
         """The revision as Python sees it (epoch seconds, the plan inline): for --json and verify."""
         data = asdict(self)
         data["state"] = str(self.state)
         data["steps"] = [step.record() for step in self.steps]
-        return data
+        return cast(RevisionRecord, data)  # its keys are the fields (tests/test_records.py)
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> dict[str, object]:
         """record.json: ISO times, the steps a person reads, no plan (plan.json holds it)."""
-        data: dict[str, Any] = {"format": RECORD_FORMAT}
+        data: dict[str, object] = {"format": RECORD_FORMAT}
         for f in fields(self):
             if f.name == "plan":
                 continue
@@ -858,7 +861,7 @@ class ServiceStore:
                 return rev
         return None
 
-    def history(self) -> list[dict[str, Any]]:
+    def history(self) -> list[HistoryRow]:
         """Every revision as plain rows for `ctxmgr history` (text and --json), for a person auditing
         changes; plans and unit bytes stay in their files."""
         return [
@@ -951,7 +954,7 @@ class ServiceStore:
 
     # ---- observations ----------------------------------------------------------------------
 
-    def add_observation(self, data: dict[str, Any]) -> None:
+    def add_observation(self, data: Mapping[str, object]) -> None:
         """Append one watched start for the planner to learn from, then trim to the last `keep` so
         the file stays small."""
         path = self.root / "observations.jsonl"
@@ -967,9 +970,10 @@ class ServiceStore:
             if len(lines) > self.keep:
                 atomic_write_at(service_fd, "observations.jsonl", b"".join(lines[-self.keep :]))
 
-    def observations(self) -> list[dict[str, Any]]:
+    def observations(self) -> list[StoredObservation]:
         """The stored starts, oldest first; a torn line (a kill during the append) is skipped rather
-        than failing every later plan."""
+        than failing every later plan. Each as ObservationRecord.to_json() wrote it; the planner checks
+        one (ObservationRecord.from_json) before it trusts its figures."""
         with self._service_fd() as service_fd:
             if service_fd is None:
                 return []
@@ -980,13 +984,13 @@ class ServiceStore:
                 out.append(json.loads(line))
         return out
 
-    def write_json(self, name: str, data: dict[str, Any]) -> None:
+    def write_json(self, name: str, data: Mapping[str, object]) -> None:
         """A per-service record (last-verify.json) written atomically and root-only, like revisions."""
         with self._service_fd(create=True) as service_fd, writing(self.root):
             assert service_fd is not None
             atomic_write_at(service_fd, name, _text(json.dumps(data, indent=2, sort_keys=True)))
 
-    def read_json(self, name: str) -> dict[str, Any] | None:
+    def read_json(self, name: str) -> JSONObject | None:
         """A per-service record, or None where it is absent or not JSON: read as never written."""
         with self._service_fd() as service_fd:
             if service_fd is None:

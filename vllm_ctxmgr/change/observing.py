@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import cast
 
 from vllm_ctxmgr.core.budget import effective_args
+from vllm_ctxmgr.core.calibration import CalibrationRecord
 from vllm_ctxmgr.core.downtime import CompileCache, DowntimeEstimate, estimate_downtime, span
 from vllm_ctxmgr.core.hardware import GIB, GpuState
 from vllm_ctxmgr.core.observations import (
     Observation,
     ObservationError,
+    ObservationFigures,
     ObservationRecord,
     figure_above_the_device,
 )
@@ -33,6 +35,7 @@ from vllm_ctxmgr.systemd.journal import JournalEntry
 from vllm_ctxmgr.systemd.names import unit_name
 from vllm_ctxmgr.systemd.service import ServiceView, read_service
 from vllm_ctxmgr.systemd.systemctl import Systemd
+from vllm_ctxmgr.vllm_log.patterns import EventValue
 from vllm_ctxmgr.vllm_log.timeline import phases_done, start_timings
 from vllm_ctxmgr.vllm_log.watcher import StartVerdict, StartWatcher, last_invocation_start, observe_start
 
@@ -141,7 +144,7 @@ def watch_start(
                 return verdict
 
 
-def _fraction(data: dict[str, Any]) -> tuple[int | None, int | None]:
+def _fraction(data: dict[str, EventValue]) -> tuple[int | None, int | None]:
     """(done, total) of a progress bar line; its percentage out of 100 where it names no counts."""
     done, total, percent = data.get("done"), data.get("total"), data.get("percent")
     if done is not None and total is not None:
@@ -217,7 +220,7 @@ def last_start_of(entries: Sequence[JournalEntry]) -> list[str]:
     return last_invocation_start([(entry.invocation_id, entry.message) for entry in entries])
 
 
-def observe_last_start(systemd: Systemd, service: str) -> tuple[ObservationRecord, dict[str, Any], int]:
+def observe_last_start(systemd: Systemd, service: str) -> tuple[ObservationRecord, ObservationFigures, int]:
     """The last start of a unit from its journal (made by ctxmgr or not): (the record to keep,
     vLLM's figures as read, how many journal lines that start had)."""
     unit = unit_name(service)
@@ -232,7 +235,7 @@ def observe_last_start(systemd: Systemd, service: str) -> tuple[ObservationRecor
         visible_gpus(view.env),
         unit,
     )
-    data = asdict(observation)
+    data = cast(ObservationFigures, asdict(observation))
     if metrics.get("num_gpu_blocks", "").isdigit():
         data["num_gpu_blocks"] = int(metrics["num_gpu_blocks"])
     return record, data, len(messages)
@@ -256,9 +259,9 @@ def learn_from_running_instance(
     if not systemd.is_active(unit):
         return None
     version = view.args.vllm_version
-    for record in store.observations():
-        same_version = version is None or record.get("vllm_version") in (version, None)
-        if record.get("service") == service and same_version:
+    for stored in store.observations():
+        same_version = version is None or stored.get("vllm_version") in (version, None)
+        if stored.get("service") == service and same_version:
             return None
     try:
         record, obs, lines = observe_last_start(systemd, service)
@@ -285,11 +288,11 @@ def learn_from_running_instance(
 
 
 def calibration(
-    plan: dict[str, Any],
+    plan: Mapping[str, object],
     observation: Observation,
     metrics: dict[str, str],
     applied_utilization: float | None = None,
-) -> dict[str, Any]:
+) -> CalibrationRecord:
     """Predicted against observed KV capacity of a start: the planner's calibration error.
 
     The prediction is re-derived at the utilisation the unit really runs with: a change that keeps
@@ -305,7 +308,7 @@ def calibration(
     if not predicted_budget or not bytes_per_block:
         return {}
     predicted_blocks = predicted_budget // bytes_per_block
-    out: dict[str, Any] = {
+    out: CalibrationRecord = {
         "predicted_kv_budget_bytes": predicted_budget,
         "predicted_num_gpu_blocks": predicted_blocks,
         "predicted_at_gpu_memory_utilization": (
@@ -331,7 +334,7 @@ def calibration(
     return out
 
 
-def capacity(observation: Observation) -> dict[str, Any]:
+def capacity(observation: Observation) -> dict[str, object]:
     """The figures of a start a revision keeps (history shows them)."""
     keys = ("available_kv_gib", "kv_cache_tokens", "max_concurrency", "model_loading_gib", "cuda_graph_gib")
     return {k: getattr(observation, k) for k in keys if getattr(observation, k, None) is not None}

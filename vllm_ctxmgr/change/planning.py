@@ -93,7 +93,7 @@ def cpu_node_memory(node: int = 0) -> GpuState | None:
     return GpuState((gpu,), "numa")
 
 
-def observations_from_store(records: Iterable[Mapping[str, Any] | ObservationRecord]) -> list[Observation]:
+def observations_from_store(records: Iterable[Mapping[str, object] | ObservationRecord]) -> list[Observation]:
     """Stored observation records (newest last) as the planner takes them. A line that is not a record
     a start can log (a tampered or damaged file) is left out, never trusted and never fatal: one bad
     line must not wedge every later plan of the service."""
@@ -118,7 +118,7 @@ def imported_observation(
     service: str | None = None,
     vllm_version: str | None = None,
     gpu_names: Iterable[str] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """An observation exported by `ctxmgr observe --json` on another host, checked before it is stored.
 
     Hosts 2..N of a fleet then plan from host 1's real start. The record must say which vLLM it ran:

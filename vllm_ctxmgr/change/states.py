@@ -29,16 +29,21 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from vllm_ctxmgr import store as st
 from vllm_ctxmgr.change.restart import InstallError, Restarter
+from vllm_ctxmgr.core.calibration import CalibrationRecord
+from vllm_ctxmgr.core.downtime import DowntimeRecord
+from vllm_ctxmgr.core.json_types import JSONObject
+from vllm_ctxmgr.core.observations import ObservationFigures
+from vllm_ctxmgr.core.records import ProbeRecord
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
 from vllm_ctxmgr.store import FileChange, Revision, ServiceStore, State, Step, crash_point
 from vllm_ctxmgr.systemd.service import ServiceView
@@ -78,14 +83,14 @@ class ChangeResult:
     suggestion: str = ""
     diff: str = ""
     unit_path: str = ""
-    plan: dict[str, Any] = field(default_factory=dict)
-    probe: dict[str, Any] = field(default_factory=dict)
-    observation: dict[str, Any] = field(default_factory=dict)
-    calibration: dict[str, Any] = field(default_factory=dict)  # predicted vs observed KV capacity
+    plan: Mapping[str, object] = field(default_factory=dict)  # the PlanRecord the change followed
+    probe: ProbeRecord = field(default_factory=ProbeRecord)
+    observation: ObservationFigures = field(default_factory=ObservationFigures)
+    calibration: CalibrationRecord = field(default_factory=CalibrationRecord)  # predicted vs observed KV
     timings: dict[str, float] = field(default_factory=dict)
     pending_recovery: int | None = None  # a revision an interrupted run left: a real run recovers it first
     warnings: list[str] = field(default_factory=list)  # verify findings the unit had before the change
-    expected_downtime: dict[str, Any] = field(default_factory=dict)  # core.downtime's, before the restart
+    expected_downtime: DowntimeRecord = field(default_factory=DowntimeRecord)  # before the restart
 
     def settled(self, ok: bool, why: str = "") -> None:
         """How a way back ended (`how_settled`): rolled-back, or rollback-failed with `why`."""
@@ -96,7 +101,7 @@ class ChangeResult:
         self.result, self.exit_code, self.changed = Result.ROLLED_BACK, ExitCode.ERROR, False
         self.reason = stopped.message
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """Plain JSON types for --json; cli.finish adds `command` and `dry_run` around them."""
         data = asdict(self)
         data["result"] = str(self.result)

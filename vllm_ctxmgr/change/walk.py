@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from vllm_ctxmgr import store as st
 from vllm_ctxmgr.change.observing import calibration, capacity, expected_downtime
@@ -41,7 +41,9 @@ from vllm_ctxmgr.change.states import (
 from vllm_ctxmgr.core.budget import default_gpu_memory_utilization
 from vllm_ctxmgr.core.change_policy import flags_to_apply
 from vllm_ctxmgr.core.downtime import CompileCache
+from vllm_ctxmgr.core.observations import ObservationFigures
 from vllm_ctxmgr.core.plan import Plan
+from vllm_ctxmgr.core.records import ProbeRecord
 from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, ServeArgs, multi_node_flag
 from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UnitError, UsageError
@@ -125,7 +127,7 @@ def _forward(
         verdict = restarter.restart_and_watch(view)
     except CtxmgrError as exc:
         return f"ctxmgr could not watch the start: {exc.message}", ""
-    result.observation = asdict(verdict.observation)
+    result.observation = cast(ObservationFigures, asdict(verdict.observation))
     if not verdict.ok:
         estimate = verdict.estimated_max_model_len
         if estimate:
@@ -139,7 +141,7 @@ def _forward(
     restarter.on_step(f"vLLM is serving after {took:.0f} s; probing {view.base_url}")
     change.enter(State.SERVING, f"vLLM serves after {took:.1f} s; probing {view.base_url}")
     probe_result = restarter.probe(view, probe_tokens, long_probe)
-    result.probe = asdict(probe_result)
+    result.probe = cast(ProbeRecord, asdict(probe_result))
     if not probe_result.ok:
         return f"the probe failed: {probe_result.error}", probe_result.error or ""
     wrong = restarter.serves_other_than(rev.max_model_len, probe_result)

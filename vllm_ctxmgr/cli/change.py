@@ -38,6 +38,7 @@ from vllm_ctxmgr.cli.params import (
 from vllm_ctxmgr.cli.plan import context_from
 from vllm_ctxmgr.cli.restarter import restarter_for, systemd_for
 from vllm_ctxmgr.cli.service_param import service_param
+from vllm_ctxmgr.core.observations import StoredObservation
 from vllm_ctxmgr.errors import CtxmgrError, UsageError
 from vllm_ctxmgr.nvml import read_nvml
 from vllm_ctxmgr.store import ServiceStore
@@ -186,10 +187,10 @@ def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_js
         observed, obs, lines = observe_last_start(restarter.systemd, restarter.service)
         restarter.store.add_observation(observed.to_json())
         stored = restarter.store.observations()
-    record = stored[-1] if stored else {}
+    last: StoredObservation | dict[str, object] = stored[-1] if stored else {}
     if as_json:
         emit_json({"command": "observe", "result": "ok", "changed": False, "service": restarter.service,
-                   "observation": obs, "lines": lines, "record": record})  # fmt: skip
+                   "observation": obs, "lines": lines, "record": last})  # fmt: skip
         return
     echo(f"{service}: last start ({lines} journal lines): " + ", ".join(
         f"{k} {v}" for k, v in obs.items() if v not in (None, False, "")

@@ -7,10 +7,10 @@ import json
 import shlex
 import sys
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypedDict, TypeVar, Unpack
+from typing import NoReturn, TypedDict, TypeVar, Unpack
 
 import click
 
@@ -507,7 +507,7 @@ def _stdin(kind: type[T]) -> T:
     return kind.from_json(data, f"the `node {kind.step}` request")
 
 
-def _emit(answer: Message | dict[str, Any], command: str) -> None:
+def _emit(answer: Message | Mapping[str, object], command: str) -> None:
     data = answer.to_json() if isinstance(answer, Message) else {"wire": WIRE_VERSION, **answer}
     emit_json({"command": f"node {command}", **data})
 

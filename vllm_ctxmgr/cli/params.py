@@ -24,6 +24,8 @@ from vllm_ctxmgr.core.bounds import (
 from vllm_ctxmgr.errors import CtxmgrError, UsageError
 
 # ---- values, checked at the door ----------------------------------------------------------------
+# Each `convert` takes what click hands it: the command line's text, or a default as declared (a
+# number), so its value is `object` until it is checked.
 
 
 class ContextArg(click.ParamType):
@@ -34,7 +36,7 @@ class ContextArg(click.ParamType):
     def __init__(self, allow_auto: bool = True) -> None:
         self.allow_auto = allow_auto
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
         from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, human_readable_int
 
         if isinstance(value, int):
@@ -67,7 +69,7 @@ class ByteSize(click.ParamType):
     def __init__(self, unit_required: bool = True) -> None:
         self.unit_required = unit_required
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
         from vllm_ctxmgr.core.serve_args import parse_size
 
         if isinstance(value, int):
@@ -95,7 +97,7 @@ class VllmBytes(ByteSize):
 class Finite(click.FloatRange):
     """A FloatRange that also refuses nan and inf (a plain range check lets nan through)."""
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
         number = super().convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
@@ -110,7 +112,7 @@ class TimeSpan(click.ParamType):
     def __init__(self, low: float, high: float, *, allow_zero: bool = False) -> None:
         self.low, self.high, self.allow_zero = low, high, allow_zero
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
         from vllm_ctxmgr.monitor.schedule import format_timespan, parse_timespan
 
         seconds = float(value) if isinstance(value, (int, float)) else parse_timespan(str(value))
@@ -128,7 +130,7 @@ class BlockSize(click.ParamType):
 
     name = "TOKENS"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
         number = click.INT.convert(value, param, ctx)
         if not block_size_ok(number):
             self.fail(f"{value!r}: {BLOCK_SIZES}", param, ctx)
@@ -140,7 +142,7 @@ class VllmVersionArg(click.ParamType):
 
     name = "VERSION"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
         from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 
         text = str(value)
@@ -173,7 +175,7 @@ class ServiceName(click.ParamType):
 
     name = "UNIT"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
         from vllm_ctxmgr.systemd.names import unit_name
 
         try:
@@ -197,7 +199,7 @@ COUNT = click.IntRange(1, MAX_COUNT)
 
 # ---- the options several commands share, each declared once -------------------------------------
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 
 @dataclass(frozen=True)
@@ -207,7 +209,7 @@ class SharedOption:
     (every node of a deployment, not one service) says so in its own help with `but(help=...)`."""
 
     decls: tuple[str, ...]
-    attrs: Mapping[str, Any]
+    attrs: Mapping[str, Any]  # click.option's keyword arguments, typed as click types them
 
     def __call__(self, func: F) -> F:
         return click.option(*self.decls, **self.attrs)(func)

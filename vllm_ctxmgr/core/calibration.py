@@ -11,12 +11,28 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TypedDict
 
 from vllm_ctxmgr.core.budget import default_gpu_memory_utilization
 from vllm_ctxmgr.core.hardware import GIB, Platform
 from vllm_ctxmgr.core.kv.layout import KVCacheLayout
 from vllm_ctxmgr.core.observations import Observation, figure_above_the_device
 from vllm_ctxmgr.core.vllm_versions import VllmVersion, parse_vllm_version
+
+
+class CalibrationRecord(TypedDict, total=False):
+    """A change's predicted against observed KV capacity (change.observing.calibration): the planner's
+    calibration error on one start; {} where the plan predicted no budget, without the observed keys
+    where vLLM logged none."""
+
+    predicted_kv_budget_bytes: int
+    predicted_num_gpu_blocks: int
+    predicted_at_gpu_memory_utilization: float | None
+    observed_num_gpu_blocks: int
+    observed_source: str
+    predicted_capacity_tokens: int
+    observed_capacity_tokens: int
+    error_percent: float
 
 
 @dataclass(frozen=True)

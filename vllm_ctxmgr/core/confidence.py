@@ -9,9 +9,9 @@ reruns the benchmark and holds the bands below to its output).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from vllm_ctxmgr.core.calibration import Observed
+from vllm_ctxmgr.core.plan_record import ConfidenceRecord, ErrorBandRecord
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class ErrorBand:
             f"{self.starts} public starts (benchmarks/calibration_logs.py)"
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ErrorBandRecord:
         return {
             "figure": self.figure,
             "starts": self.starts,
@@ -56,7 +56,7 @@ class Confidence:
     vllm_version: str | None = None
     band: ErrorBand | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ConfidenceRecord:
         return {
             "level": self.level,
             "basis": self.basis,

@@ -19,11 +19,12 @@ Every rule cites the vLLM 0.33.0 file it mirrors.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from vllm_ctxmgr.core.facts import DTYPE_BYTES, ModelFacts
 from vllm_ctxmgr.core.hardware import GIB
+from vllm_ctxmgr.core.json_types import JSONObject
 from vllm_ctxmgr.core.kv_connectors import connector_supports_hma
+from vllm_ctxmgr.core.plan_record import NotModelledFlagRecord
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.core.vllm_flags import FAMILIES, classify, flag, unrecognized
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
@@ -296,7 +297,7 @@ class NamedFlag:
     family: str
     detail: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> NotModelledFlagRecord:
         """One entry of the plan's `not_modelled_flags`."""
         share, why = FAMILIES[self.family]
         return {
@@ -399,7 +400,7 @@ def _graphs_flag(name: str, args: ServeArgs) -> tuple[str, str] | tuple[()] | No
     return None
 
 
-def _all_zero(limits: dict[str, Any] | None) -> bool:
+def _all_zero(limits: JSONObject | None) -> bool:
     """--limit-mm-per-prompt with every modality's count 0 (`{"image": 0}` or `{"image": {"count": 0}}`)."""
     if not limits:
         return False

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 # The phases of one start, in vLLM's order; each ends at a line vLLM prints (vllm_log/timeline.py).
 STOPPING = "stopping"
@@ -61,6 +61,24 @@ class PhaseEstimate:
     source: str  # in words: which starts the figure comes from
 
 
+class PhaseRecord(TypedDict):
+    phase: str
+    seconds: float
+    source: str
+
+
+class DowntimeRecord(TypedDict, total=False):
+    """DowntimeEstimate.to_json(), as a change's result and the confirmation show it; {} where the
+    journal held no start to time it by."""
+
+    total_s: float
+    phases: list[PhaseRecord]
+    based_on_start: float
+    starts: int
+    compile_cache_misses: bool | None
+    notes: list[str]
+
+
 @dataclass(frozen=True)
 class DowntimeEstimate:
     """The expected downtime of one restart: the old instance's stop, then each phase of the start."""
@@ -90,7 +108,7 @@ class DowntimeEstimate:
         current_ends_at = sum(done) + ahead[0]
         return max(current_ends_at - elapsed_s, 0.0) + sum(ahead[1:])
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> DowntimeRecord:
         return {
             "total_s": round(self.total_s, 1),
             "phases": [
@@ -227,7 +245,7 @@ def span(seconds: float) -> str:
     return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
 
 
-def downtime_text(data: dict[str, Any]) -> list[str]:
+def downtime_text(data: DowntimeRecord) -> list[str]:
     """The expected downtime as the operator reads it before confirming (from `to_json`'s shape; empty:
     the journal held no start to time it by)."""
     if not data:

@@ -11,7 +11,6 @@ import functools
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 from vllm_ctxmgr.errors import ModelFactsError
 
@@ -147,7 +146,7 @@ class ModelFacts:
 
 
 def _check_int(
-    facts: ModelFacts, name: str, value: Any, low: int, high: int, *, optional: bool = False
+    facts: ModelFacts, name: str, value: object, low: int, high: int, *, optional: bool = False
 ) -> None:
     if optional and value is None:
         return
@@ -209,7 +208,7 @@ def validate(facts: ModelFacts) -> None:
 
 
 def _check_layer(facts: ModelFacts, index: int, layer: LayerFacts) -> None:
-    def check(name: str, value: Any, low: int, high: int, *, optional: bool = False) -> None:
+    def check(name: str, value: object, low: int, high: int, *, optional: bool = False) -> None:
         _check_int(facts, f"layer {index} {name}", value, low, high, optional=optional)
 
     if not isinstance(layer, LayerFacts) or not isinstance(layer.kind, LayerKind):

@@ -11,10 +11,14 @@ and sets any other dict-valued parameter (rope_scaling, rope_parameters) whole. 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TypeVar
+
+from vllm_ctxmgr.core.json_types import JSONObject, JSONValue
+
+_J = TypeVar("_J", bound=JSONValue)
 
 
-def apply_hf_overrides(config: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+def apply_hf_overrides(config: JSONObject, overrides: JSONObject | None) -> JSONObject:
     """A copy of `config` with the overrides applied as vLLM applies them; `config` itself is kept."""
     if not overrides:
         return config
@@ -28,21 +32,21 @@ def apply_hf_overrides(config: dict[str, Any], overrides: dict[str, Any] | None)
     return out
 
 
-def _is_sub_config(key: str, value: dict[str, Any]) -> bool:
+def _is_sub_config(key: str, value: JSONObject) -> bool:
     """A nested PreTrainedConfig in config.json: a `*_config` mapping (text_config, vision_config,
     llm_config ...) that is not a parameter dict such as quantization_config."""
     return key.endswith("_config") and key != "quantization_config"
 
 
-def _update_nested(target: dict[str, Any], update: dict[str, Any]) -> None:
+def _update_nested(target: JSONObject, update: JSONObject) -> None:
     """config/model.py _update_nested: dicts merge key by key, anything else replaces."""
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(target.get(key), dict):
-            _update_nested(target[key], value)
+        if isinstance(value, dict) and isinstance(nested := target.get(key), dict):
+            _update_nested(nested, value)
         else:
             target[key] = _copy(value)
 
 
-def _copy(value: Any) -> Any:
+def _copy(value: _J) -> _J:
     """A deep copy of JSON data (config.json and the overrides are JSON)."""
     return json.loads(json.dumps(value))

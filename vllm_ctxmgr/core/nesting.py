@@ -37,7 +37,7 @@ def json_text_depth_ok(text: str, limit: int = MAX_DEPTH) -> bool:
     return True
 
 
-def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
+def depth_ok(value: object, limit: int = MAX_DEPTH) -> bool:
     """Whether VALUE (dicts and lists) nests no deeper than LIMIT; iterative, so deep input cannot
     recurse."""
     stack = [(value, 1)]

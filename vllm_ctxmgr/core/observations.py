@@ -9,7 +9,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, get_args, get_type_hints
+from typing import Any, TypedDict, cast, get_args, get_type_hints
 
 from vllm_ctxmgr.core.hardware import GIB
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
@@ -44,6 +44,45 @@ class Observation:
     # when the start was recorded (its record's `time`, set by ObservationRecord.planned): a plan says
     # which start calibrated it and how old that is; stored as the record's `time`, not twice
     started_at: float | None = None
+
+
+class ObservationFigures(TypedDict, total=False):
+    """An Observation as a dict (dataclasses.asdict): verify's view of the running process; {} where
+    the journal held no start. tests/test_records.py ties its keys to Observation's fields."""
+
+    vllm_version: str | None
+    platform: str | None
+    max_model_len: int | None
+    gpu_memory_utilization: float | None
+    kv_cache_memory_bytes: int | None
+    model_loading_gib: float | None
+    available_kv_gib: float | None
+    cuda_graph_gib: float | None
+    kv_cache_tokens: int | None
+    max_concurrency: float | None
+    estimated_max_model_len: int | None
+    needed_kv_gib: float | None
+    ready: bool
+    failure: str | None
+    total_memory_gib: float | None
+    num_gpu_blocks: int | None
+    gpu_name: str | None
+    started_at: float | None
+
+
+class StoredObservation(ObservationFigures, total=False):
+    """One line of observations.jsonl (ObservationRecord.to_json()): Observation's figures (its
+    started_at stored as `time`) beside the configuration that made them."""
+
+    service: str | None
+    host: str | None
+    time: float | None
+    block_size: int | None
+    configured_max_model_len: int | None
+    configured_gpu_memory_utilization: float | None
+    configured_kv_cache_memory_bytes: int | None
+    ok: bool
+    imported_from: str | None
 
 
 class ObservationError(UsageError):
@@ -99,15 +138,15 @@ class ObservationRecord:
     ok: bool = False  # the start served
     imported_from: str | None = None  # the host (or file) an imported record came from
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> StoredObservation:
         """The flat line the store writes."""
         data = asdict(self.observation)
         del data["started_at"]  # the record's own `time`
         data.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "observation"})
-        return data
+        return cast(StoredObservation, data)  # its keys are the fields (tests/test_records.py)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], source: str) -> ObservationRecord:
+    def from_json(cls, data: Mapping[str, object], source: str) -> ObservationRecord:
         """A record checked at the door: each known field of its type (unknown ones, a newer ctxmgr's,
         ignored), every number finite, not negative and within what a start can log, the memory parts
         within the device's total, text printable and short, a block size vLLM has."""

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 from vllm_ctxmgr.core.budget import kv_budget_at_utilization
+from vllm_ctxmgr.core.json_types import JSONObject, JSONValue
 from vllm_ctxmgr.errors import CtxmgrError
 
 PLAN_SCHEMA = 2  # PlanRecord["schema"]: bump when a stored plan's keys change meaning
@@ -30,7 +31,38 @@ class VllmRuleRecord(TypedDict):
 
     rule: str
     since: str
-    value: Any
+    value: JSONValue
+
+
+class ErrorBandRecord(TypedDict):
+    """core.confidence.ErrorBand.to_json(): how far such plans were from what vLLM logged."""
+
+    figure: str
+    starts: int
+    median_percent: float
+    worst_percent: float
+    measured_by: str
+
+
+class ConfidenceRecord(TypedDict):
+    """core.confidence.Confidence.to_json(): how much the plan's KV budget is vLLM's own figure."""
+
+    level: str
+    basis: str
+    started_at: float | None
+    vllm_version: str | None
+    error_band: ErrorBandRecord | None
+
+
+class NotModelledFlagRecord(TypedDict):
+    """core.deployment.NamedFlag.to_json(): a flag of the unit that changes GPU memory and was not
+    counted, with the share of the margin it is given and why."""
+
+    flag: str
+    family: str
+    detail: str
+    margin_share: float
+    why: str
 
 
 class PlatformRecord(TypedDict):
@@ -64,7 +96,7 @@ class PlanRecord(TypedDict):
     least_gpu_memory_utilization: float | None  # the least that holds the target with the margin
     max_context: int
     max_context_limit: str  # model | target | memory: what sets max_context
-    confidence: dict[str, Any] | None  # core.confidence.Confidence.to_json()
+    confidence: ConfidenceRecord | None
     kv_bytes_per_gpu: int
     kv_bytes_per_token_per_gpu: int
     kv_cache_memory_bytes: int | None
@@ -72,25 +104,25 @@ class PlanRecord(TypedDict):
     concurrency: int
     kv_cache_tokens: int | None
     max_concurrency: float | None
-    capacity: list[dict[str, Any]]
+    capacity: list[JSONObject]
     derived_max_model_len: int | None
     derived_max_model_len_key: str | None
     vllm_version: str
     vllm_rules: list[VllmRuleRecord]
     platform: PlatformRecord
-    gpus: list[dict[str, Any]]
+    gpus: list[JSONObject]
     flag_changes: dict[str, str]
     env_changes: dict[str, str]
-    alternatives: list[dict[str, Any]]
+    alternatives: list[JSONObject]
     warnings: list[str]
     notes: list[str]
-    layout: dict[str, Any]
+    layout: JSONObject
     # the unit's flags that change GPU memory and were not counted (core/deployment.py NamedFlag);
     # absent from plans stored before it existed
-    not_modelled_flags: NotRequired[list[dict[str, Any]]]
+    not_modelled_flags: NotRequired[list[NotModelledFlagRecord]]
 
 
-def _record_bytes(entry: Mapping[str, Any], name: str) -> int | None:
+def _record_bytes(entry: Mapping[str, object], name: str) -> int | None:
     figure = entry.get(name)
     if isinstance(figure, Mapping):
         value = figure.get("bytes")
@@ -98,7 +130,7 @@ def _record_bytes(entry: Mapping[str, Any], name: str) -> int | None:
     return None
 
 
-def _record_int(value: Any) -> int | None:
+def _record_int(value: object) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
@@ -110,10 +142,10 @@ class StoredPlan:
     of a record from a newer ctxmgr whose keys may mean something else.
     """
 
-    record: Mapping[str, Any]
+    record: Mapping[str, object]  # a PlanRecord, or what an older ctxmgr stored
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any] | None) -> StoredPlan:
+    def from_json(cls, data: Mapping[str, object] | None) -> StoredPlan:
         """Refuses a newer ctxmgr's record (its keys may mean other things); none or an old one: schema 1."""
         data = data or {}
         schema = data.get("schema", 1)
@@ -128,16 +160,17 @@ class StoredPlan:
     @property
     def schema(self) -> int:
         """PLAN_SCHEMA of the ctxmgr that stored the plan; 1 for plans stored before the key existed."""
-        return int(self.record.get("schema", 1))
+        schema = self.record.get("schema", 1)
+        return schema if isinstance(schema, int) else 1  # from_json let only an int through
 
     @property
-    def gpus(self) -> list[Mapping[str, Any]]:
+    def gpus(self) -> list[Mapping[str, object]]:
         """The plan's GPU lines (GpuMemory.to_json()), in rank order."""
-        lines = self.record.get("gpus") or []
-        return [line for line in lines if isinstance(line, Mapping)]
+        lines = self.record.get("gpus")
+        return [line for line in lines if isinstance(line, Mapping)] if isinstance(lines, list) else []
 
     @staticmethod
-    def figure(line: Mapping[str, Any], name: str) -> int | None:
+    def figure(line: Mapping[str, object], name: str) -> int | None:
         """One GPU line's figure in bytes ("kv_budget", "margin", ...), None where unknown."""
         return _record_bytes(line, name)
 
@@ -163,7 +196,7 @@ class StoredPlan:
         return _record_int(self.record.get("kv_bytes_per_token_per_gpu"))
 
     @property
-    def layout(self) -> Mapping[str, Any]:
+    def layout(self) -> Mapping[str, object]:
         """The plan's KVCacheLayout.summary; {} for a plan stored without one."""
         layout = self.record.get("layout")
         return layout if isinstance(layout, Mapping) else {}

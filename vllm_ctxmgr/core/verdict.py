@@ -22,9 +22,9 @@ not come back as planned (nobody is paged into a restart for it):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
 from vllm_ctxmgr.core.budget import (
     DEFAULT_MARGIN_MIN_BYTES,
@@ -33,7 +33,10 @@ from vllm_ctxmgr.core.budget import (
     requested_bytes,
 )
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, gib
+from vllm_ctxmgr.core.json_types import JSONObject
+from vllm_ctxmgr.core.observations import ObservationFigures, StoredObservation
 from vllm_ctxmgr.core.plan_record import StoredPlan
+from vllm_ctxmgr.core.records import ProbeRecord, RevisionRecord
 
 OK = "ok"
 DEGRADED = "degraded"
@@ -74,13 +77,13 @@ class VerifyFacts:
     configured_gpu_memory_utilization: float | None  # the unit's --gpu-memory-utilization
     kv_cache_memory_bytes: int | None
     graphs_in_budget: bool  # vLLM subtracts CUDA graphs from the KV budget (>= 0.21, not eager)
-    probe: dict[str, Any] | None  # ProbeResult as a dict; None when the unit is not active
+    probe: ProbeRecord | None  # None when the unit is not active
     server_vllm_version: str | None  # GET /version
-    observation: dict[str, Any] | None  # vLLM's numbers logged by the running process
+    observation: ObservationFigures | None  # vLLM's numbers logged by the running process
     cache_config: dict[str, str]  # labels of vLLM's vllm:cache_config_info (/metrics); {} when off
-    last_start: dict[str, Any] | None  # the last start ctxmgr watched (observations.jsonl)
-    last_verify: dict[str, Any] | None
-    revisions: tuple[dict[str, Any], ...]  # Revision.to_json() of every revision, oldest first
+    last_start: StoredObservation | None  # the last start ctxmgr watched (observations.jsonl)
+    last_verify: LastVerifyRecord | None  # what the last verification stored
+    revisions: tuple[RevisionRecord, ...]  # every revision, oldest first
     current_revision: int | None  # the good revision whose unit is installed now
     in_progress: int | None  # a revision left in progress
     gpus: GpuState | None
@@ -117,6 +120,71 @@ class GpuMargin:
         return min(self.startup_slack_now, self.kv_spare_bytes)
 
 
+class UnitRecord(TypedDict, total=False):
+    """UnitFacts as a dict: what systemd said about the service, in a verification's JSON ({} in a
+    Verification that decide() has not filled)."""
+
+    active_state: str
+    sub_state: str
+    result: str
+    n_restarts: int
+    invocation_id: str
+    active_enter_monotonic_us: int
+    serving_since: float | None
+    started_at: float | None
+
+
+class GpuMarginRecord(TypedDict):
+    """One GPU of a verification's JSON: GpuMargin as a dict, with the margin it leaves."""
+
+    index: int
+    total_bytes: int
+    used_by_others_planned: int
+    used_by_others_now: int
+    used_by_others_source: str
+    service_bytes: int | None
+    startup_bytes: int
+    startup_slack_planned: int
+    startup_slack_now: int
+    kv_budget_bytes: int | None
+    kv_budget_source: str
+    kv_needed_bytes: int | None
+    kv_spare_bytes: int | None
+    margin_bytes: int
+    margin_left_bytes: int
+
+
+class VerifiedGpu(TypedDict):
+    """What last-verify.json keeps of a GPU: vLLM's own memory then, for own_memory_drift."""
+
+    index: int
+    service_bytes: int | None
+
+
+class LastVerifyRecord(TypedDict):
+    """SERVICE/last-verify.json as `record` writes it (verify adds `trigger`): what the next
+    verification compares against. ctxmgr's own root-only file, read back as written."""
+
+    time: float
+    result: str
+    reasons: list[str]
+    active_state: str
+    invocation_id: str
+    n_restarts: int
+    active_enter_monotonic_us: int
+    max_model_len: int | None
+    vllm_version: str | None
+    probe_latency_s: float | None
+    kv_cache_tokens: int | None
+    margin_bytes: int | None
+    revision: int | None
+    verified_revisions: list[int]
+    gpus: list[VerifiedGpu]
+    action: JSONObject
+    gpu_memory_checked: bool | None
+    trigger: NotRequired[str]  # added by verify: what started this run (timer, command)
+
+
 @dataclass
 class Verification:
     service: str
@@ -128,16 +196,16 @@ class Verification:
     planned_max_model_len: int | None = None  # the newest good revision's: what ctxmgr last put in place
     probe_ok: bool | None = None
     probe_latency_s: float | None = None
-    probe: dict[str, Any] = field(default_factory=dict)
+    probe: ProbeRecord = field(default_factory=ProbeRecord)
     vllm_version: str | None = None
     kv_cache_tokens: int | None = None
     available_kv_gib: float | None = None
     margin_bytes: int | None = None  # the smallest margin left over the GPUs
-    gpus: list[dict[str, Any]] = field(default_factory=list)
-    unit: dict[str, Any] = field(default_factory=dict)
+    gpus: list[GpuMarginRecord] = field(default_factory=list)
+    unit: UnitRecord = field(default_factory=UnitRecord)  # {} until decide() fills it
     revision: int | None = None
     duration_s: float | None = None
-    action: dict[str, Any] = field(default_factory=dict)  # what --on-failure did
+    action: JSONObject = field(default_factory=dict)  # what --on-failure did
     gpu_memory_checked: bool | None = None  # False: ok says nothing about the next restart's memory
 
     @property
@@ -148,7 +216,7 @@ class Verification:
     def success(self) -> bool:
         return self.result == OK
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         data = asdict(self)
         data["exit_code"] = self.exit_code
         return data
@@ -283,7 +351,7 @@ def margin_reasons(margins: Sequence[GpuMargin]) -> list[str]:
     return reasons
 
 
-def _latest_plan(revisions: Sequence[Mapping[str, Any]], current: int | None) -> Mapping[str, Any] | None:
+def _latest_plan(revisions: Sequence[RevisionRecord], current: int | None) -> RevisionRecord | None:
     """The plan behind the installed unit: its own revision's, or the one it rolled back to."""
     by_number = {r["number"]: r for r in revisions}
     seen: set[int] = set()
@@ -323,14 +391,14 @@ def decide(facts: VerifyFacts, clock: Clock = utc_clock) -> Verification:
     """ok / degraded / failed, with every reason; no I/O. `clock` writes the times in the reasons."""
     unit = facts.unit
     result = Verification(facts.service, OK, facts.time, notes=list(facts.notes))
-    result.unit = asdict(unit)
+    result.unit = cast(UnitRecord, asdict(unit))
     result.revision = facts.current_revision
     good = [r for r in facts.revisions if r.get("state") in GOOD_STATES]
     result.planned_max_model_len = good[-1].get("max_model_len") if good else None
     observation = facts.observation or {}
     probe = facts.probe or {}
     if probe:
-        result.probe = dict(probe)
+        result.probe = probe.copy()
         result.probe_ok = bool(probe.get("ok"))
         result.probe_latency_s = probe.get("latency_s")
         if probe.get("max_model_len") is not None:
@@ -384,7 +452,9 @@ def decide(facts: VerifyFacts, clock: Clock = utc_clock) -> Verification:
             degraded.append(f"{name}, which the plan of revision {planned['number']} uses, is not there now")
         degraded.extend(margin_reasons(margins))
         degraded.extend(own_memory_drift(margins, facts.last_verify, unit.invocation_id))
-        result.gpus = [{**asdict(m), "margin_left_bytes": m.margin_left_bytes} for m in margins]
+        result.gpus = [
+            cast(GpuMarginRecord, {**asdict(m), "margin_left_bytes": m.margin_left_bytes}) for m in margins
+        ]
         if margins:
             result.margin_bytes = min(m.margin_left_bytes for m in margins)
 
@@ -467,7 +537,7 @@ def restart_reasons(facts: VerifyFacts, clock: Clock = utc_clock) -> tuple[list[
     return degraded, notes
 
 
-def version_reasons(service: str, vllm_version: str | None, last_start: Mapping[str, Any]) -> list[str]:
+def version_reasons(service: str, vllm_version: str | None, last_start: StoredObservation) -> list[str]:
     """A vLLM version other than the last watched start's is degraded: the plan's accounting (page
     sizes, the null block, CUDA graphs in the budget) is per version, so the next start may not fit."""
     before = last_start.get("vllm_version")
@@ -537,7 +607,7 @@ def revision_reasons(facts: VerifyFacts) -> list[str]:
     return degraded
 
 
-def _starting(facts: VerifyFacts, observation: Mapping[str, Any], probe: Mapping[str, Any]) -> float | None:
+def _starting(facts: VerifyFacts, observation: ObservationFigures, probe: ProbeRecord) -> float | None:
     """Seconds since a start that has not logged vLLM's ready line (nor a failure) yet; None otherwise.
 
     A vLLM loading a large model answers nothing for many minutes while systemd already calls a
@@ -558,7 +628,7 @@ def _starting(facts: VerifyFacts, observation: Mapping[str, Any], probe: Mapping
 
 
 def own_memory_drift(
-    margins: Sequence[GpuMargin], last: Mapping[str, Any] | None, invocation_id: str
+    margins: Sequence[GpuMargin], last: LastVerifyRecord | None, invocation_id: str
 ) -> list[str]:
     """vLLM preallocates: the same process holding more than the margin more points at a leak."""
     if not last or last.get("invocation_id") != invocation_id:
@@ -575,7 +645,7 @@ def own_memory_drift(
     return reasons
 
 
-def _int(value: Any) -> int | None:
+def _int(value: str | int | None) -> int | None:
     text = str(value).strip() if value is not None else ""
     return int(text) if text.isdigit() else None
 
@@ -584,16 +654,16 @@ def _version(text: str) -> str:
     return text.strip().lstrip("v")
 
 
-def _same_float(a: Any, b: Any) -> bool:
+def _same_float(a: float | None, b: float | None) -> bool:
     if a is None or b is None:
         return a is None and b is None
     return abs(float(a) - float(b)) < 1e-6
 
 
-def record(verification: Verification, facts: VerifyFacts) -> dict[str, Any]:
+def record(verification: Verification, facts: VerifyFacts) -> LastVerifyRecord:
     """What the next verification compares against (SERVICE/last-verify.json). A revision counts as
     verified unless the result is failed: --on-failure rollback goes back only to one that served."""
-    verified = set((facts.last_verify or {}).get("verified_revisions", []))
+    verified = set(facts.last_verify.get("verified_revisions", []) if facts.last_verify else [])
     if verification.result != FAILED and facts.current_revision is not None:
         verified.add(facts.current_revision)
     return {

@@ -544,7 +544,7 @@ def _dotted(version: VllmVersion) -> str:
     return ".".join(map(str, version))
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     if isinstance(value, tuple):
         return f"{len(value)} names" if len(value) > 3 else "/".join(value) or "none"
     if isinstance(value, dict):

@@ -33,10 +33,11 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypedDict, TypeVar
 
 from vllm_ctxmgr.change.states import ChangeResult, Interrupted, Result, guard_signals
 from vllm_ctxmgr.core.hardware import GpuState
+from vllm_ctxmgr.core.json_types import JSONObject, JSONScalar
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
 from vllm_ctxmgr.core.topology import NodeRole, NodeUnit, Topology, read_topology, with_ray_gpus, world_gpus
 from vllm_ctxmgr.deployment.remote import Link, NodeAddress, NodeError
@@ -92,8 +93,8 @@ class NodeOutcome:
     reason: str = ""
     # the plan's figures for this node's GPUs (the smallest where they differ), and what this node's
     # vLLM logged at its last start: the per-node plan held against each rank's own lines
-    planned: dict[str, Any] = field(default_factory=dict)
-    logged: dict[str, Any] = field(default_factory=dict)
+    planned: dict[str, JSONScalar] = field(default_factory=dict)
+    logged: dict[str, JSONScalar] = field(default_factory=dict)  # wire.Logged as a dict
 
 
 @dataclass
@@ -112,7 +113,7 @@ class DeploymentResult(ChangeResult):
     def deployment(self) -> str:
         return self.service
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """The deployment's fields in their order: a change's, less those of one unit (its revision, unit
         file, probe, observation), and every node's diff in one text, as a one-host change has one `diff`.
         gpu_memory_utilization is what every node's unit runs with after the change."""
@@ -1017,7 +1018,7 @@ class Coordinator:
         self._record(str(result.result))
 
 
-def _logged(shown: ShowAnswer) -> dict[str, Any]:
+def _logged(shown: ShowAnswer) -> dict[str, JSONScalar]:
     """A node's logged figures as the result prints them ({} for a Ray node, which logs none here)."""
     return asdict(shown.logged) if shown.logged is not None else {}
 
@@ -1036,7 +1037,26 @@ def rollback_deployment(
     return Coordinator(request, state_dir).rollback(to)
 
 
-def verify_deployment(request: DeploymentRequest, state_dir: Path | str) -> dict[str, Any]:
+class NodeVerdict(TypedDict):
+    host: str
+    service: str
+    role: str  # head | headless
+    result: str  # the head's verify result; ok | failed for a headless rank's check
+    max_model_len: int | None
+
+
+class DeploymentVerdict(TypedDict):
+    """What `ctxmgr deployment verify` prints (--json: beside `command` and `changed`)."""
+
+    deployment: str
+    result: str  # ok | degraded | failed
+    max_model_len: int | None
+    probe_ok: bool | None
+    reasons: list[str]
+    nodes: list[NodeVerdict]
+
+
+def verify_deployment(request: DeploymentRequest, state_dir: Path | str) -> DeploymentVerdict:
     """`ctxmgr deployment verify`: the head's verify, and every headless rank active with no failure
     since its start and the same max_model_len: ok | degraded | failed, as `verify`. Units that give
     the nodes different lengths fail the check (TP corrupts output past the smaller one)."""
@@ -1057,7 +1077,7 @@ def verify_deployment(request: DeploymentRequest, state_dir: Path | str) -> dict
             f"{coordinator.drift}: the next restart breaks the deployment; "
             "`ctxmgr deployment set-context N` writes every node to N"
         )
-    nodes = [
+    nodes: list[NodeVerdict] = [
         {
             "host": head.address.host,
             "service": head.address.service,

@@ -24,7 +24,6 @@ import re
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from vllm_ctxmgr import store as st
 from vllm_ctxmgr.change.observing import last_start_of, observation_record
@@ -32,6 +31,7 @@ from vllm_ctxmgr.change.planning import PlanRequest, ServicePlan, plan_service
 from vllm_ctxmgr.change.restart import Restarter
 from vllm_ctxmgr.change.states import Change, ensure_baseline
 from vllm_ctxmgr.core.change_policy import flags_to_apply, least_utilization
+from vllm_ctxmgr.core.json_types import JSONObject
 from vllm_ctxmgr.deployment.wire import (
     MAX_CHANGES_SHOWN,
     CheckAnswer,
@@ -158,7 +158,7 @@ def _change_made(rev: Revision) -> LastChange:
     )
 
 
-def logged_start(restarter: Restarter, view: ServiceView) -> tuple[Logged, dict[str, Any] | None]:
+def logged_start(restarter: Restarter, view: ServiceView) -> tuple[Logged, dict[str, object] | None]:
     """What this node's vLLM logged at its last start (every rank logs its own memory lines): `logged`,
     the figures a per-node plan is held against, and `observation`, that start as an observation record
     (None where the journal holds no start), which the head's plan calibrates this node's ranks from."""
@@ -542,7 +542,7 @@ def plan(restarter: Restarter, request: PlanRequest, gpu_memory_utilization: flo
     )
 
 
-def verify(restarter: Restarter, options: VerifyOptions) -> dict[str, Any]:
+def verify(restarter: Restarter, options: VerifyOptions) -> JSONObject:
     """The head's verify (the same checks as `ctxmgr verify`), answered as a step: the coordinator
     decides the deployment's verdict from every node's."""
     verification, _facts = verify_service(restarter.systemd, restarter.store, restarter.service, options)

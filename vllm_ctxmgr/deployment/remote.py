@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO
 
 from vllm_ctxmgr.deployment.wire import ErrorAnswer
 from vllm_ctxmgr.errors import CtxmgrError, UsageError, documented_exit_code
@@ -83,11 +83,11 @@ class Link:
         host: str,
         args: Sequence[str],
         timeout: float,
-        stdin: dict[str, Any] | None = None,
+        stdin: Mapping[str, object] | None = None,
         label: str | None = None,
-    ) -> dict[str, Any]:
-        """Run one node step and return its JSON answer; NodeError (`label`, default the host, first)
-        when it failed."""
+    ) -> dict[str, object]:
+        """Run one node step and return its JSON answer (wire.Message.from_json checks it); NodeError
+        (`label`, default the host, first) when it failed."""
         label = label or host
         argv = self.argv(host, [*args, "--json"])
         request = json.dumps(stdin).encode() if stdin is not None else b""
@@ -167,7 +167,7 @@ def _feed(pipe: IO[bytes], data: bytes) -> None:
         pipe.close()
 
 
-def _answer(stdout: bytes) -> tuple[dict[str, Any] | None, str]:
+def _answer(stdout: bytes) -> tuple[dict[str, object] | None, str]:
     """The one JSON object a `--json` command prints (stdout holds nothing else), or None and why not:
     any fault in it (not UTF-8, not JSON, nested past the parser's depth) is the node's failure."""
     if len(stdout) > MAX_ANSWER_BYTES:

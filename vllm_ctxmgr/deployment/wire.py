@@ -15,11 +15,13 @@ from __future__ import annotations
 import math
 import re
 import types
+from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
-from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import ClassVar, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from vllm_ctxmgr.core.bounds import MAX_BYTES, MAX_CONTEXT
 from vllm_ctxmgr.core.facts import ALLOW_LONG_ENV
+from vllm_ctxmgr.core.json_types import JSONObject
 from vllm_ctxmgr.core.observations import ObservationRecord
 from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA
 from vllm_ctxmgr.errors import UsageError
@@ -40,6 +42,7 @@ CONTEXT_FLAGS = ("--max-model-len", "--gpu-memory-utilization", "--kv-cache-memo
 CONTEXT_ENV = (ALLOW_LONG_ENV,)
 
 T = TypeVar("T", bound="Message")
+D = TypeVar("D")  # a message or a dataclass inside one
 
 
 class WireError(UsageError):
@@ -52,7 +55,7 @@ class Message:
 
     step: ClassVar[str] = ""  # the node step it belongs to, for the refusal's words
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {"wire": WIRE_VERSION, **asdict(self)}
 
     @classmethod
@@ -80,10 +83,10 @@ class Message:
         """Ranges beyond the fields' types (each message its own)."""
 
 
-def _decode(cls: type[Any], data: dict[str, Any], what: str) -> Any:
+def _decode(cls: type[D], data: Mapping[str, object], what: str) -> D:
     hints = get_type_hints(cls)
-    values: dict[str, Any] = {}
-    for f in fields(cls):
+    values: dict[str, object] = {}
+    for f in fields(cls):  # type: ignore[arg-type]  # a message is a dataclass
         if f.name in data:
             values[f.name] = _value(hints[f.name], data[f.name], f"{what}: {f.name}")
         elif f.default is MISSING and f.default_factory is MISSING:
@@ -91,7 +94,7 @@ def _decode(cls: type[Any], data: dict[str, Any], what: str) -> Any:
     return cls(**values)
 
 
-def _value(hint: Any, value: object, where: str) -> Any:
+def _value(hint: object, value: object, where: str) -> object:
     """`value` as the field's type `hint` (bool, int, float, str, X | None, tuple[X, ...], dict[str, X],
     a dataclass, or `object` for a JSON object checked by its own door)."""
     origin, args = get_origin(hint), get_args(hint)
@@ -377,7 +380,7 @@ class PlannedDeployment:
             raise WireError(f"{what}: plan has schema {record.get('schema')!r}, not {PLAN_SCHEMA}")
         typed = {"result": str, "reason": str, "max_context": int, "gpus": tuple[PlannedGpu, ...]}
         values = {k: _value(hint, record.get(k), f"{what}: plan.{k}") for k, hint in typed.items()}
-        made = cls(record=record, **values)
+        made = cls(record=record, **values)  # type: ignore[arg-type]  # each value checked as its hint
         if made.result not in ("feasible", "infeasible", "unknown"):
             raise WireError(
                 f"{what}: plan.result {made.result[:40]!r} is not feasible, infeasible or unknown"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from vllm_ctxmgr import files
+from vllm_ctxmgr.core.json_types import JSONObject, JSONValue
 from vllm_ctxmgr.errors import ModelFactsError
 
 MAX_CONFIG_BYTES = 8 << 20  # config.json: real ones are a few KiB to a few hundred KiB
@@ -29,7 +29,7 @@ def read_bounded(path: Path, limit: int) -> bytes:
     return files.read_regular(path, limit, error=ModelFactsError)
 
 
-def json_depth_ok(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+def json_depth_ok(value: JSONValue, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether VALUE nests no deeper than LIMIT, at the model files' own limit (core.nesting's walk)."""
     from vllm_ctxmgr.core.nesting import depth_ok
 
@@ -44,7 +44,7 @@ def json_values_at_most(data: bytes) -> int:
     return data.count(b",") + data.count(b"{") + data.count(b"[") + 1
 
 
-def parse_json(data: bytes, path: Path) -> Any:
+def parse_json(data: bytes, path: Path) -> JSONValue:
     """JSON from bytes; malformed, over-deep or over-long input is a one-line ModelFactsError."""
     if json_values_at_most(data) > MAX_JSON_VALUES:
         raise ModelFactsError(f"{path}: JSON of more than {MAX_JSON_VALUES} values")
@@ -67,7 +67,7 @@ def parse_json(data: bytes, path: Path) -> Any:
     return value
 
 
-def read_json_object(path: Path, limit: int) -> dict[str, Any]:
+def read_json_object(path: Path, limit: int) -> JSONObject:
     """config.json and the safetensors index: a bounded JSON object, or a one-line ModelFactsError."""
     data = parse_json(read_bounded(path, limit), path)
     if not isinstance(data, dict):

@@ -23,10 +23,11 @@ import re
 import stat
 import struct
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeAlias
 
 from vllm_ctxmgr.core.facts import (
     MAX_HEAD_SIZE,
@@ -134,7 +135,7 @@ MAX_GGUF_NESTED_ITEMS = 1 << 16
 def gguf_key(name: str) -> str:
     """The key template for NAME ({arch} unfilled): gguf-py's constants.Keys, else our table."""
     path, fallback = GGUF_KEYS[name]
-    value: Any = gguf_constants().Keys
+    value: object = gguf_constants().Keys
     for part in path.split("."):
         value = getattr(value, part, None)
     return value if isinstance(value, str) else fallback
@@ -168,6 +169,12 @@ class SkippedArray:
     count: int
 
 
+# One metadata value as the header holds it: a number, a string, an array of them, or an array too
+# long to keep (its length only)
+GgufValue: TypeAlias = int | float | bool | str | list["GgufValue"] | SkippedArray
+GgufMetadata: TypeAlias = dict[str, GgufValue]
+
+
 @dataclass(frozen=True)
 class GgufTensor:
     name: str
@@ -181,7 +188,7 @@ class GgufTensor:
 class GgufHeader:
     path: Path
     version: int
-    metadata: dict[str, Any]
+    metadata: GgufMetadata
     tensors: list[GgufTensor]
     data_start: int
     file_size: int
@@ -264,7 +271,7 @@ _KEEP_STRING_ARRAYS_UP_TO = 4096
 _KEEP_SCALAR_ARRAYS_UP_TO = 65536  # per-layer arrays have one value per layer
 
 
-def _read_value(cursor: _Cursor, value_type: int, depth: int = 0, *, keep: bool = True) -> Any:
+def _read_value(cursor: _Cursor, value_type: int, depth: int = 0, *, keep: bool = True) -> GgufValue:
     """One metadata value; with keep=False (past MAX_GGUF_KEPT_ITEMS) arrays are walked, not built."""
     if value_type in _SCALAR_FORMATS:
         return cursor.unpack(_SCALAR_FORMATS[value_type])[0]
@@ -339,7 +346,7 @@ def _parse_gguf(buffer: mmap.mmap, path: Path, file_size: int, constants: Module
     tensor_count, kv_count = cursor.unpack("QQ")
     if kv_count > MAX_GGUF_KV_COUNT or tensor_count > MAX_GGUF_TENSOR_COUNT:
         raise ModelFactsError(f"{path}: GGUF header claims {kv_count} keys and {tensor_count} tensors")
-    metadata: dict[str, Any] = {}
+    metadata: GgufMetadata = {}
     for _ in range(kv_count):
         key = cursor.string()
         (value_type,) = cursor.unpack("I")
@@ -439,14 +446,14 @@ def load_gguf_facts(path: Path, *, source: str | None = None) -> ModelFacts:
         ) from None
 
 
-def check_gguf_values(meta: dict[str, Any], arch: str, label: str) -> None:
+def check_gguf_values(meta: GgufMetadata, arch: str, label: str) -> None:
     """Types and ranges of the metadata the facts come from, naming the key that is wrong."""
     for name, (low, high) in GGUF_INTEGER_RANGES.items():
         key = gguf_key(name).format(arch=arch)
         value = meta.get(key)
         if value is None:
             continue
-        items = value if isinstance(value, list) else [value]
+        items: Sequence[GgufValue | None] = value if isinstance(value, list) else [value]
         if isinstance(value, list) and name not in PER_LAYER_KEYS:
             items = [None]
         for item in items:
@@ -491,13 +498,13 @@ PER_LAYER_KEYS = frozenset(
 )
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
 def gguf_facts(
-    meta: dict[str, Any],
+    meta: GgufMetadata,
     tensors: list[GgufTensor],
     type_names: dict[int, str],
     *,
@@ -664,7 +671,7 @@ def gguf_facts(
     )
 
 
-def _gguf_sliding_pattern(arch: str, meta: dict[str, Any], num_layers: int, window: int | None) -> list[bool]:
+def _gguf_sliding_pattern(arch: str, meta: GgufMetadata, num_layers: int, window: int | None) -> list[bool]:
     """Per layer: sliding? From sliding_window_pattern (int period or bool per layer) or arch."""
     if not window:
         return [False] * num_layers
@@ -681,8 +688,12 @@ def _gguf_sliding_pattern(arch: str, meta: dict[str, Any], num_layers: int, wind
     return [True] * num_layers  # one model-level window: every layer slides
 
 
-def _check_gguf_heads(source: str, arch: str, index: int, heads: Any, kv_heads: Any) -> None:
-    """vLLM's Attention asserts num_heads % num_kv_heads == 0 (so KV heads <= heads), per layer."""
+def _check_gguf_heads(
+    source: str, arch: str, index: int, heads: int | list[int], kv_heads: int | list[int]
+) -> None:
+    """vLLM's Attention asserts num_heads % num_kv_heads == 0 (so KV heads <= heads), per layer.
+
+    The counts are as check_gguf_values let them through: an integer, or one per layer."""
     per_layer = isinstance(heads, list) or isinstance(kv_heads, list)
     q = int(heads[index] if isinstance(heads, list) else heads)
     kv = int(kv_heads[index] if isinstance(kv_heads, list) else kv_heads)
@@ -697,7 +708,7 @@ def _check_gguf_heads(source: str, arch: str, index: int, heads: Any, kv_heads: 
         )
 
 
-def _gguf_state(arch: str, meta: dict[str, Any], source: str) -> StateFacts | None:
+def _gguf_state(arch: str, meta: GgufMetadata, source: str) -> StateFacts | None:
     """Recurrent state dims from {arch}.ssm.* (llama.cpp's qwen3next / mamba2 conventions).
 
     Every dimension vLLM's state shapes multiply by must be at least 1 (a time_step_rank of 0 cut
@@ -758,7 +769,9 @@ def _gguf_state(arch: str, meta: dict[str, Any], source: str) -> StateFacts | No
     )
 
 
-def _gguf_quantization(file_type: Any, tensors: list[GgufTensor], type_names: dict[int, str]) -> str | None:
+def _gguf_quantization(
+    file_type: int | None, tensors: list[GgufTensor], type_names: dict[int, str]
+) -> str | None:
     if file_type is not None:
         constants = gguf_constants()
         try:

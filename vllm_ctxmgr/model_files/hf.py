@@ -37,6 +37,7 @@ from vllm_ctxmgr.core.facts import (
     auto_dtype,
 )
 from vllm_ctxmgr.core.hf_overrides import apply_hf_overrides
+from vllm_ctxmgr.core.json_types import JSONObject, JSONValue
 from vllm_ctxmgr.errors import ModelFactsError
 from vllm_ctxmgr.model_files.files import MAX_CONFIG_BYTES, read_json_object
 from vllm_ctxmgr.model_files.hf_defaults import transformers_defaults
@@ -165,9 +166,13 @@ DEEPSEEK_V4_REFUSED = "DeepSeek-V4's compressed sparse attention is not modelled
 
 
 class HfConfig:
-    """config.json values with vLLM's getattr semantics: attribute_map, then class defaults."""
+    """config.json values with vLLM's getattr semantics: attribute_map, then class defaults.
 
-    def __init__(self, raw: dict[str, Any], model_type: str, label: str) -> None:
+    `get` answers Any, as getattr does: check_config_values has checked the types of the keys the
+    readers use, and each reader knows the one it asked for.
+    """
+
+    def __init__(self, raw: JSONObject, model_type: str, label: str) -> None:
         self.raw = raw
         self.model_type = model_type
         self.label = label
@@ -209,7 +214,7 @@ class HfConfig:
         return None
 
 
-def read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> JSONObject:
     try:
         return read_json_object(path, MAX_CONFIG_BYTES)
     except FileNotFoundError:
@@ -272,7 +277,7 @@ INTEGER_KEYS: dict[str, tuple[int, int]] = {
 }
 
 
-def _integer(value: Any) -> int | None:
+def _integer(value: object) -> int | None:
     """VALUE as an int if it is one (or an integral finite float, as JSON writers emit 32.0)."""
     if isinstance(value, bool):
         return None
@@ -283,7 +288,7 @@ def _integer(value: Any) -> int | None:
     return None
 
 
-def check_config_values(config: dict[str, Any], label: str) -> None:
+def check_config_values(config: JSONObject, label: str) -> None:
     """Types and ranges of the keys the readers use, before any of them is turned into facts."""
     for key, (low, high) in INTEGER_KEYS.items():
         value = config.get(key)
@@ -332,12 +337,12 @@ def check_config_values(config: dict[str, Any], label: str) -> None:
                 )
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def text_config(raw: dict[str, Any]) -> tuple[dict[str, Any], str]:
+def text_config(raw: JSONObject) -> tuple[JSONObject, str]:
     """vLLM's hf_text_config: the language model's sub-config of a multimodal checkpoint."""
     for key in TEXT_CONFIG_KEYS:
         sub = raw.get(key)
@@ -346,7 +351,7 @@ def text_config(raw: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return raw, "config.json"
 
 
-def _text_model_type(raw: dict[str, Any], text: dict[str, Any]) -> str:
+def _text_model_type(raw: JSONObject, text: JSONObject) -> str:
     if text is raw:
         return str(raw.get("model_type") or "")
     if text.get("model_type"):
@@ -359,7 +364,7 @@ def _text_model_type(raw: dict[str, Any], text: dict[str, Any]) -> str:
 
 
 def load_hf_facts(
-    directory: Path, *, source: str | None = None, hf_overrides: dict[str, Any] | None = None
+    directory: Path, *, source: str | None = None, hf_overrides: JSONObject | None = None
 ) -> ModelFacts:
     """Facts from a HF model directory (config.json and safetensors headers), with vLLM's
     `--hf-overrides` applied first (core/hf_overrides.py), as vLLM applies them before it reads the
@@ -388,7 +393,7 @@ def load_hf_facts(
 
 
 def _hf_facts(
-    directory: Path, raw: dict[str, Any], text: dict[str, Any], label: str, source: str | None
+    directory: Path, raw: JSONObject, text: JSONObject, label: str, source: str | None
 ) -> ModelFacts:
     config_path = directory / "config.json"
     model_type = _text_model_type(raw, text)
@@ -465,7 +470,7 @@ def _hf_facts(
     )
 
 
-def _mm_prefix_lm_item_tokens(model_type: str, raw: dict[str, Any], text: dict[str, Any]) -> int | None:
+def _mm_prefix_lm_item_tokens(model_type: str, raw: JSONObject, text: JSONObject) -> int | None:
     """The largest multimodal item of a Gemma-4 prefix-LM model, which vLLM makes one batch hold.
 
     vLLM's Gemma4ModelArchConfigConvertor.is_mm_prefix_lm (text_config.use_bidirectional_attention ==
@@ -474,11 +479,11 @@ def _mm_prefix_lm_item_tokens(model_type: str, raw: dict[str, Any], text: dict[s
     _set_default_max_num_seqs_and_batched_tokens_args). Images (vision_config default_output_length or
     num_soft_tokens) and audio (the processor's audio_seq_length, 750) stay under the video's 2496.
     """
-    if not model_type.startswith(GEMMA4_MODEL_TYPES) or not isinstance(raw.get("vision_config"), dict):
+    vision = raw.get("vision_config")
+    if not model_type.startswith(GEMMA4_MODEL_TYPES) or not isinstance(vision, dict):
         return None
     if text.get("use_bidirectional_attention") != "vision":
         return None
-    vision = raw["vision_config"]
     image = next(
         (v for k in ("num_soft_tokens", "default_output_length") if isinstance(v := vision.get(k), int)), 0
     )
@@ -506,8 +511,8 @@ def _mlp_shapes(cfg: HfConfig) -> dict[str, int | None]:
 
 
 def _hf_dtype(
-    raw: dict[str, Any],
-    text: dict[str, Any],
+    raw: JSONObject,
+    text: JSONObject,
     weights: SafetensorsWeights,
     provenance: dict[str, str],
     directory: Path,
@@ -516,8 +521,8 @@ def _hf_dtype(
     declared = None
     for config, where in ((raw, "config.json"), (text, "config.json text config")):
         for key in ("dtype", "torch_dtype"):
-            if isinstance(config.get(key), str):
-                declared, origin = config[key].removeprefix("torch."), f"{where} {key}"
+            if isinstance(value := config.get(key), str):
+                declared, origin = value.removeprefix("torch."), f"{where} {key}"
                 if declared not in DTYPE_BYTES:
                     raise ModelFactsError(
                         f"{directory / where} {key} is {_shown(declared)}, not a dtype vLLM serves"
@@ -543,7 +548,7 @@ def _hf_dtype(
     return resolved, f"checkpoint dtype {declared}: vLLM --dtype auto uses {resolved}"
 
 
-def quantization_facts(raw: dict[str, Any], text: dict[str, Any]) -> tuple[str | None, str | None]:
+def quantization_facts(raw: JSONObject, text: JSONObject) -> tuple[str | None, str | None]:
     """quant_method as vLLM normalises it, and the KV dtype a declared KV scheme turns `auto` into."""
     quant = None
     for config in (raw, text):
@@ -553,7 +558,7 @@ def quantization_facts(raw: dict[str, Any], text: dict[str, Any]) -> tuple[str |
     if not isinstance(quant, dict):
         return None, None
     method = str(quant.get("quant_method", "")).lower().replace("compressed_tensors", "compressed-tensors")
-    inner = quant.get("quantization") if isinstance(quant.get("quantization"), dict) else quant
+    inner = nested if isinstance(nested := quant.get("quantization"), dict) else quant
     if (quant.get("producer") or {}).get("name") == "modelopt" or "modelopt_quant_config" in inner:
         method = method or "modelopt"
     kv_scheme = None
@@ -794,7 +799,7 @@ def _gemma4_layer_geometry(
     An explicit `per_layer_config` table (index -> overrides) wins, as it does in transformers.
     """
     explicit = cfg.raw.get("per_layer_config")
-    overrides: dict[int, dict[str, Any]] = {}
+    overrides: dict[int, JSONObject] = {}
     if isinstance(explicit, dict) and explicit:
         for key, value in explicit.items():
             index = _integer(key) if not isinstance(key, str) else (int(key) if key.isdigit() else None)
@@ -806,11 +811,11 @@ def _gemma4_layer_geometry(
         cfg.provenance["per_layer_geometry"] = f"{cfg.label} per_layer_config"
     else:
         global_head = cfg.raw.get("global_head_dim", 512)
-        layer = {"head_dim": global_head}
+        global_layer: JSONObject = {"head_dim": global_head}
         global_kv = cfg.raw.get("num_global_key_value_heads")
         if cfg.raw.get("attention_k_eq_v", False) and global_kv is not None:
-            layer["num_key_value_heads"] = global_kv
-        overrides = {i: layer for i, t in enumerate(layer_types) if t == "full_attention"}
+            global_layer["num_key_value_heads"] = global_kv
+        overrides = {i: global_layer for i, t in enumerate(layer_types) if t == "full_attention"}
         where = "global_head_dim" if "global_head_dim" in cfg.raw else "global_head_dim default 512"
         cfg.provenance["per_layer_geometry"] = f"{cfg.label} {where} on full_attention layers"
     window_all = cfg.raw.get("use_bidirectional_attention") == "all"
@@ -932,9 +937,9 @@ def _hybrid_layers(cfg: HfConfig, num_layers: int, num_heads: int) -> list[Layer
             intermediate_size=cfg.require("mamba_expand", fact="state") * cfg.require("hidden_size"),
             state_size=cfg.require("mamba_d_state", fact="state"),
         )
-    elif isinstance(raw.get("attn_type_list"), list):
+    elif isinstance(attn_types := raw.get("attn_type_list"), list):
         # MiniMax-Text-01: 1 = softmax attention, 0 = lightning (linear) attention
-        kinds = ["attention" if t == 1 else "state" for t in raw["attn_type_list"]]
+        kinds = ["attention" if t == 1 else "state" for t in attn_types]
         _, head_size = _kv_heads_and_head_size(cfg, num_heads)
         state = StateFacts(family="linear", num_heads=num_heads, head_dim=head_size)
     if kinds is None:
@@ -954,7 +959,7 @@ def _hybrid_layers(cfg: HfConfig, num_layers: int, num_heads: int) -> list[Layer
     return [by_kind[kind] for kind in kinds[:num_layers]]
 
 
-def _block_kind(layer_type: Any, label: str) -> str:
+def _block_kind(layer_type: JSONValue, label: str) -> str:
     if not isinstance(layer_type, str):
         raise ModelFactsError(f"{label}: layer type {_shown(layer_type)} is not a name")
     if layer_type in FULL_LAYER_TYPES:

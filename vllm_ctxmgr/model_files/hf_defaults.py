@@ -13,7 +13,8 @@ import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from vllm_ctxmgr.core.json_types import JSONValue
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class ClassDefaults:
     """Class-level defaults and attribute_map of one transformers config class."""
 
     class_name: str
-    values: dict[str, Any]
+    values: dict[str, JSONValue]  # the literal defaults of the class source
     attribute_map: dict[str, str]
 
 
@@ -99,7 +100,7 @@ def _class_model_type(node: ast.ClassDef) -> str | None:
     return None
 
 
-def _literal(node: ast.AST | None) -> tuple[bool, Any]:
+def _literal(node: ast.AST | None) -> tuple[bool, JSONValue]:
     if node is None:
         return False, None
     try:
@@ -110,9 +111,9 @@ def _literal(node: ast.AST | None) -> tuple[bool, Any]:
 
 def _class_values(
     node: ast.ClassDef, tree: ast.Module, models: Path, depth: int
-) -> tuple[dict[str, Any], dict[str, str]]:
+) -> tuple[dict[str, JSONValue], dict[str, str]]:
     """Dataclass-style fields (transformers 5) and __init__ keyword defaults (4.x), bases first."""
-    values: dict[str, Any] = {}
+    values: dict[str, JSONValue] = {}
     attribute_map: dict[str, str] = {}
     for base in node.bases:
         base_node, base_tree = _find_base(base, tree, models) if depth < 4 else (None, None)

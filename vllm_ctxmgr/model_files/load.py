@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from vllm_ctxmgr.core.facts import ModelFacts
+from vllm_ctxmgr.core.json_types import JSONObject
 from vllm_ctxmgr.errors import ModelFactsError
 from vllm_ctxmgr.model_files.expert_weights import expert_weight_bytes
 from vllm_ctxmgr.model_files.hf import load_hf_facts
@@ -13,7 +13,7 @@ from vllm_ctxmgr.model_files.hf_cache import HF_REPO_ID, hf_cache_snapshot
 
 
 def load_model_facts(
-    model: str, *, hf_home: str | None = None, hf_overrides: dict[str, Any] | None = None
+    model: str, *, hf_home: str | None = None, hf_overrides: JSONObject | None = None
 ) -> ModelFacts:
     """Facts for MODEL: a local HF directory, a GGUF file (or split part) or a cached HF repo id.
 

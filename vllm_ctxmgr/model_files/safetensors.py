@@ -12,8 +12,8 @@ import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from vllm_ctxmgr.core.json_types import JSONObject, JSONValue
 from vllm_ctxmgr.errors import ModelFactsError
 from vllm_ctxmgr.files import file_kind
 from vllm_ctxmgr.model_files.files import MAX_INDEX_BYTES, open_regular, parse_json, read_bounded
@@ -73,7 +73,7 @@ def check_present(path: Path, missing: str) -> None:
         raise ModelFactsError(f"{path}: {file_kind(mode)}, expected a regular file")
 
 
-def _check_index_files(index: Path, weight_map: Any) -> None:
+def _check_index_files(index: Path, weight_map: JSONValue) -> None:
     """Every shard the index's weight_map names is there, or none is: vLLM loads the weights from
     those files, so a partial download is refused rather than summed (or taken at total_size).
 
@@ -104,7 +104,7 @@ def _check_shard_series(shards: list[Path]) -> None:
                 raise ModelFactsError(f"safetensors shard missing: {shards[0].parent / name}")
 
 
-def read_json_any(path: Path) -> dict[str, Any]:
+def read_json_any(path: Path) -> JSONObject:
     try:
         data = parse_json(read_bounded(path, MAX_INDEX_BYTES), path)
     except FileNotFoundError as error:
@@ -112,7 +112,7 @@ def read_json_any(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def read_header(path: Path) -> tuple[dict[str, Any], int, int]:
+def read_header(path: Path) -> tuple[JSONObject, int, int]:
     """One shard's JSON header, its length and the file's size, read as the format's reference reader
     reads it (an 8-byte length, at most 100 MB of header), never the tensor data. Shared by the
     weight sum and the expert split (expert_weights.py)."""
@@ -165,7 +165,7 @@ def safetensors_header_bytes(path: Path) -> tuple[int, set[str]]:
             raise ModelFactsError(
                 f"{path}: malformed safetensors header (tensor {str(name)[:60]!r} needs dtype, data_offsets)"
             )
-        begin, end = offsets
+        begin, end = [o for o in offsets if isinstance(o, int)]  # both are, as checked above
         if not 0 <= begin <= end:
             raise ModelFactsError(
                 f"{path}: malformed safetensors header (tensor {str(name)[:60]!r} data_offsets {offsets})"

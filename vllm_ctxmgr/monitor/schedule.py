@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from vllm_ctxmgr.errors import SystemdError, UsageError
 from vllm_ctxmgr.monitor.metrics import check_textfile_path
@@ -211,7 +210,7 @@ class ScheduleResult:
     textfile: str | None = None
     next_run: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
 

@@ -12,14 +12,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from vllm_ctxmgr.errors import CtxmgrError, UnitError
 from vllm_ctxmgr.monitor.schedule import UNIT_PREFIX, next_run, timer_name, timer_state
-from vllm_ctxmgr.monitor.verify import LAST_VERIFY
+from vllm_ctxmgr.monitor.verify import last_verify
 from vllm_ctxmgr.report import gib
 from vllm_ctxmgr.store import ServiceStore
-from vllm_ctxmgr.systemd.service import read_service
+from vllm_ctxmgr.systemd.service import ServiceView, read_service
 from vllm_ctxmgr.systemd.systemctl import Systemd
 
 
@@ -45,7 +44,7 @@ class ServiceStatus:
     next_verify_time: float | None = None
     error: str = ""  # why the unit could not be read
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -80,8 +79,10 @@ def vllm_units(systemd: Systemd) -> list[str]:
     return found
 
 
-def service_status(systemd: Systemd, state_dir: Path | str, unit: str, view: Any = None) -> ServiceStatus:
-    """One service's row; `view` is its read unit (deploy.ServiceView), None when it cannot be read."""
+def service_status(
+    systemd: Systemd, state_dir: Path | str, unit: str, view: ServiceView | None = None
+) -> ServiceStatus:
+    """One service's row; `view` is its read unit, None when it cannot be read."""
 
     store = ServiceStore(state_dir, unit.removesuffix(".service"))
     state = systemd.state(unit)
@@ -90,13 +91,14 @@ def service_status(systemd: Systemd, state_dir: Path | str, unit: str, view: Any
         status.max_model_len = view.args.max_model_len
         status.gpu_memory_utilization = view.args.gpu_memory_utilization
         status.base_url = view.base_url
-    last = store.read_json(LAST_VERIFY) or {}
-    status.last_verify_time = last.get("time")
-    status.last_verify_result = last.get("result")
-    status.last_verify_trigger = last.get("trigger")
-    status.last_verify_reasons = list(last.get("reasons", []))
-    status.margin_bytes = last.get("margin_bytes")
-    status.kv_cache_tokens = last.get("kv_cache_tokens")
+    last = last_verify(store)
+    if last:  # else the fields keep their defaults: never verified
+        status.last_verify_time = last.get("time")
+        status.last_verify_result = last.get("result")
+        status.last_verify_trigger = last.get("trigger")
+        status.last_verify_reasons = list(last.get("reasons", []))
+        status.margin_bytes = last.get("margin_bytes")
+        status.kv_cache_tokens = last.get("kv_cache_tokens")
     observed = store.observations()
     if status.kv_cache_tokens is None and observed:
         start = observed[-1]

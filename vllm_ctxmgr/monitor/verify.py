@@ -16,15 +16,18 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import cast
 
 from vllm_ctxmgr.change.planning import gather_gpus
 from vllm_ctxmgr.change.restart import Restarter
 from vllm_ctxmgr.change.states import ChangeResult
 from vllm_ctxmgr.change.walk import rollback
 from vllm_ctxmgr.core.budget import cuda_graphs_in_budget, default_gpu_memory_utilization, is_cpu_deployment
+from vllm_ctxmgr.core.json_types import JSONObject
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
-from vllm_ctxmgr.core.verdict import UnitFacts, Verification, VerifyFacts, decide, record
+from vllm_ctxmgr.core.observations import ObservationFigures
+from vllm_ctxmgr.core.records import ProbeRecord
+from vllm_ctxmgr.core.verdict import LastVerifyRecord, UnitFacts, Verification, VerifyFacts, decide, record
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.probe import cache_config_info, probe
@@ -36,6 +39,13 @@ from vllm_ctxmgr.vllm_log.patterns import classify
 from vllm_ctxmgr.vllm_log.watcher import observe_start
 
 LAST_VERIFY = "last-verify.json"
+
+
+def last_verify(store: ServiceStore) -> LastVerifyRecord | None:
+    """What the last verification stored (core.verdict.record), or None: ctxmgr's own root-only file,
+    read back as it wrote it."""
+    return cast("LastVerifyRecord | None", store.read_json(LAST_VERIFY))
+
 
 JOURNAL_LINES_LIMIT = 5000  # a start logs a few hundred lines; stop reading the journal after this
 
@@ -190,7 +200,7 @@ def gather(
     if unit.active_state in ("active", "activating"):
         messages = invocation_messages(systemd, unit.invocation_id)
         if messages:
-            observation = asdict(observe_start(messages))
+            observation = cast(ObservationFigures, asdict(observe_start(messages)))
     quick = min(options.probe_timeout, 10.0)
     server = server_version(view.base_url, view.api_key, quick) if active else None
     cache_config = cache_config_info(view.base_url, api_key=view.api_key, timeout=quick) if active else {}
@@ -203,7 +213,7 @@ def gather(
     vllm_version = parse_vllm_version(version_text) or NEWEST_VLLM
     utilization = view.args.gpu_memory_utilization or default_gpu_memory_utilization(vllm_version)
 
-    probe_json = None
+    probe_json: ProbeRecord | None = None
     if active:
         expected = (
             view.args.max_model_len if view.args.max_model_len and view.args.max_model_len > 0 else None
@@ -222,7 +232,7 @@ def gather(
                 long_probe=options.long_probe,
                 timeout=options.probe_timeout,
             )
-            probe_json = asdict(outcome)
+            probe_json = cast(ProbeRecord, asdict(outcome))
         else:
             probe_json = {
                 "ok": False,
@@ -257,7 +267,7 @@ def gather(
         observation=observation,
         cache_config=cache_config,
         last_start=last_start,
-        last_verify=store.read_json(LAST_VERIFY),
+        last_verify=last_verify(store),
         revisions=tuple(r.to_json() for r in revisions),
         current_revision=current,
         in_progress=in_progress.number if in_progress else None,
@@ -330,7 +340,7 @@ def act_on_failure(
     timeout: float = 1800.0,
     lock_wait: float = 0.0,
     on_step: Printer = _quiet,
-) -> dict[str, Any]:
+) -> JSONObject:
     """--on-failure restart|rollback after a failed verification; returns what was done (an action that
     could not run says why instead of raising, so the verification's result is still reported)."""
     try:
@@ -349,12 +359,12 @@ def _act(
     timeout: float,
     lock_wait: float,
     on_step: Printer,
-) -> dict[str, Any]:
+) -> JSONObject:
 
     restarter = Restarter(systemd, store, service, on_step=on_step, start_timeout=timeout)
     if how == "rollback":
         revisions = store.revisions()
-        verified = (store.read_json(LAST_VERIFY) or {}).get("verified_revisions", [])
+        verified = last.get("verified_revisions", []) if (last := last_verify(store)) else []
         target = rollback_target(
             revisions, verified, facts.current_revision, lambda rev: is_installed(systemd, store, rev)
         )
@@ -373,7 +383,7 @@ def _act(
     return action
 
 
-def _change_summary(change: ChangeResult) -> dict[str, Any]:
+def _change_summary(change: ChangeResult) -> JSONObject:
     return {
         "result": str(change.result),
         "revision": change.revision,
@@ -383,7 +393,7 @@ def _change_summary(change: ChangeResult) -> dict[str, Any]:
     }
 
 
-def restart_as_is(restarter: Restarter, lock_wait: float = 0.0) -> dict[str, Any]:
+def restart_as_is(restarter: Restarter, lock_wait: float = 0.0) -> JSONObject:
     """Restart the unit as it is (no change to its files) through the one restart path: watch the
     start, record vLLM's numbers, probe at the unit's max_model_len."""
 
@@ -401,7 +411,7 @@ def restart_as_is(restarter: Restarter, lock_wait: float = 0.0) -> dict[str, Any
     return {"result": "serving", "reason": "vLLM started again and served the context-sized probe"}
 
 
-def _note_restart_by_ctxmgr(systemd: Systemd, store: ServiceStore, unit: str, action: dict[str, Any]) -> None:
+def _note_restart_by_ctxmgr(systemd: Systemd, store: ServiceStore, unit: str, action: JSONObject) -> None:
     """The next verification must not count ctxmgr's own restart as one behind its back."""
     last = store.read_json(LAST_VERIFY) or {}
     state = systemd.state(unit)

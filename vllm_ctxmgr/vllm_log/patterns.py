@@ -25,7 +25,7 @@ import functools
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, TypeAlias
 
 EventKind = Literal["progress", "ready", "failure", "fact"]
 
@@ -36,11 +36,16 @@ RANK_SPECIFIC = 50  # a cause, but a more precise line may follow: short grace o
 # the process's exit turns them into a verdict, because a start can log a harmless traceback.
 
 
+# A field of a matched line: a number where the pattern's field is one, else the text as vLLM printed it
+# (non_default_args: the dict its repr evaluates to)
+EventValue: TypeAlias = int | float | str | dict[str, object] | None
+
+
 @dataclass(frozen=True)
 class LogEvent:
     kind: EventKind
     name: str
-    data: dict[str, Any]
+    data: dict[str, EventValue]
     line: str
     rank: int = 0  # failures only: higher is more decisive
     ends_process: bool = False  # the process exits after this line (final error, systemd exit)
@@ -944,14 +949,14 @@ def parse_line(line: str) -> ParsedLine:
     return ParsedLine(message=text.strip(), process=process, pid=pid, level=level, fileinfo=fileinfo)
 
 
-def _convert(name: str, value: str) -> Any:
+def _convert(name: str, value: str) -> int | float | str | None:
     try:
         return _convert_strict(name, value)
     except ValueError:
         return value  # a number vLLM printed in a form we do not know: keep its text
 
 
-def _convert_strict(name: str, value: str) -> Any:
+def _convert_strict(name: str, value: str) -> int | float | str | None:
     if name in _INT_FIELDS:
         return int(float(value.replace(",", "")))
     if name == "derived_max_model_len":
@@ -961,8 +966,10 @@ def _convert_strict(name: str, value: str) -> Any:
     return value
 
 
-def _event_data(pattern: LinePattern, match: re.Match[str]) -> dict[str, Any]:
-    data = {key: _convert(key, value) for key, value in match.groupdict().items() if value is not None}
+def _event_data(pattern: LinePattern, match: re.Match[str]) -> dict[str, EventValue]:
+    data: dict[str, EventValue] = {
+        key: _convert(key, value) for key, value in match.groupdict().items() if value is not None
+    }
     if pattern.name == "kv_cache_too_small":
         data["wording"] = "0.11" if data.pop("typo", "") else "0.33"
     elif pattern.name == "non_default_args":
@@ -1017,11 +1024,11 @@ def classify_all(messages: Iterable[str]) -> Iterator[LogEvent]:
 # ---------------------------------------------------------------- failures in plain words
 
 
-def _gib(value: Any) -> str:
+def _gib(value: EventValue) -> str:
     return f"{value} GiB"
 
 
-_REASONS: dict[str, Callable[[dict[str, Any]], str]] = {
+_REASONS: dict[str, Callable[[dict[str, EventValue]], str]] = {
     "kv_cache_too_small": lambda d: (
         f"the KV cache is too small for max_model_len {d['max_model_len']}: one request needs "
         f"{_gib(d['needed_kv_gib'])} but {_gib(d['available_kv_gib'])} is available per GPU"

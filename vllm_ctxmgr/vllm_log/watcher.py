@@ -11,12 +11,12 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.vllm_log.patterns import (
     RANK_DECISIVE,
     RANK_SPECIFIC,
+    EventValue,
     LogEvent,
     ParsedLine,
     classify,
@@ -30,13 +30,13 @@ class _ObservationBuilder:
     """Folds one start's events into vLLM's own numbers (an `Observation`)."""
 
     def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
+        self.values: dict[str, EventValue] = {}
         self.best_failure: LogEvent | None = None
         self.ready = False
         self.max_len_source_rank = -1
         self.available: dict[int, float] = {}  # source priority -> smallest value seen
 
-    def _set_once(self, key: str, value: Any) -> None:
+    def _set_once(self, key: str, value: EventValue) -> None:
         if value is not None and key not in self.values:
             self.values[key] = value
 
@@ -119,7 +119,7 @@ _AVAILABLE_SOURCES = {
 }
 
 
-def _float_or_none(value: Any) -> float | None:
+def _float_or_none(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
