@@ -162,3 +162,15 @@ def test_a_state_dir_in_the_kernels_trees_is_one_line(where: str) -> None:
     result = CliRunner().invoke(main, ["--state-dir", where, "history", "--service", "vllm-glm5"])
     assert result.exit_code == ExitCode.USAGE and result.output.count("\n") == 1
     assert f"--state-dir {where}: in /" in result.output and "Traceback" not in result.output
+
+
+def test_an_observation_line_that_is_json_but_not_an_object_is_skipped_as_a_torn_one(state: Path) -> None:
+    """verify, status and the planner read fields of every stored start: a line of observations.jsonl
+    that parses but is a list, a string or a number made them fail with AttributeError ('list' object
+    has no attribute 'get'); it is skipped, as a torn line is, and the records around it are kept."""
+    store = stored(state)
+    store.add_observation({"service": "vllm-glm5", "max_model_len": 8192})
+    with (store.root / "observations.jsonl").open("a") as f:
+        f.write('[1, 2]\n"text"\n5\nnull\n{"torn": \n')
+    store.add_observation({"service": "vllm-glm5", "max_model_len": 16384})
+    assert [o.get("max_model_len") for o in store.observations()] == [8192, 16384]

@@ -972,8 +972,9 @@ class ServiceStore:
 
     def observations(self) -> list[StoredObservation]:
         """The stored starts, oldest first; a torn line (a kill during the append) is skipped rather
-        than failing every later plan. Each as ObservationRecord.to_json() wrote it; the planner checks
-        one (ObservationRecord.from_json) before it trusts its figures."""
+        than failing every later plan, and so is a line that is JSON but not an object (verify, status
+        and the planner read fields of each). Each as ObservationRecord.to_json() wrote it; the planner
+        checks one (ObservationRecord.from_json) before it trusts its figures."""
         with self._service_fd() as service_fd:
             if service_fd is None:
                 return []
@@ -981,7 +982,9 @@ class ServiceStore:
         out = []
         for line in (data or b"").decode(errors="replace").splitlines():
             with contextlib.suppress(ValueError, RecursionError):
-                out.append(json.loads(line))
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    out.append(record)
         return out
 
     def write_json(self, name: str, data: Mapping[str, object]) -> None:
