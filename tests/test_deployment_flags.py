@@ -304,6 +304,19 @@ def test_lmcache_turns_the_hybrid_manager_off_and_sliding_layers_keep_every_toke
     assert any("lacks SupportsHMA" in note for note in lmcache["notes"])
 
 
+@pytest.mark.parametrize("extra", ['"x"', '{"connectors": 5}', '{"connectors": "NixlConnector"}'])
+def test_a_multi_connector_whose_children_are_no_list_plans_rather_than_failing(extra: str) -> None:
+    """A MultiConnector whose kv_connector_extra_config is not an object, or whose connectors are not a
+    list, ended in 'unexpected error: AttributeError' (or TypeError); vLLM's KVTransferConfig refuses it
+    at start. The plan goes on with the connector's HMA support unknown: the hybrid manager stays on."""
+    base = ("131072", "--model", GPT_OSS, "--gpu-count", "1", "--gpu-memory", "141GiB")
+    config = '{"kv_connector": "MultiConnector", "kv_role": "kv_both", "kv_connector_extra_config": %s}'
+    assert (
+        plan(*base, "--kv-transfer-config", config % extra)["kv_bytes_per_gpu"]
+        == plan(*base)["kv_bytes_per_gpu"]
+    )
+
+
 def test_a_connector_this_release_does_not_list_is_named(tmp_path: Path) -> None:
     shutil.copytree(MODELS / "gpt-oss-120b", tmp_path / "oss")
     data = plan(

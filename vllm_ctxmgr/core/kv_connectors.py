@@ -55,7 +55,10 @@ def connector_supports_hma(config: dict[str, Any], version: VllmVersion) -> bool
         return None
     name = config.get("kv_connector")
     if name == "MultiConnector":
-        children = (config.get("kv_connector_extra_config") or {}).get("connectors") or []
+        extra = config.get("kv_connector_extra_config") or {}
+        children = (extra.get("connectors") or []) if isinstance(extra, dict) else None
+        if not isinstance(children, list):
+            return None  # a shape vLLM's KVTransferConfig refuses at start: not for ctxmgr to guess
         if not children:
             return False
         answers = [connector_supports_hma(child, version) for child in children if isinstance(child, dict)]
