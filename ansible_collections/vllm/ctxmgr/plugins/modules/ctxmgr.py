@@ -183,11 +183,18 @@ observation:
   type: dict
   returned: sometimes
 last_start:
-  description:
-    - With O(observe_first), the service's last start before this task in C(observation) (ctxmgr
-      observe's own), or in C(error) why ctxmgr observe failed (else empty).
+  description: With O(observe_first), the service's last start before this task.
   type: dict
   returned: when O(observe_first)
+  contains:
+    observation:
+      description: ctxmgr observe's observation (GPU model, vLLM version, ...); empty where it failed.
+      type: dict
+      returned: always
+    error:
+      description: why ctxmgr observe failed, empty where it did not.
+      type: str
+      returned: always
 ctxmgr: {description: ctxmgr's whole JSON object, type: dict, returned: always}
 cmd: {description: the command line run, type: list, returned: always}
 """
