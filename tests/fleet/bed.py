@@ -168,6 +168,9 @@ class FleetBed:
     # the hosts HAProxy sends requests to, by name (empty: every host); a multi-node deployment's
     # headless nodes serve no HTTP and are no backend
     backends: list[str] = field(default_factory=list)
+    # each host's vLLM main PID as the bed last started it (boot or reset): reset() restarts a host
+    # only where something else restarted or changed it since
+    _started: dict[str, str] = field(default_factory=dict)
 
     @property
     def lb_hosts(self) -> list[FleetHost]:
@@ -297,6 +300,7 @@ class FleetBed:
         self.install_vllm(host, BASELINE_CONTEXT, time_scale, environment)
         host.systemctl("daemon-reload")
         host.systemctl("start", f"{SERVICE}.service")
+        self._started[host.name] = self._main_pid(host)
 
     def boot_ssh_host(self, host: FleetHost) -> None:
         """The host's private systemd, in its namespace, running its real sshd (no vLLM unit yet)."""
@@ -389,16 +393,39 @@ Restart=on-failure
         time_scale: float = DEFAULT_TIME_SCALE,
         host_environment: dict[str, dict[str, str]] | None = None,
     ) -> None:
-        """Every host back to a baseline unit at `context`, restarted, serving and UP in HAProxy."""
+        """Every host back to a baseline unit at `context`, serving and UP in HAProxy, ctxmgr's state
+        forgotten. A host still running the vLLM the bed itself last started, from these very unit
+        bytes and with no EnvironmentFile, is left running (a restart would give it the same start:
+        the same unit, the same journal's last start); every other host is restarted."""
         for host in self.hosts:
             host.systemctl("start", "sshd-fleet.service")  # a test may have made it unreachable
+            text = self.vllm_unit_text(host, context, time_scale, (host_environment or {}).get(host.name, {}))
+            if self._runs_the_beds_start(host, text):
+                shutil.rmtree(host.state_dir, ignore_errors=True)
+                host.state_dir.mkdir()
+                continue
             self.install_vllm(host, context, time_scale, (host_environment or {}).get(host.name, {}))
             host.systemctl("daemon-reload")
             host.systemctl("reset-failed", f"{SERVICE}.service", check=False)
             host.systemctl("restart", f"{SERVICE}.service")
+            self._started[host.name] = self._main_pid(host)
         for host in self.hosts:
             self.runtime().set_state(BACKEND, host.name, "ready")
         self.wait_all_up(timeout=60)
+
+    def _main_pid(self, host: FleetHost) -> str:
+        return host.systemctl("show", "-p", "MainPID", "--value", f"{SERVICE}.service").stdout.strip()
+
+    def _runs_the_beds_start(self, host: FleetHost, unit_text: str) -> bool:
+        """The host's vLLM is the process the bed started last (same main PID: nothing restarted it
+        since), active, from `unit_text`, with no EnvironmentFile a test wrote."""
+        started = self._started.get(host.name)
+        if not started or started == "0" or host.env_file.exists():
+            return False
+        if not host.unit_path.exists() or host.unit_path.read_text() != unit_text:
+            return False
+        state = host.systemctl("is-active", f"{SERVICE}.service", check=False).stdout.strip()
+        return state == "active" and self._main_pid(host) == started
 
     def _haproxy(self) -> None:
         config = self.directory / "haproxy.cfg"
@@ -663,6 +690,26 @@ class RollOut:
     output: str  # ansible-playbook's stdout + stderr
     report: dict[str, Any]  # the role's rolling_context_report_file
     load: dict[str, Any]  # the load client's summary ({} without load)
+    kept_alive: dict[str, Any] = field(default_factory=dict)  # the kept-alive load's summary ({} without)
+
+
+def sessions(bed: FleetBed) -> dict[str, int]:
+    """Per load-balanced host, the sessions HAProxy has sent it so far (its `stot`)."""
+    rows = bed.runtime().servers(BACKEND)
+    return {server: int(row.get("stot") or 0) for (_, server), row in rows.items()}
+
+
+def wait_each_served(bed: FleetBed, since: dict[str, int], names: list[str], timeout: float = 30.0) -> None:
+    """Until HAProxy has sent each of `names` a session more than `since` counted."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = sessions(bed)
+        behind = [n for n in names if now.get(n, 0) <= since.get(n, 0)]
+        if not behind:
+            return
+        if time.monotonic() > deadline:
+            raise BedError(f"the load reached no server among {behind} within {timeout:g} s")
+        time.sleep(0.05)
 
 
 def roll_out(
@@ -673,13 +720,17 @@ def roll_out(
     extra_vars: dict[str, Any] | None = None,
     check: bool = False,
     max_load_s: float = 110.0,
-    keepalive: int = 0,
+    kept_alive: tuple[float, int] | None = None,
     during: Callable[[], None] | None = None,
     playbook: str = "vllm.ctxmgr.rolling_context",
 ) -> RollOut:
-    """Run the collection's `playbook` across the bed (rate 0: no load), load running throughout."""
+    """Run the collection's `playbook` across the bed (rate 0: no load), load running throughout; with
+    `kept_alive` (rate, clients) a second load client beside it, each client on one kept-alive connection.
+
+    The load flows through every host before the playbook starts, and after it ends until every host
+    HAProxy has UP took a request again (HAProxy's own session counts say when)."""
     report_file = bed.directory / f"report-{name}.json"
-    load_file = bed.directory / f"load-{name}.json"
+    load_files = [bed.directory / f"load-{name}.json", bed.directory / f"load-{name}-kept-alive.json"]
     report_file.unlink(missing_ok=True)
     variables = {
         "rolling_context_max_model_len": context,
@@ -689,10 +740,14 @@ def roll_out(
     argv = ["ansible-playbook", playbook, "-e", json.dumps(variables)]
     if check:
         argv += ["--check", "--diff"]
-    load = bed.load(rate, max_load_s, load_file, keepalive) if rate > 0 else None
+    before = sessions(bed) if rate > 0 or kept_alive else {}
+    load_began = time.monotonic()
+    load = bed.load(rate, max_load_s, load_files[0]) if rate > 0 else None
+    kept = bed.load(kept_alive[0], max_load_s, load_files[1], kept_alive[1]) if kept_alive else None
+    loads = [p for p in (load, kept) if p is not None]
     try:
-        if load is not None:
-            time.sleep(2.0)  # the load is flowing through every host before the first drain
+        if loads:  # the load is flowing through every host before the first drain
+            wait_each_served(bed, before, [h.name for h in bed.lb_hosts])
         began = time.monotonic()
         if during is None:
             result = bed.ansible(*argv, timeout=600)
@@ -702,17 +757,25 @@ def roll_out(
                 during()
                 result = playbook.result()
         seconds = time.monotonic() - began
-        if load is not None:
-            time.sleep(2.0)  # and keeps flowing a moment after the last host is back
+        if loads:  # and keeps flowing until every host in rotation took a request after the last change
+            rows = bed.runtime().servers(BACKEND)
+            up = [server for (_, server), row in rows.items() if row.get("status") == "UP"]
+            left = load_began + max_load_s - time.monotonic()
+            if left > 5:  # else the load ends by its own bound about now
+                wait_each_served(bed, sessions(bed), up, timeout=min(30.0, left - 1))
     finally:
-        if load is not None:
-            load.send_signal(signal.SIGTERM)
+        for client in loads:
+            client.send_signal(signal.SIGTERM)
+        for client in loads:
             try:
-                load.communicate(timeout=60)
+                client.communicate(timeout=60)
             except subprocess.TimeoutExpired:
-                load.kill()
-                load.communicate()
+                client.kill()
+                client.communicate()
     report = json.loads(report_file.read_text()) if report_file.exists() else {}
-    summary = json.loads(load_file.read_text()) if load is not None and load_file.exists() else {}
+    summary, kept_summary = (
+        json.loads(file.read_text()) if client is not None and file.exists() else {}
+        for client, file in zip((load, kept), load_files, strict=True)
+    )
     (bed.directory / f"ansible-{name}.log").write_text(result.stdout + result.stderr)
-    return RollOut(result.returncode, seconds, result.stdout + result.stderr, report, summary)
+    return RollOut(result.returncode, seconds, result.stdout + result.stderr, report, summary, kept_summary)

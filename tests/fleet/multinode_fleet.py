@@ -48,6 +48,9 @@ class MultinodeFleet:
 
     fleet: FleetBed
     deployments: dict[str, MultinodeBed]
+    # up() left every node as reset() would (its own reset, then HAProxy): the first reset() at the
+    # baseline has nothing to do
+    fresh: bool = False
 
     @classmethod
     def up(cls, directory: Path, venv: Path | None = None) -> MultinodeFleet:
@@ -89,6 +92,7 @@ class MultinodeFleet:
         except BaseException:
             bed.down()
             raise
+        bed.fresh = True
         return bed
 
     # ---- the inventory -------------------------------------------------------------------------
@@ -122,6 +126,9 @@ class MultinodeFleet:
 
     def reset(self, context: int = BASELINE) -> None:
         """Every node at `context` with no drift, ctxmgr state forgotten, each head serving."""
+        fresh, self.fresh = self.fresh, False
+        if fresh and context == BASELINE and not any(h.env_file.exists() for h in self.fleet.hosts):
+            return
         for deployment in self.deployments.values():
             if any(deployment.active_state(n) not in ("inactive", "failed") for n in deployment.nodes):
                 deployment.stop_all()

@@ -6,13 +6,13 @@ end); each test resets every host to a baseline unit at 8,192 tokens first.
 
 Which scenario runs on which ansible-core (the fleet tier is the slow one, ~1 min a roll-out on CI's 2
 cores): the oldest claimed (2.15) and the newest (2.19) both run check mode, the roll-out under load
-and the failure on the middle host, and the two scenarios that lean on ansible-core's own machinery,
-which changed between them: a host that becomes unreachable, and batches (serial). The scenarios
-whose logic is the role's own and HAProxy's (each load-balancer step failing, a failed rollback,
-keep-alive clients, the no-drain control) run on the newest only, on a second bed of their own: each
-bed is one xdist group (tests/conftest.py), so the newest's eight scenarios run beside the five both
-versions run instead of after them. Every test resets the hosts it uses, so which bed it gets is not
-something it can see.
+(new connections and kept-alive ones at once) and the failure on the middle host, and the two
+scenarios that lean on ansible-core's own machinery, which changed between them: a host that becomes
+unreachable, and batches (serial). The scenarios whose logic is the role's own and HAProxy's (each
+load-balancer step failing, a failed rollback, the no-drain control) run on the newest only, on a
+second bed of their own: each bed is one xdist group (tests/conftest.py), so the newest's scenarios
+run beside the five both versions run instead of after them. Every test resets the hosts it uses, so
+which bed it gets is not something it can see.
 """
 
 from __future__ import annotations
@@ -156,10 +156,20 @@ def test_check_mode_reports_what_would_change_on_each_host_and_touches_none(bed:
 
 @BOTH
 def test_a_roll_out_under_load_loses_no_request_and_every_host_ends_on_the_new_context(bed: FleetBed) -> None:
+    """Beside the load of new connections, 12 clients each keep one HTTP/1.1 connection to HAProxy and
+    stream request after request over it: draining a server must not cut a stream or the connection."""
     bed.reset()
-    run = roll_out(bed, TARGET, "ok", rate=20)
+    run = roll_out(bed, TARGET, "ok", rate=20, kept_alive=(8, 12))
     assert run.returncode == 0, run.output[-3000:]
     assert_nothing_lost(run)
+    kept = run.kept_alive
+    assert kept["sent"] > 60, kept
+    assert (kept["failed"], kept["truncated"], kept["lost"]) == (0, 0, 0), kept["errors"]
+    assert kept["answered"] == kept["sent"]
+    assert kept["reused"] > kept["sent"] // 2, kept  # they really were kept alive
+    # the load runs at most 110 s (roll_out's bound): on a loaded machine the roll-out outlasts it, so
+    # only the first host's drain is sure to fall inside it
+    assert "DRAIN" in kept["lb_statuses"]["h1"], kept["lb_statuses"]
     assert [bed.served_context(h) for h in bed.hosts] == [TARGET] * 3
     assert run.report["changed"] == ["h1", "h2", "h3"] and run.report["uniform"] is True
     # every host was out of rotation for its change, one at a time, and took traffic otherwise
@@ -167,6 +177,7 @@ def test_a_roll_out_under_load_loses_no_request_and_every_host_ends_on_the_new_c
         assert 0 < run.load["lb_downtime_s"][host.name] < run.seconds
         assert "DRAIN" in run.load["lb_statuses"][host.name]
         assert run.load["served_by"].get(host.name, 0) > 0
+        assert kept["served_by"].get(host.name, 0) > 0
         assert f"--max-model-len {TARGET}" in host.unit_path.read_text()
         reported = run.report["hosts"][host.name]
         assert (reported["before"], reported["after"]) == (BASELINE_CONTEXT, TARGET)
@@ -306,23 +317,6 @@ def test_in_batches_a_failure_rolls_back_the_host_that_changed_beside_it(bed: Fl
     # both were out of rotation at once, in one batch
     assert "DRAIN" in run.load["lb_statuses"]["h1"] and "DRAIN" in run.load["lb_statuses"]["h2"]
     assert_back_where_it_was(bed, run, untouched)
-
-
-@NEWEST_ONLY
-def test_kept_alive_connections_through_haproxy_lose_nothing_in_a_roll_out(bed: FleetBed) -> None:
-    """12 clients each keep one HTTP/1.1 connection to HAProxy and stream request after request
-    over it: draining a server must not cut a stream or the connection."""
-    bed.reset()
-    run = roll_out(bed, TARGET, "keepalive", rate=8, keepalive=12)
-    assert run.returncode == 0, run.output[-3000:]
-    assert_nothing_lost(run, least=60)
-    assert run.load["reused"] > run.load["sent"] // 2, run.load  # they really were kept alive
-    assert [bed.served_context(h) for h in bed.hosts] == [TARGET] * 3
-    for host in bed.hosts:
-        assert run.load["served_by"].get(host.name, 0) > 0
-    # the load runs at most 120 s (load.py's bound): on a loaded machine the roll-out outlasts it, so
-    # only the first host's drain is sure to fall inside it
-    assert "DRAIN" in run.load["lb_statuses"]["h1"], run.load["lb_statuses"]
 
 
 @NEWEST_ONLY

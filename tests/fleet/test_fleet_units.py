@@ -305,3 +305,26 @@ def test_with_nodes_every_parameter_of_one_hosts_command_is_passed() -> None:
     set_context = ctxmgr_main.get_command(ctx, "deployment").get_command(ctx, "set-context")  # type: ignore[union-attr]
     parsed = set_context.make_context("set-context", change[3:], parent=ctx).params
     assert (parsed["probe_tokens"], parsed["long_probe"], parsed["wait_lock"]) == (1000, True, 5.0)
+
+
+def test_a_handed_over_observation_is_written_whole_where_import_reads_it(tmp_path: Path) -> None:
+    """The module writes the observation itself (one task hands it over and imports it): a directory
+    only its owner enters, a file only its owner reads, the JSON as given, a stale file replaced."""
+    path = tmp_path / "imports" / "vllm-from-h1.json"
+    module.write_observation(str(path), {"observation": {"gpu_name": "H100", "num_gpu_blocks": 4670}})
+    assert json.loads(path.read_text()) == {"observation": {"gpu_name": "H100", "num_gpu_blocks": 4670}}
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+    path.parent.chmod(0o755)
+    module.write_observation(str(path), {"observation": {"gpu_name": "H200"}})
+    assert json.loads(path.read_text())["observation"] == {"gpu_name": "H200"}
+    assert path.parent.stat().st_mode & 0o777 == 0o700 and sorted(p.name for p in path.parent.iterdir()) == [
+        path.name
+    ]
+
+
+def test_the_last_start_observed_first_is_the_observation_or_why_there_is_none() -> None:
+    seen = module.parse_output(0, json.dumps({"result": "ok", "observation": {"vllm_version": "0.33.0"}}), "")
+    assert module.last_start(PARAMS, seen) == {"observation": {"vllm_version": "0.33.0"}, "error": ""}
+    failed = module.last_start(PARAMS, module.parse_output(1, "", "error: no start in the journal\n"))
+    assert failed["observation"] == {}
+    assert failed["error"].startswith("ctxmgr observe on vllm-glm5: no start in the journal (exit 1")

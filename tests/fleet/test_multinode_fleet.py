@@ -4,6 +4,11 @@ while the bounded load client streams through HAProxy, with each ansible-core th
 
 ctxmgr runs on each head (the module's `nodes`), reaches its own nodes over ssh and changes both as
 one; the play drains one deployment's head at a time (serial 1 over the heads), so no request is lost.
+
+Both ansible-core versions (the oldest claimed and the newest) run the roll-out under load. The failed
+one runs on the newest only: what it adds to that is ctxmgr's deployment rollback and the role's
+rollback of an earlier batch, whose ansible-core machinery (rescue, facts carried across serial
+batches, delegate_facts) tests/fleet/test_fleet.py's failure on the middle host already runs on both.
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ def test_both_deployments_go_to_200k_under_load_one_at_a_time(bed: MultinodeFlee
     assert all(run.load["lb_downtime_s"].get(head, 0) > 0 for head in HEADS), run.load["lb_downtime_s"]
 
 
+@pytest.mark.parametrize("bed", [ANSIBLE_VERSIONS[-1]], indirect=True)
 def test_a_worker_that_cannot_hold_200k_rolls_the_fleet_back_uniform(bed: MultinodeFleet) -> None:
     bed.reset()
     bed.host("h4").env_file.write_text(H4_DRIFT)

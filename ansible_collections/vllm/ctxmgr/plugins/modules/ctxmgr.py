@@ -67,6 +67,19 @@ options:
         same GPU model and vLLM version. Before set-context it is stored with
         C(ctxmgr observe --service SERVICE --import FILE), so this host is planned from a real start.
     type: path
+  observation:
+    description:
+      - The handed-over observation itself (another host's C(ctxmgr observe --json) output), for
+        O(import_observation) to hold. It is written there first (the file mode 0600, its directory
+        made mode 0700), so one task hands it over and imports it.
+    type: dict
+  observe_first:
+    description:
+      - First run C(ctxmgr observe --service SERVICE --json) and return it as RV(last_start), the
+        service's last start (its GPU model and vLLM version) as it was before this task did anything.
+      - A failure of it does not fail the task; RV(last_start.error) says what it was.
+    type: bool
+    default: false
   export_observation:
     description: After a set-context that applied, return C(ctxmgr observe --json) as C(observation).
     type: bool
@@ -169,12 +182,27 @@ observation:
   description: ctxmgr observe's output (observe; set-context with export_observation)
   type: dict
   returned: sometimes
+last_start:
+  description: With O(observe_first), the service's last start before this task.
+  type: dict
+  returned: when O(observe_first)
+  contains:
+    observation:
+      description: ctxmgr observe's observation (GPU model, vLLM version, ...); empty where it failed.
+      type: dict
+      returned: always
+    error:
+      description: why ctxmgr observe failed, empty where it did not.
+      type: str
+      returned: always
 ctxmgr: {description: ctxmgr's whole JSON object, type: dict, returned: always}
 cmd: {description: the command line run, type: list, returned: always}
 """
 
 import json  # noqa: E402
+import os  # noqa: E402
 import shlex  # noqa: E402
+import tempfile  # noqa: E402
 
 try:  # the pure helpers below are unit-tested where Ansible is not installed
     from ansible.module_utils.basic import AnsibleModule
@@ -372,6 +400,31 @@ def summary(params: dict, data: dict, check_mode: bool) -> dict:
     return result
 
 
+def write_observation(path: str, observation: dict) -> None:
+    """Another host's observation where `observe --import` reads it: its directory 0700, the file 0600,
+    replaced whole (a reader never sees half of it)."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+    fd, temporary = tempfile.mkstemp(dir=directory, prefix=".observation-")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(observation, indent=4, sort_keys=True) + "\n")
+        os.chmod(temporary, 0o600)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def last_start(params: dict, data: dict) -> dict:
+    """observe_first's answer: the observation, or why ctxmgr observe gave none."""
+    if passes("observe", data):
+        return {"observation": data.get("observation") or {}, "error": ""}
+    return {"observation": {}, "error": failure_message({**params, "command": "observe"}, data)}
+
+
 def run_json(module: AnsibleModule, argv: list) -> dict:
     rc, stdout, stderr = module.run_command(argv, check_rc=False)
     return parse_output(rc, stdout, stderr)
@@ -396,6 +449,8 @@ def main() -> None:
             "timeout": {"type": "float"},
             "wait_lock": {"type": "float"},
             "import_observation": {"type": "path"},
+            "observation": {"type": "dict"},
+            "observe_first": {"type": "bool", "default": False},
             "export_observation": {"type": "bool", "default": False},
             "extra_args": {"type": "list", "elements": "str", "default": []},
             "state_dir": {"type": "path"},
@@ -410,8 +465,16 @@ def main() -> None:
     )
     params, check_mode = module.params, module.check_mode
     extra: dict = {}
-    if params["nodes"] and (params["command"] == "observe" or params["import_observation"]):
+    if params["nodes"] and (
+        params["command"] == "observe" or params["import_observation"] or params["observe_first"]
+    ):
         module.fail_json(msg="observe and import_observation are one host's: not with nodes", changed=False)
+    if params["observation"] is not None and not params["import_observation"]:
+        module.fail_json(msg="observation is written to import_observation: name that file", changed=False)
+
+    if params["observe_first"]:
+        observed = run_json(module, [*base_argv(params), "observe", "--service", params["service"], "--json"])
+        extra["last_start"] = last_start(params, observed)
 
     if params["import_observation"] and params["command"] == "set-context":
         # stored before the plan, so this host is planned from the first host's real start
@@ -420,6 +483,11 @@ def main() -> None:
         if check_mode:
             extra["imported_observation"] = "skipped in check mode"
         else:
+            if params["observation"] is not None:
+                try:
+                    write_observation(params["import_observation"], params["observation"])
+                except OSError as exc:
+                    module.fail_json(msg=f"writing {params['import_observation']}: {exc}", changed=False)
             imported = run_json(module, argv)
             if import_unsupported(imported):
                 # an older ctxmgr: this host is planned from estimates (and calibrated by its own start)
