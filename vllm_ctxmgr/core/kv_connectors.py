@@ -7,8 +7,7 @@ sliding-window / chunked layers then keep every token like full attention.
 
 from __future__ import annotations
 
-from typing import Any
-
+from vllm_ctxmgr.core.json_types import JSONObject
 from vllm_ctxmgr.core.serve_args import ServeArgs
 
 VllmVersion = tuple[int, int, int]
@@ -47,7 +46,7 @@ NON_HMA_CONNECTORS: dict[VllmVersion, frozenset[str]] = {
 }
 
 
-def connector_supports_hma(config: dict[str, Any], version: VllmVersion) -> bool | None:
+def connector_supports_hma(config: JSONObject, version: VllmVersion) -> bool | None:
     """KVConnectorFactory.supports_hma_config for the release whose table ctxmgr has; None: unknown
     (another release, or a connector loaded from `kv_connector_module_path`)."""
     table = max((v for v in HMA_CONNECTORS if v <= version), default=None)

@@ -56,7 +56,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import cast
 
 from vllm_ctxmgr.core.alternatives import Alternative, Search, Trial, find_alternatives
 from vllm_ctxmgr.core.budget import (
@@ -84,6 +84,7 @@ from vllm_ctxmgr.core.deployment import (
 )
 from vllm_ctxmgr.core.facts import ALLOW_LONG_ENV, NO_LENGTH_KEY, ModelFacts, derived_max_model_len
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState, Platform, platform_for
+from vllm_ctxmgr.core.json_types import JSONObject, JSONScalar, JSONValue
 from vllm_ctxmgr.core.kv.layout import KVCacheLayout, kv_cache_layout
 from vllm_ctxmgr.core.kv.specs import round_up
 from vllm_ctxmgr.core.memory import NonKvMemory, margin_widening, non_kv_memory, uses_flashinfer_sampler
@@ -222,7 +223,7 @@ class KVCapacity:
     kv_cache_tokens: int  # int(concurrency x max_model_len), from the unrounded concurrency
     max_concurrency: float  # rounded to two decimals, as vLLM's %.2f prints it
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """One entry of PlanRecord["capacity"], to compare with the "GPU KV cache size" a start logs."""
         return {
             "gpus": list(self.gpus),
@@ -342,13 +343,14 @@ class Plan:
         }
 
 
-def _json_value(value: Any) -> Any:
-    """A rule value as plain JSON (tuples become lists)."""
+def _json_value(value: object) -> JSONValue:
+    """A rule value as plain JSON (tuples become lists); a rule's values are JSON scalars, tuples of
+    them or dicts of them (core/vllm_rules), never anything else."""
     if isinstance(value, tuple):
-        return list(value)
+        return cast(JSONValue, list(value))
     if isinstance(value, dict):
         return {key: _json_value(item) for key, item in value.items()}
-    return value
+    return cast(JSONScalar, value)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from vllm_ctxmgr.core import nesting
 from vllm_ctxmgr.core.bounds import (
@@ -22,6 +21,7 @@ from vllm_ctxmgr.core.bounds import (
     MAX_PARALLEL,
     block_size_ok,
 )
+from vllm_ctxmgr.core.json_types import JSONObject, JSONValue
 from vllm_ctxmgr.core.nesting import MAX_DEPTH, TooDeep
 from vllm_ctxmgr.core.vllm_flags import canonical_name
 from vllm_ctxmgr.core.vllm_flags import flag as vllm_flag
@@ -69,14 +69,14 @@ class ServeArgs:
     # every flag the command sets to something other than off (canonical names): the flag table
     # (core/vllm_flags.py) names those that change GPU memory and are not modelled
     given_flags: tuple[str, ...] = ()
-    hf_overrides: dict[str, Any] | None = None  # --hf-overrides (JSON or dotted), applied to config.json
+    hf_overrides: JSONObject | None = None  # --hf-overrides (JSON or dotted), applied to config.json
     enable_chunked_prefill: bool | None = None  # None: vLLM's default (on for generative models)
     cpu_offload_gb: float = 0.0  # --cpu-offload-gb: GiB of weights per GPU kept in host memory
     quantization: str | None = None  # --quantization / -q
     load_format: str | None = None  # --load-format (bitsandbytes quantizes the weights)
     speculative_method: str | None = None  # as SpeculativeConfig.__post_init__ resolves it
     speculative_model: str | None = None  # a draft model or its path
-    kv_transfer_config: dict[str, Any] | None = None  # --kv-transfer-config
+    kv_transfer_config: JSONObject | None = None  # --kv-transfer-config
     async_scheduling: bool | None = None  # None: vLLM's default (on, on GPUs)
     performance_mode: str | None = None  # --performance-mode (throughput doubles the batch defaults)
     enable_lora: bool = False  # --enable-lora with LoRAConfig's defaults (config/lora.py) below
@@ -88,8 +88,8 @@ class ServeArgs:
     refusals: tuple[str, ...] = ()
     long_prefill_token_threshold: int | None = None  # checked against max_model_len (config/scheduler.py)
     max_num_active_seqs: int | None = None  # checked against max_num_seqs (config/scheduler.py)
-    limit_mm_per_prompt: dict[str, Any] | None = None  # --limit-mm-per-prompt (JSON or dotted)
-    compilation_config: dict[str, Any] | None = None  # --compilation-config / -cc (JSON or dotted)
+    limit_mm_per_prompt: JSONObject | None = None  # --limit-mm-per-prompt (JSON or dotted)
+    compilation_config: JSONObject | None = None  # --compilation-config / -cc (JSON or dotted)
     mamba_cache_dtype: str = "auto"  # conv (and linear-attention) state dtype (config/cache.py)
     mamba_ssm_cache_dtype: str = "auto"  # the SSM / delta-net state's dtype; auto follows the conv state
     optimization_level: str | None = None  # -O / --optimization-level
@@ -159,7 +159,7 @@ def split_flags(
 
     positionals: list[str] = []
     flags: dict[str, str | bool] = {}
-    dotted: dict[str, dict[str, Any]] = {}
+    dotted: dict[str, JSONObject] = {}
     problems: list[str] = [] if refusals is None else refusals
     i = 0
     while i < len(args):
@@ -221,7 +221,7 @@ def split_flags(
 _DEEP = " (ctxmgr reads a flag's JSON no deeper; vLLM's own configs nest a few levels)"
 
 
-def _merge_dotted(dotted: dict[str, dict[str, Any]], name: str, value_text: str) -> None:
+def _merge_dotted(dotted: dict[str, JSONObject], name: str, value_text: str) -> None:
     """FlexibleArgumentParser's dotted key: JSON, else a human-readable int (`80g`), else the text;
     `key+` splits a comma list; keys nest by their dots and later keys win."""
     head, *keys = name.split(".")
@@ -230,7 +230,7 @@ def _merge_dotted(dotted: dict[str, dict[str, Any]], name: str, value_text: str)
     if keys and keys[-1].endswith("+"):
         keys[-1] = keys[-1][:-1]
         value_text = json.dumps(value_text.split(","))
-    value: Any
+    value: JSONValue
     try:
         value = nesting.loads(value_text, MAX_DEPTH - len(keys))
     except TooDeep:
@@ -401,7 +401,7 @@ class _FlagReader:
         value = self.flags.get(flag)
         return value if isinstance(value, str) else None
 
-    def json_object(self, name: str, label: str) -> dict[str, Any] | None:
+    def json_object(self, name: str, label: str) -> JSONObject | None:
         """A JSON-valued flag as vLLM's type parses it (engine/arg_utils.py parse_type: json.loads)."""
         value = self.flags.get(name)
         if not isinstance(value, str) or value in ("", "None"):
@@ -485,7 +485,7 @@ class _SpeculativeDecoding:
         return cls(num_spec, method, model)
 
 
-def _hf_overrides(read: _FlagReader) -> dict[str, Any] | None:
+def _hf_overrides(read: _FlagReader) -> JSONObject | None:
     """--hf-overrides with the legacy --rope-scaling / --rope-theta folded in, as vLLM applies them to
     config.json (they change the model's derived max_model_len)."""
     hf_overrides = read.json_object("--hf-overrides", "--hf-overrides")
@@ -506,10 +506,10 @@ class _CombinedFlags:
     mamba_cache_dtype: str
     mamba_ssm_cache_dtype: str
     speculative: _SpeculativeDecoding
-    hf_overrides: dict[str, Any] | None
-    kv_transfer_config: dict[str, Any] | None
+    hf_overrides: JSONObject | None
+    kv_transfer_config: JSONObject | None
     cpu_offload_gb: float
-    compilation_config: dict[str, Any] | None
+    compilation_config: JSONObject | None
     optimization_level: str | None
 
     @classmethod
@@ -599,7 +599,7 @@ def _serve_args(
     )
 
 
-def speculative_method(config: dict[str, Any], refusals: list[str]) -> tuple[str | None, str | None]:
+def speculative_method(config: JSONObject, refusals: list[str]) -> tuple[str | None, str | None]:
     """(method, draft model) as SpeculativeConfig.__post_init__ resolves them (config/speculative.py):
     no method and a model of "ngram" is ngram, any other model a draft model; the `*_mtp` methods are
     mtp; tokens without a model are refused unless the method brings its own (mtp, ngram, ...)."""
