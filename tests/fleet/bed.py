@@ -397,6 +397,7 @@ Restart=on-failure
         forgotten. A host still running the vLLM the bed itself last started, from these very unit
         bytes and with no EnvironmentFile, is left running (a restart would give it the same start:
         the same unit, the same journal's last start); every other host is restarted."""
+        restarted = []
         for host in self.hosts:
             host.systemctl("start", "sshd-fleet.service")  # a test may have made it unreachable
             text = self.vllm_unit_text(host, context, time_scale, (host_environment or {}).get(host.name, {}))
@@ -409,9 +410,24 @@ Restart=on-failure
             host.systemctl("reset-failed", f"{SERVICE}.service", check=False)
             host.systemctl("restart", f"{SERVICE}.service")
             self._started[host.name] = self._main_pid(host)
+            restarted.append(host.name)
         for host in self.hosts:
             self.runtime().set_state(BACKEND, host.name, "ready")
+        self._wait_restart_seen(restarted)
         self.wait_all_up(timeout=60)
+
+    def _wait_restart_seen(self, names: list[str], timeout: float = 5.0) -> None:
+        """`systemctl restart` of the stand-in returns before it serves again, while HAProxy still shows
+        the old process's UP until a health check fails (300 ms apart): waiting for UP right after the
+        restart returned at once, and the next test's load met a host that refused or hung (run 8 of
+        CI: 6 requests lost in two tests). Wait until HAProxy has seen each restarted host go (a
+        status other than UP); a host back before any check failed is serving already."""
+        deadline = time.monotonic() + timeout
+        pending = set(names)
+        while pending and time.monotonic() < deadline:
+            rows = self.runtime().servers(BACKEND)
+            pending -= {server for (_, server), row in rows.items() if row.get("status") != "UP"}
+            time.sleep(0.05)
 
     def _main_pid(self, host: FleetHost) -> str:
         return host.systemctl("show", "-p", "MainPID", "--value", f"{SERVICE}.service").stdout.strip()
