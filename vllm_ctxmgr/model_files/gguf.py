@@ -7,8 +7,8 @@ metadata through transformers, which carries no torch dtype, so `auto` resolved 
 GPUs with bf16 support (on SM >= 10.0 the GGUF backend rejects bfloat16 and needs
 `--dtype float16`, which has the same 2-byte size). That is the dtype recorded for GGUF files.
 
-Why ~720 lines: the keys as named data (one record per architecture) plus a bounded reader of the
-header; the data is most of it.
+Why ~890 lines: the keys as named data (one record per architecture), a bounded reader of the
+header, and gguf_facts' stages; the data is most of it.
 """
 
 from __future__ import annotations
@@ -503,6 +503,54 @@ def _shown(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+@dataclass
+class _ArchKeys:
+    """One header's keys under its general.architecture prefix ("{arch}.block_count"), noting for
+    each fact the key it was first read from, so a plan can say where a number came from."""
+
+    meta: GgufMetadata
+    arch: str
+    provenance: dict[str, str] = field(default_factory=dict)
+
+    def get(self, name: str, fact: str | None = None) -> Any:
+        key = gguf_key(name).format(arch=self.arch)
+        value = self.meta.get(key)
+        if value is not None and fact:
+            self.provenance.setdefault(fact, f"gguf {key}")
+        return value
+
+
+@dataclass(frozen=True)
+class _GgufLayerCounts:
+    """The query heads and decoder layers vLLM builds; counts as check_gguf_values let them through."""
+
+    heads: int | list[int]  # attention.head_count: one value, or one per layer
+    num_heads: int
+    nextn: int
+    num_layers: int
+
+
+@dataclass(frozen=True)
+class _GgufAttention:
+    """The attention.* keys every layer's KV cache is sized from, llama.cpp's defaults filled in.
+
+    Values as check_gguf_values let them through, converted with int() only where they are used."""
+
+    kv_heads: int | list[int]  # attention.head_count_kv, or head_count where absent
+    key_length: int
+    value_length: int
+    hidden: int | None
+    rope_dim: int | None
+    kv_lora_rank: int | None
+    indexer_head_dim: int
+    window: int | None
+
+    def kv_at(self, index: int) -> int:
+        """KV heads of one layer: head_count_kv may be one value per layer (0 = no attention)."""
+        kv_heads = self.kv_heads
+        return int(kv_heads[index]) if isinstance(kv_heads, list) else int(kv_heads)
+
+
 def gguf_facts(
     meta: GgufMetadata,
     tensors: list[GgufTensor],
@@ -512,30 +560,60 @@ def gguf_facts(
     parts: int = 1,
 ) -> ModelFacts:
     """Facts from GGUF metadata and tensor infos, following llama.cpp's converter conventions.
-    Long because it reads one GGUF header's keys in the order llama.cpp writes them, each checked at
-    the door."""
-    arch = str(meta[gguf_key("general.architecture")])
-    provenance: dict[str, str] = {}
-    notes = [
-        "vLLM 0.33.0 has no GGUF loader; these facts follow the GGUF path of earlier vLLM releases",
-    ]
 
-    def get(name: str, fact: str | None = None) -> Any:
-        key = gguf_key(name).format(arch=arch)
-        value = meta.get(key)
-        if value is not None and fact:
-            provenance.setdefault(fact, f"gguf {key}")
-        return value
+    The stages read one header's keys in the order llama.cpp writes them, each checked at the door;
+    the provenance and notes fill in that order."""
+    keys = _ArchKeys(meta, str(meta[gguf_key("general.architecture")]))
+    notes = ["vLLM 0.33.0 has no GGUF loader; these facts follow the GGUF path of earlier vLLM releases"]
+    counts = _gguf_layer_counts(keys, tensors, source, notes)
+    attention = _gguf_attention(keys, counts.num_heads, source)
+    qk_rope: int | None = None
+    qk_nope: int | None = None
+    if attention.kv_lora_rank:
+        layers, qk_rope, qk_nope = _gguf_mla_layers(keys, attention, counts.num_layers, source, notes)
+    else:
+        layers = _gguf_kv_layers(keys, attention, counts, tensors, source)
+    context_length = keys.get("context_length", "max_position_embeddings")
+    rope = _gguf_rope_scaling(keys)
+    quantization = _gguf_weights(keys, tensors, type_names, parts)
+    return ModelFacts(
+        source=source,
+        source_format="gguf",
+        model_type=keys.arch,
+        architectures=(),
+        num_attention_heads=counts.num_heads,
+        layers=tuple(layers),
+        dtype="bfloat16",
+        position_limits=(("max_position_embeddings", int(context_length)),) if context_length else (),
+        rope=rope,
+        sliding_window=attention.window,
+        hidden_size=int(attention.hidden) if attention.hidden else None,
+        mtp_layers=counts.nextn,
+        kv_lora_rank=int(attention.kv_lora_rank) if attention.kv_lora_rank else None,
+        qk_rope_head_dim=qk_rope,
+        qk_nope_head_dim=qk_nope,
+        weight_bytes=sum(t.nbytes for t in tensors),
+        quantization=quantization,
+        provenance=keys.provenance,
+        notes=tuple(notes),
+    )
 
-    block_count = get("block_count", "num_hidden_layers")
-    heads = get("attention.head_count", "num_attention_heads")
+
+def _gguf_layer_counts(
+    keys: _ArchKeys, tensors: list[GgufTensor], source: str, notes: list[str]
+) -> _GgufLayerCounts:
+    """Decoder layers are block_count less nextn_predict_layers: llama.cpp counts the MTP layers in
+    block_count, vLLM does not (num_hidden_layers). The nextn tensor names confirm the split."""
+    arch = keys.arch
+    block_count = keys.get("block_count", "num_hidden_layers")
+    heads = keys.get("attention.head_count", "num_attention_heads")
     missing = [k for k, v in (("block_count", block_count), ("attention.head_count", heads)) if v is None]
     if missing:
         raise ModelFactsError(
             f"GGUF {source} (arch {arch!r}) lacks {', '.join(f'{arch}.{k}' for k in missing)}"
         )
     num_heads = int(max(heads) if isinstance(heads, list) else heads)
-    nextn = int(get("nextn_predict_layers", "mtp_layers") or 0)
+    nextn = int(keys.get("nextn_predict_layers", "mtp_layers") or 0)
     num_layers = int(block_count) - nextn
     if nextn:
         tail = {int(m[1]) for t in tensors if (m := re.match(r"blk\.(\d+)\.nextn\.", t.name))}
@@ -548,127 +626,148 @@ def gguf_facts(
             f"block_count {block_count} includes {nextn} nextn (MTP) layer(s), llama.cpp's convention; "
             f"counted {num_layers} decoder layers ({seen})"
         )
-    hidden = get("embedding_length", "hidden_size")
-    kv_heads = get("attention.head_count_kv", "num_kv_heads")
-    kv_per_layer = kv_heads if isinstance(kv_heads, list) else None
+    return _GgufLayerCounts(heads, num_heads, nextn, num_layers)
+
+
+def _gguf_attention(keys: _ArchKeys, num_heads: int, source: str) -> _GgufAttention:
+    """The attention keys, with llama.cpp's defaults where a converter left one out: head_count_kv
+    is head_count (no GQA), key_length is embedding_length / head_count, value_length is key_length."""
+    arch = keys.arch
+    hidden = keys.get("embedding_length", "hidden_size")
+    kv_heads = keys.get("attention.head_count_kv", "num_kv_heads")
     if kv_heads is None:
         kv_heads = num_heads
-        provenance["num_kv_heads"] = "gguf attention.head_count (no head_count_kv)"
-    key_length = get("attention.key_length", "head_size")
+        keys.provenance["num_kv_heads"] = "gguf attention.head_count (no head_count_kv)"
+    key_length = keys.get("attention.key_length", "head_size")
     if key_length is None:
         if not hidden:
             raise ModelFactsError(f"GGUF {source} (arch {arch!r}) lacks {arch}.attention.key_length")
         key_length = int(hidden) // num_heads
-    value_length = get("attention.value_length") or key_length
-    rope_dim = get("rope.dimension_count")
-    kv_lora_rank = get("attention.kv_lora_rank", "kv_lora_rank")
-    index_head_dim = int(get("attention.indexer.key_length", "indexer") or 0)
-    window = get("attention.sliding_window", "sliding_window")
+    value_length = keys.get("attention.value_length") or key_length
+    rope_dim = keys.get("rope.dimension_count")
+    kv_lora_rank = keys.get("attention.kv_lora_rank", "kv_lora_rank")
+    indexer_head_dim = int(keys.get("attention.indexer.key_length", "indexer") or 0)
+    window = keys.get("attention.sliding_window", "sliding_window")
     window = int(window) if window else None
+    return _GgufAttention(
+        kv_heads, key_length, value_length, hidden, rope_dim, kv_lora_rank, indexer_head_dim, window
+    )
 
-    def kv_at(i: int) -> int:
-        return int(kv_per_layer[i]) if kv_per_layer is not None else int(kv_heads)
 
+def _gguf_mla_layers(
+    keys: _ArchKeys, attention: _GgufAttention, num_layers: int, source: str, notes: list[str]
+) -> tuple[list[LayerFacts], int, int | None]:
+    """MLA layers (kv_lora_rank set) and (qk_rope_head_dim, qk_nope_head_dim): vLLM caches one
+    latent of kv_lora_rank + rope dims per token, whatever the head counts say.
+
+    llama.cpp writes MLA as MQA (key_length = latent + rope); older deepseek2 files carry MHA dims,
+    so the latent width comes from kv_lora_rank + the rope dims either way."""
+    arch = keys.arch
+    latent = int(attention.kv_lora_rank or 0)  # set, or this is no MLA
+    key_length = attention.key_length
+    if attention.rope_dim is not None:
+        rope_dims = int(attention.rope_dim)
+    elif int(key_length) > latent:  # MQA layout: key_length = latent + rope
+        rope_dims = int(key_length) - latent
+    else:
+        raise ModelFactsError(f"GGUF {source} (arch {arch!r}) lacks {arch}.rope.dimension_count")
+    head_size = latent + rope_dims
+    key_length_mla = keys.get("attention.key_length_mla")
+    if key_length_mla:
+        qk_nope = int(key_length_mla) - rope_dims
+    else:
+        qk_nope = int(key_length) - rope_dims if int(key_length) != head_size else None
+        notes.append(
+            "GGUF without key_length_mla (older converter, MHA dims): MLA detected from kv_lora_rank"
+        )
+    layers = [
+        LayerFacts(
+            LayerKind.MLA,
+            num_kv_heads=1,
+            head_size=head_size,
+            head_size_v=0,
+            indexer_head_dim=attention.indexer_head_dim,
+        )
+        for _ in range(num_layers)
+    ]
+    keys.provenance["head_size"] = f"gguf {arch}.attention.kv_lora_rank + rope.dimension_count"
+    return layers, rope_dims, qk_nope
+
+
+def _gguf_kv_layers(
+    keys: _ArchKeys,
+    attention: _GgufAttention,
+    counts: _GgufLayerCounts,
+    tensors: list[GgufTensor],
+    source: str,
+) -> list[LayerFacts]:
+    """Per layer, what vLLM caches when there is no MLA: a Mamba/GDN state (hybrid models, by
+    full_attention_interval or the layer's ssm_ tensors), nothing (head_count_kv 0), or full or
+    sliding-window KV; the last shared_kv_layers reuse earlier layers' KV and cache nothing."""
+    arch, meta, num_layers = keys.arch, keys.meta, counts.num_layers
     tensor_names = {t.name for t in tensors}
     layers: list[LayerFacts] = []
-    qk_nope = rope_dims = None
-    if kv_lora_rank:
-        # llama.cpp writes MLA as MQA (key_length = latent + rope); older deepseek2 files carry
-        # MHA dims, so the latent width comes from kv_lora_rank + the rope dims either way.
-        latent = int(kv_lora_rank)
-        if rope_dim is not None:
-            rope_dims = int(rope_dim)
-        elif int(key_length) > latent:  # MQA layout: key_length = latent + rope
-            rope_dims = int(key_length) - latent
+    key_length, value_length, window = attention.key_length, attention.value_length, attention.window
+    pattern = _gguf_sliding_pattern(arch, meta, num_layers, window)
+    state = _gguf_state(arch, meta, source)
+    interval = keys.get("full_attention_interval")
+    for i in range(num_layers):
+        prefix = f"blk.{i}."
+        if state is not None and interval:
+            is_state = (i + 1) % int(interval) != 0
         else:
-            raise ModelFactsError(f"GGUF {source} (arch {arch!r}) lacks {arch}.rope.dimension_count")
-        head_size = latent + rope_dims
-        key_length_mla = get("attention.key_length_mla")
-        if key_length_mla:
-            qk_nope = int(key_length_mla) - rope_dims
-        else:
-            qk_nope = int(key_length) - rope_dims if int(key_length) != head_size else None
-            notes.append(
-                "GGUF without key_length_mla (older converter, MHA dims): MLA detected from kv_lora_rank"
-            )
-        layers = [
-            LayerFacts(
-                LayerKind.MLA,
-                num_kv_heads=1,
-                head_size=head_size,
-                head_size_v=0,
-                indexer_head_dim=index_head_dim,
-            )
-            for _ in range(num_layers)
-        ]
-        provenance["head_size"] = f"gguf {arch}.attention.kv_lora_rank + rope.dimension_count"
-    else:
-        pattern = _gguf_sliding_pattern(arch, meta, num_layers, window)
-        state = _gguf_state(arch, meta, source)
-        interval = get("full_attention_interval")
-        for i in range(num_layers):
-            prefix = f"blk.{i}."
-            if state is not None and interval:
-                is_state = (i + 1) % int(interval) != 0
-            else:
-                is_state = state is not None and any(n.startswith(prefix + "ssm_") for n in tensor_names)
-            if is_state:
-                layers.append(LayerFacts(LayerKind.MAMBA, state=state))
-            elif kv_at(i) == 0:
-                layers.append(LayerFacts(LayerKind.NONE))
-            elif pattern[i]:
-                layers.append(
-                    LayerFacts(LayerKind.SLIDING, kv_at(i), int(key_length), int(value_length), window=window)
+            is_state = state is not None and any(n.startswith(prefix + "ssm_") for n in tensor_names)
+        if is_state:
+            layers.append(LayerFacts(LayerKind.MAMBA, state=state))
+        elif attention.kv_at(i) == 0:
+            layers.append(LayerFacts(LayerKind.NONE))
+        elif pattern[i]:
+            layers.append(
+                LayerFacts(
+                    LayerKind.SLIDING, attention.kv_at(i), int(key_length), int(value_length), window=window
                 )
-            else:
-                layers.append(LayerFacts(LayerKind.FULL, kv_at(i), int(key_length), int(value_length)))
-            if layers[-1].kind in (LayerKind.FULL, LayerKind.SLIDING):
-                _check_gguf_heads(source, arch, i, heads, kv_heads)
-        shared = int(get("attention.shared_kv_layers") or 0)
-        if shared and shared >= num_layers:  # a negative slice start would lengthen the layer list
-            raise ModelFactsError(
-                f"GGUF {source}: {arch}.attention.shared_kv_layers is {shared}, "
-                f"not fewer than the {num_layers} layers"
             )
-        if shared:
-            layers[num_layers - shared :] = [LayerFacts(LayerKind.NONE)] * shared
-
-    context_length = get("context_length", "max_position_embeddings")
-    rope_type = get("rope.scaling.type")
-    rope: tuple[RopeFacts, ...] = ()
-    if rope_type and rope_type != "none":
-        factor = get("rope.scaling.factor")
-        original = get("rope.scaling.original_context_length")
-        rope = (
-            RopeFacts(str(rope_type), float(factor) if factor else None, int(original) if original else None),
+        else:
+            layers.append(LayerFacts(LayerKind.FULL, attention.kv_at(i), int(key_length), int(value_length)))
+        if layers[-1].kind in (LayerKind.FULL, LayerKind.SLIDING):
+            _check_gguf_heads(source, arch, i, counts.heads, attention.kv_heads)
+    shared = int(keys.get("attention.shared_kv_layers") or 0)
+    if shared and shared >= num_layers:  # a negative slice start would lengthen the layer list
+        raise ModelFactsError(
+            f"GGUF {source}: {arch}.attention.shared_kv_layers is {shared}, "
+            f"not fewer than the {num_layers} layers"
         )
-        provenance["rope"] = f"gguf {arch}.rope.scaling.*"
-    file_type = meta.get(gguf_key("general.file_type"))
+    if shared:
+        layers[num_layers - shared :] = [LayerFacts(LayerKind.NONE)] * shared
+    return layers
+
+
+def _gguf_rope_scaling(keys: _ArchKeys) -> tuple[RopeFacts, ...]:
+    """rope.scaling.* in vLLM's rope_scaling terms: vLLM derives the longest usable position from the
+    scaling type, its factor and the original context length."""
+    rope_type = keys.get("rope.scaling.type")
+    if not rope_type or rope_type == "none":
+        return ()
+    factor = keys.get("rope.scaling.factor")
+    original = keys.get("rope.scaling.original_context_length")
+    rope = RopeFacts(str(rope_type), float(factor) if factor else None, int(original) if original else None)
+    keys.provenance["rope"] = f"gguf {keys.arch}.rope.scaling.*"
+    return (rope,)
+
+
+def _gguf_weights(
+    keys: _ArchKeys, tensors: list[GgufTensor], type_names: dict[int, str], parts: int
+) -> str | None:
+    """The quantization (general.file_type, else the commonest tensor type by bytes) and where the
+    weight facts come from: GGUF carries no torch dtype, so vLLM's auto dtype was bfloat16."""
+    file_type = keys.meta.get(gguf_key("general.file_type"))
     quantization = _gguf_quantization(file_type, tensors, type_names)
-    provenance["quantization"] = "gguf general.file_type" if file_type is not None else "gguf tensor types"
-    provenance["weight_bytes"] = "gguf tensor infos" + (f" ({parts} parts)" if parts > 1 else "")
-    provenance["dtype"] = "vLLM auto for GGUF (no torch dtype in GGUF metadata) -> bfloat16"
-    return ModelFacts(
-        source=source,
-        source_format="gguf",
-        model_type=arch,
-        architectures=(),
-        num_attention_heads=num_heads,
-        layers=tuple(layers),
-        dtype="bfloat16",
-        position_limits=(("max_position_embeddings", int(context_length)),) if context_length else (),
-        rope=rope,
-        sliding_window=window,
-        hidden_size=int(hidden) if hidden else None,
-        mtp_layers=nextn,
-        kv_lora_rank=int(kv_lora_rank) if kv_lora_rank else None,
-        qk_rope_head_dim=rope_dims if kv_lora_rank else None,
-        qk_nope_head_dim=qk_nope,
-        weight_bytes=sum(t.nbytes for t in tensors),
-        quantization=quantization,
-        provenance=provenance,
-        notes=tuple(notes),
+    keys.provenance["quantization"] = (
+        "gguf general.file_type" if file_type is not None else "gguf tensor types"
     )
+    keys.provenance["weight_bytes"] = "gguf tensor infos" + (f" ({parts} parts)" if parts > 1 else "")
+    keys.provenance["dtype"] = "vLLM auto for GGUF (no torch dtype in GGUF metadata) -> bfloat16"
+    return quantization
 
 
 def _gguf_sliding_pattern(arch: str, meta: GgufMetadata, num_layers: int, window: int | None) -> list[bool]:
