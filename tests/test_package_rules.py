@@ -188,7 +188,16 @@ ALLOWED = {
     "store": {"core", "masking"},
     "change.observing": {"core", "nvml", "probe", "store", "systemd", "vllm_log"},
     "change.planning": {"change.observing", "core", "model_files", "nvml", "store", "systemd"},
-    "change.restart": {"change.observing", "core", "masking", "probe", "store", "systemd", "vllm_log"},
+    "change.restart": {
+        "change.observing",
+        "core",
+        "files",
+        "masking",
+        "probe",
+        "store",
+        "systemd",
+        "vllm_log",
+    },
     "change.states": {"change.restart", "core", "store", "systemd"},
     "change.recovery": {"change.restart", "change.states", "store", "systemd"},
     "change.walk": {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from tests.support.sandbox import Sandbox
 from tests.systemd_fixtures import InstallUnit
 from vllm_ctxmgr.errors import SystemdError
+from vllm_ctxmgr.systemd import enter
 from vllm_ctxmgr.systemd.journal import JournalEntry, field_text, parse_journal_json
 from vllm_ctxmgr.systemd.quoting import split_words
 from vllm_ctxmgr.systemd.systemctl import (
@@ -140,10 +142,11 @@ def test_new_problems_ignore_line_numbers() -> None:
     assert new_problems(candidate, current) == [candidate[1]]
 
 
-def test_systemd_for_pid_reaches_through_nsenter_and_proc_root() -> None:
+def test_systemd_for_pid_reaches_through_the_launcher_and_proc_root() -> None:
     systemd = Systemd.for_pid(4242, unit_dir=Path("/run/systemd/system"))
+    launcher = str(Path(enter.__file__))
     assert systemd.command("systemctl", "show", "x") == [
-        *("nsenter", "-t", "4242", "-m", "-p"),
+        *(sys.executable, "-I", "-S", launcher, "4242"),
         *("systemctl", "show", "x"),
     ]
     assert systemd.host_path("/run/systemd/system/x.service") == Path(
@@ -166,7 +169,7 @@ def test_user_manager_commands() -> None:
 
 def test_from_env() -> None:
     systemd = Systemd.from_env({"CTXMGR_SYSTEMD_PID": "77", "CTXMGR_UNIT_DIR": "/run/systemd/system"})
-    assert systemd.wrapper[:3] == ("nsenter", "-t", "77")
+    assert systemd.wrapper[-1] == "77" and systemd.wrapper[-2].endswith("enter.py")
     assert systemd.unit_dir == Path("/run/systemd/system")
     assert Systemd.from_env({}) == Systemd.local()
     with pytest.raises(SystemdError, match="CTXMGR_SYSTEMD_PID"):

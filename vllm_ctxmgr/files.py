@@ -9,8 +9,12 @@ caller's words; a missing file stays FileNotFoundError, which each caller words 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import re
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from vllm_ctxmgr.errors import CtxmgrError, UsageError
@@ -58,10 +62,115 @@ def check_trusted(path: Path | str, *, what: str = "", error: type[CtxmgrError] 
         )
 
 
-def open_regular(path: Path | str, *, what: str = "", error: type[CtxmgrError] = UsageError) -> int:
-    """A read-only, blocking descriptor on a regular file; anything else is refused before a read."""
+# ---------------------------------------------------------------------------------------------------------
+# Paths below another manager's root (/proc/PID/root, `--systemd-pid`)
+#
+# The kernel resolves an absolute symbolic link met below /proc/PID/root from the caller's root, not
+# the container's: a drop-in directory, a config.json or an EnvironmentFile linked to "/etc/..." in
+# the container would be the host's file. Below such a root every open is resolved as the container
+# sees it, atomically, by openat2(RESOLVE_IN_ROOT) (Linux 5.6): links, "..", everything stays inside.
+# Hand-written with ctypes: Python 3.11 has no openat2.
+
+_PROC_ROOT = re.compile(r"^(/proc/\d+/root)(?:/(.*))?$")
+_SYS_OPENAT2 = 437  # the same number on every architecture (added after the syscall tables were unified)
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_IN_ROOT = 0x10
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def split_root(path: Path | str) -> tuple[str, str] | None:
+    """(/proc/PID/root, the path inside it) for a path below another process's root, else None."""
+    match = _PROC_ROOT.match(os.path.normpath(str(path)))
+    if match is None:
+        return None
+    return match[1], match[2] or "."
+
+
+def _openat2(dir_fd: int, inner: str, flags: int, mode: int) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    syscall = libc.syscall
+    syscall.restype = ctypes.c_long
+    # openat2 refuses a mode without O_CREAT or O_TMPFILE (whose bits include O_DIRECTORY's)
+    creates = bool(flags & os.O_CREAT) or flags & os.O_TMPFILE == os.O_TMPFILE
+    how = _OpenHow(flags | os.O_CLOEXEC, mode if creates else 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+    while True:
+        fd = syscall(
+            ctypes.c_long(_SYS_OPENAT2),
+            ctypes.c_int(dir_fd),
+            ctypes.c_char_p(os.fsencode(inner)),
+            ctypes.byref(how),
+            ctypes.c_size_t(ctypes.sizeof(how)),
+        )
+        if fd >= 0:
+            return int(fd)
+        errno = ctypes.get_errno()
+        if errno == 4:  # EINTR
+            continue
+        if errno == 38:  # ENOSYS
+            raise OSError(
+                errno,
+                "this kernel has no openat2 (Linux >= 5.6), so a path in a container's root "
+                "cannot be resolved safely",
+            )
+        raise OSError(errno, os.strerror(errno), inner)
+
+
+def open_path(path: Path | str, flags: int, mode: int = 0o644) -> int:
+    """os.open, except below /proc/PID/root, where `path` is resolved inside that root (see above)."""
+    split = split_root(path)
+    if split is None:
+        return os.open(path, flags | os.O_CLOEXEC, mode)
+    root, inner = split
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        return _openat2(root_fd, inner, flags, mode)
+    except OSError as exc:
+        if exc.filename is not None:
+            exc.filename = str(path)
+        raise
+    finally:
+        os.close(root_fd)
+
+
+def exists(path: Path | str) -> bool:
+    """Whether `path` exists, resolved as open_path resolves it (a link below another root is followed
+    inside that root)."""
+    try:
+        os.close(open_path(path, os.O_PATH))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # there, but not ours to open
+    return True
+
+
+@contextlib.contextmanager
+def directory_fd(path: Path | str, create: bool = False) -> Iterator[int]:
+    """A descriptor on a directory (resolved as open_path does), for the *_at operations; with
+    `create`, the last component is made (0755) when missing, never its parents."""
+    try:
+        fd = open_path(path, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        if not create:
+            raise
+        parent, name = os.path.split(os.path.normpath(str(path)))
+        with directory_fd(parent) as parent_fd, contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o755, dir_fd=parent_fd)
+        fd = open_path(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def open_regular(path: Path | str, *, what: str = "", error: type[CtxmgrError] = UsageError) -> int:
+    """A read-only, blocking descriptor on a regular file; anything else is refused before a read.
+    Below another manager's root the path is resolved inside it (open_path)."""
+    try:
+        fd = open_path(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
         raise
     except OSError as exc:

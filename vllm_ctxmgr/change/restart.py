@@ -9,11 +9,13 @@ observation and is probed at the same context. What to install and when is the c
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from vllm_ctxmgr import files
 from vllm_ctxmgr.change.observing import (
     Printer,
     StartProgress,
@@ -29,10 +31,11 @@ from vllm_ctxmgr.core.observations import ObservationError, ObservationRecord
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.masking import mask
 from vllm_ctxmgr.probe import ProbeResult, cache_config_info, probe, wait_until_serving
-from vllm_ctxmgr.store import FileChange, ServiceStore, atomic_write, crash_point
+from vllm_ctxmgr.store import FileChange, ServiceStore, atomic_write, atomic_write_at, crash_point
 from vllm_ctxmgr.systemd.names import unit_name
 from vllm_ctxmgr.systemd.service import ServiceView, read_service
 from vllm_ctxmgr.systemd.systemctl import Systemd
+from vllm_ctxmgr.systemd.unit_file import UNIT_FILE_MAX_BYTES
 from vllm_ctxmgr.vllm_log.watcher import StartVerdict
 
 
@@ -110,6 +113,9 @@ class Restarter:
     def _install_file(self, path: Path, data: bytes | None) -> None:
         """One file, atomically (atomic_write renames a whole temporary or nothing)."""
         host = self.systemd.host_path(path)
+        if files.split_root(host) is not None:
+            self._install_in_root(path, host, data)
+            return
         made_dir = False
         try:
             if data is None:
@@ -126,6 +132,27 @@ class Restarter:
             if made_dir:
                 with contextlib.suppress(OSError):
                     host.parent.rmdir()
+            raise InstallError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+    def _install_in_root(self, path: Path, host: Path, data: bytes | None) -> None:
+        """_install_file for a manager in another root: every directory is opened as the container
+        sees it (files.open_path), so a drop-in directory linked to "/etc/..." is the container's /etc,
+        never the host's; the file itself is written and removed at that directory's descriptor."""
+        directory = host.parent
+        try:
+            if data is None:
+                with contextlib.suppress(FileNotFoundError), files.directory_fd(directory) as parent_fd:
+                    os.unlink(host.name, dir_fd=parent_fd)
+                if directory.name.endswith(".d"):
+                    with contextlib.suppress(OSError), files.directory_fd(directory.parent) as grand_fd:
+                        os.rmdir(directory.name, dir_fd=grand_fd)  # only when empty: the one ctxmgr made
+                return
+            with files.directory_fd(directory, create=True) as parent_fd:
+                mode = 0o644
+                with contextlib.suppress(FileNotFoundError):
+                    mode = os.stat(host.name, dir_fd=parent_fd, follow_symlinks=False).st_mode & 0o7777
+                atomic_write_at(parent_fd, host.name, data, mode)
+        except OSError as exc:
             raise InstallError(f"cannot write {path}: {exc.strerror or exc}") from None
 
     def restart_and_watch(self, view: ServiceView) -> StartVerdict:
@@ -264,6 +291,8 @@ class Restarter:
     def installed_bytes(self, path: Path) -> bytes | None:
         """The unit file's bytes now; None where it does not exist."""
         try:
-            return self.systemd.host_path(path).read_bytes()
+            return files.read_regular(
+                self.systemd.host_path(path), UNIT_FILE_MAX_BYTES, what="unit file", error=InstallError
+            )
         except FileNotFoundError:
             return None

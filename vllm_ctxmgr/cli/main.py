@@ -172,7 +172,8 @@ class LazyGroup(CtxmgrGroup):
     envvar="CTXMGR_SYSTEMD_PID",
     type=int,
     default=None,
-    help="Drive the systemd whose PID 1 is this host PID (a container or a private systemd), via nsenter.",
+    help="Drive the systemd whose PID 1 is this host PID (a container or a private systemd): its own "
+    "tools run in its namespaces, without capabilities.",
 )
 @click.option(
     "--unit-dir",

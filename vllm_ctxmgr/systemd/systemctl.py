@@ -1,7 +1,7 @@
 """The one door to systemd: every systemctl, journalctl and systemd-analyze call ctxmgr makes.
 
 A `Systemd` may reach a manager in another namespace or container: `wrapper` prefixes each command
-(e.g. `nsenter -t PID -m -p`) and `root` is where the paths systemd reports are found from here
+(for a container, enter.py) and `root` is where the paths systemd reports are found from here
 (e.g. /proc/PID/root). Paths in method arguments and results are systemd's own view unless a name
 says `host`; use `host_path` to reach them.
 
@@ -13,14 +13,17 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
+import secrets
+import stat
 import subprocess
+import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
+from vllm_ctxmgr import files
 from vllm_ctxmgr.errors import SystemdError
 from vllm_ctxmgr.systemd.features import (
     ANALYZE,
@@ -176,10 +179,11 @@ class Systemd:
 
     @classmethod
     def for_pid(cls, pid: int, unit_dir: Path = SYSTEM_UNIT_DIR) -> Systemd:
-        """The manager that runs as `pid` here, in its own mount and PID namespaces (a sandbox, an
-        nspawn container): commands run through nsenter, its files are under /proc/PID/root."""
+        """The manager that runs as `pid` here, in its own namespaces (a sandbox, an nspawn or OCI
+        container): its own tools run in every namespace it is in, with no capability and no variable
+        of ours (enter.py says why), and its files are under /proc/PID/root."""
         return cls(
-            wrapper=("nsenter", "-t", str(pid), "-m", "-p"),
+            wrapper=container_wrapper(pid),
             root=Path(f"/proc/{pid}/root"),
             unit_dir=unit_dir,
         )
@@ -478,13 +482,11 @@ class Systemd:
         if "/" in name or "." not in name:
             raise SystemdError(f"not a unit name: {name!r}")
         base, inner_base = self.verify_staging_dir()
-        staging = Path(tempfile.mkdtemp(prefix="ctxmgr-verify-", dir=base))
-        try:
-            (staging / name).write_bytes(text)
-            inner = inner_base / staging.name / name
-            # below 250 verify also fails on the units this one names (After=, Wants=): its own lines
-            # are kept below, and the exit status alone no longer says this unit is at fault
-            recursive = not self.has(ANALYZE, RECURSIVE_ERRORS_NO)
+        # below 250 verify also fails on the units this one names (After=, Wants=): its own lines
+        # are kept below, and the exit status alone no longer says this unit is at fault
+        recursive = not self.has(ANALYZE, RECURSIVE_ERRORS_NO)
+        with _staged(base, name, text) as staging:
+            inner = inner_base / staging / name
             result = self._run(
                 "systemd-analyze",
                 "verify",
@@ -494,8 +496,6 @@ class Systemd:
                 check=False,
                 what=f"systemd-analyze verify {name}",
             )
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
         output = result.stderr + result.stdout
         return _verify_problems(output, name, str(inner), result.returncode, recursive=recursive)
 
@@ -545,6 +545,47 @@ class Systemd:
         return replace(self, unit_dir=unit_dir)
 
 
+@contextlib.contextmanager
+def _staged(base: Path, name: str, text: bytes) -> Iterator[str]:
+    """A private folder (0700) under `base` holding `text` as `name`, removed afterwards; yields the
+    folder's name. Made at descriptors of `base` opened as the manager sees it (files.open_path): a
+    container's /run linked to a host folder cannot make root write there."""
+    try:
+        with files.directory_fd(base) as base_fd:
+            folder = f"ctxmgr-verify-{secrets.token_hex(6)}"
+            os.mkdir(folder, 0o700, dir_fd=base_fd)
+            try:
+                folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=base_fd)
+                try:
+                    fd = os.open(
+                        name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder_fd
+                    )
+                    with os.fdopen(fd, "wb") as handle:
+                        handle.write(text)
+                    yield folder
+                finally:
+                    with contextlib.suppress(OSError):
+                        os.unlink(name, dir_fd=folder_fd)
+                    os.close(folder_fd)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder, dir_fd=base_fd)
+    except OSError as exc:
+        raise SystemdError(
+            f"cannot write a candidate unit for systemd-analyze under {base}: {exc.strerror}"
+        ) from None
+
+
+# the launcher's interpreter flags (Python's, not a systemd tool's): isolated, no site directory
+PYTHON_ISOLATED = ("-I", "-S")
+
+
+def container_wrapper(pid: int) -> tuple[str, ...]:
+    """The argv prefix that runs a tool of the manager `pid` as enter.py does: this Python, isolated
+    (-I -S: no variable, no site directory, nothing of the container's loaded before exec)."""
+    return (sys.executable, *PYTHON_ISOLATED, str(Path(__file__).with_name("enter.py")), str(pid))
+
+
 CMDLINE_MAX_BYTES = 1 << 20
 
 
@@ -553,12 +594,23 @@ def cmdline_argv(systemd: Systemd, main_pid: int) -> list[str] | None:
     to cross-check the argv read from the unit; None when the process is gone."""
     path = systemd.host_path(f"/proc/{main_pid}/cmdline")
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(CMDLINE_MAX_BYTES)
+        # non-blocking and in the manager's own root: a FIFO mounted over it cannot hang the read
+        fd = files.open_path(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except (FileNotFoundError, ProcessLookupError):
         return None
     except OSError as exc:
         raise SystemdError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise SystemdError(f"{path}: {files.file_kind(mode)}, not the process's own cmdline")
+        data = os.read(fd, CMDLINE_MAX_BYTES)
+    except ProcessLookupError:
+        return None
+    except OSError as exc:
+        raise SystemdError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
     if not data:
         return None  # a zombie or a kernel thread
     return [arg.decode("utf-8", "surrogateescape") for arg in data.removesuffix(b"\0").split(b"\0")]

@@ -22,7 +22,8 @@ def tool_env() -> dict[str, str]:
 
 
 def kill_group(process: subprocess.Popen[Any]) -> None:
-    """Kill the command and what it forked: `nsenter -p` leaves its child running when killed alone."""
+    """Kill the command and what it forked: the container launcher (enter.py) forks into the manager's
+    PID namespace, and its child would go on running if the launcher alone were killed."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):

@@ -304,7 +304,7 @@ def read_environment_file(value: str, root: Path = Path("/")) -> dict[str, str]:
         try:
             text = _read_bounded(_host(path, root), path)
         except UnitError:
-            if optional and not _host(path, root).exists():
+            if optional and not files.exists(_host(path, root)):
                 continue
             raise
         env.update(parse_env_file(text))
