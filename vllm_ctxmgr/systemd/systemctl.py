@@ -401,7 +401,7 @@ class Systemd:
         relative = control_group.lstrip("/")
         for base in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup", "/sys/fs/cgroup/systemd"):
             candidate = self.host_path(base) / relative
-            if (candidate / "cgroup.procs").exists():
+            if files.exists(candidate / "cgroup.procs"):
                 return candidate
         return None
 
@@ -416,7 +416,8 @@ class Systemd:
         pids: list[int] = []
         for procs in [directory / "cgroup.procs", *sorted(directory.rglob("*/cgroup.procs"))]:
             with contextlib.suppress(FileNotFoundError):
-                pids.extend(int(word) for word in procs.read_text().split())
+                text = files.read_regular(procs, CGROUP_PROCS_MAX_BYTES, what="cgroup", error=SystemdError)
+                pids.extend(int(word) for word in text.split() if word.isdigit())
         return sorted(set(pids))
 
     def _pid_namespace_level(self) -> int:
@@ -587,6 +588,7 @@ def container_wrapper(pid: int) -> tuple[str, ...]:
 
 
 CMDLINE_MAX_BYTES = 1 << 20
+CGROUP_PROCS_MAX_BYTES = 4 << 20  # a PID is at most 8 digits: half a million processes
 
 
 def cmdline_argv(systemd: Systemd, main_pid: int) -> list[str] | None:
