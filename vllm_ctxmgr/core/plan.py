@@ -662,7 +662,8 @@ def _evaluate(
         )
     fit = _UtilizationFit.of(layout, gpus, options, observed, target, upper, same_config, need_by_stage)
     if not all(g.weights_known() for g in gpus):
-        return _evaluate_weights_unknown(fit)
+        unit_or_default = "the unit's" if args.gpu_memory_utilization else "vLLM's default"
+        return _evaluate_weights_unknown(fit, options, current_u, unit_or_default)
     if options.fixed_gpu_memory_utilization is not None:
         return _evaluate_fixed_utilization(fit, options)
     return _evaluate_searched_utilization(fit, options.max_gpu_memory_utilization)
@@ -770,15 +771,29 @@ def _budget_source(g: _Gpu) -> str:
     return g.observed.budget_source if g.observed is not None and g.has_observed_budget else "estimate"
 
 
-def _evaluate_weights_unknown(fit: _UtilizationFit) -> _Outcome:
-    """Weights unknown: plan at the most vLLM will take and say how large the weights may be."""
-    u = fit.u_limit
+def _evaluate_weights_unknown(
+    fit: _UtilizationFit, options: PlanOptions, current_u: float, current_is: str
+) -> _Outcome:
+    """Weights unknown: no utilisation can be chosen (the least that fits depends on them), so the plan
+    is at the one the unit would run with (the caller's, else the unit's, else vLLM's default) and says
+    how large the weights may be there; no least utilisation is given (issue 35: a plan that offered
+    0.95 here had set-context keep 0.9 while its flags said 0.95)."""
+    fixed = options.fixed_gpu_memory_utilization
+    u = current_u if fixed is None else fixed
+    whose = options.fixed_gpu_memory_utilization_is if fixed is not None else current_is
+    if u > min(g.max_utilization() for g in fit.gpus) + 1e-9:
+        allowed = f"{fit.u_limit:.2f}, not {u:.2f}"
+        verdict = f"does not fit: the free memory allows gpu_memory_utilization {allowed}"
+        return _Outcome(False, verdict, u, fit.max_context, fit.lines(u, "estimate without weights"), None)
     allowance = min(g.budget(u) - fit.need(g) for g in fit.gpus) if u >= 0.01 else -1
     feasible = allowance >= 0
     if feasible:
-        verdict = f"{WEIGHTS_UNKNOWN}: fits if the weights take at most {allowance / GIB:.2f} GiB per GPU"
+        verdict = (
+            f"{WEIGHTS_UNKNOWN}: fits at {whose} gpu_memory_utilization {u:.2f} if the weights take at most "
+            f"{allowance / GIB:.2f} GiB per GPU"
+        )
     else:
-        verdict = "does not fit even without weights"
+        verdict = f"does not fit at {whose} gpu_memory_utilization {u:.2f} even without weights"
     return _Outcome(feasible, verdict, u, fit.max_context, fit.lines(u, "estimate without weights"), None)
 
 

@@ -215,7 +215,7 @@ EXIT_MEANINGS = {
     3: "infeasible: the context does not fit",
     4: "locked by another ctxmgr run",
     5: "the change failed and its rollback failed too: the service needs a human",
-    6: "the plan cannot decide: no memory information",
+    6: "the plan cannot decide (no memory information, or the weights unknown): nothing was changed",
     70: "ctxmgr crashed (an unexpected error, a bug): nothing was decided",
 }
 PLAN_FIGURES = (
