@@ -183,7 +183,10 @@ def plan_text(plan: Plan, command_change: str = "") -> str:
         out.append("what would make it fit (ranked):")
         for alt in plan.alternatives:
             mark = "fits" if alt.feasible else "no  "
-            flags = " ".join(f"{k} {v}" for k, v in alt.flag_changes.items())
+            # the environment it needs too (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 past the trained length), as
+            # set-context's suggestion writes it: flags alone would be refused (issue 35)
+            env = [f"Environment={k}={v}" for k, v in alt.env_changes.items()]
+            flags = " ".join([*env, *(f"{k} {v}" for k, v in alt.flag_changes.items())])
             out.append(
                 f"  {alt.rank:>2}. [{mark}] {alt.description}: max context {alt.max_context:,}, "
                 f"{alt.kv_bytes_per_token_per_gpu:,} B/token/GPU" + (f"  ({flags})" if flags else "")
