@@ -93,6 +93,7 @@ from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA, FigureRecord, PlanRecord, 
 from vllm_ctxmgr.core.serve_args import ServeArgs, multi_node_flag
 from vllm_ctxmgr.core.vllm_versions import (
     NEWEST_VLLM,
+    NO_GGUF_LOADER_SINCE,
     VllmVersion,
     known_version,
     not_modelled_before_oldest,
@@ -1038,6 +1039,9 @@ def make_plan(
     derived, derived_key = _derived(facts, args, options)
     warnings = _version_warnings(version)
     notes: list[str] = list(args.notes)  # how the unit's arguments were read (a --config YAML)
+    gguf_warnings, gguf_notes = _gguf_said(facts, version)
+    warnings.extend(gguf_warnings)
+    notes.extend(gguf_notes)
     base_layout = kv_cache_layout(
         facts, _scheduled(facts, args, platform, version, target), platform, version
     )
@@ -1097,6 +1101,22 @@ def _refuse_what_vllm_refuses(
     refusals = vllm_refusals(args, target, facts, version, default_mnbt, gpu=not platform.is_cpu)
     if refusals:
         raise UsageError(f"vLLM refuses this configuration: {refusals[0]}")
+
+
+def _gguf_said(facts: ModelFacts, version: VllmVersion) -> tuple[list[str], list[str]]:
+    """(warnings, notes) of a GGUF plan: every GGUF result carries a note (docs/vllm-accounting.md 8),
+    and a vLLM without a GGUF loader is warned of, so the verdict is not read as "vLLM loads it"."""
+    if facts.source_format != "gguf":
+        return [], []
+    note = "GGUF: the facts follow the GGUF path of vLLM's releases before 0.33 (transformers' GGUF config)"
+    if tuple(version) < NO_GGUF_LOADER_SINCE:
+        return [], [note]
+    release = ".".join(map(str, version))
+    return [
+        f"vLLM {release} has no GGUF loader (GGUF moved to an out-of-tree plugin): it loads this model "
+        "only where that plugin is installed; the verdict assumes it is (plan with --vllm-version of the "
+        "vLLM that serves it)"
+    ], [note]
 
 
 def _version_warnings(version: VllmVersion) -> list[str]:
