@@ -392,8 +392,9 @@ def change_text(result: ChangeReport, shown_before: bool = False) -> str:
         ),
         "infeasible": f"{result.service}: NOT changed: {result.reason}",
         "rolled-back": (
-            f"{result.service}: the change to {after} FAILED and was rolled back to {before} "
-            f"(revision {result.revision}). Why: {result.reason}"
+            # the revision is the change that failed; what is back is the unit from before it (issue 35)
+            f"{result.service}: the change to {after} (revision {result.revision}) FAILED and was rolled "
+            f"back: the unit from before it is in place again, {before}. Why: {result.reason}"
         ),
         "rollback-failed": (
             f"{result.service}: the change to {after} FAILED and the rollback FAILED too "

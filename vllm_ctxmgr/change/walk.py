@@ -131,10 +131,8 @@ def _forward(
     if not verdict.ok:
         estimate = verdict.estimated_max_model_len
         if estimate:
-            result.suggestion = (
-                f"vLLM estimates the largest max_model_len that fits is {estimate}: "
-                f"try `ctxmgr set-context {estimate} --service {restarter.service}`, or free GPU memory / "
-                "raise --gpu-memory-utilization"
+            result.suggestion = estimate_advice(
+                restarter.service, estimate, _applied_utilization(rev), _restored_utilization(rev)
             )
         return verdict.reason, verdict.decisive_line
     took = time.monotonic() - started
@@ -158,6 +156,33 @@ def _forward(
     result.reason = "vLLM started, reports the new max_model_len and served the context-sized probe"
     change.finalise("served and passed the context-sized probe")
     return None
+
+
+def estimate_advice(service: str, estimate: int, tried: float | None, runs_again: float | None) -> str:
+    """What to try after vLLM refused the KV cache and named the largest max_model_len that fits. Its
+    estimate holds at the utilisation the failed start ran with (`tried`); where the rollback puts the
+    service back at another one (a change forced with --gpu-memory-utilization), the advice keeps the
+    tried one, since the estimate is not the service's as it runs again (issue 35)."""
+    if tried is None or runs_again is None or abs(tried - runs_again) < 1e-9:
+        return (
+            f"vLLM estimates the largest max_model_len that fits is {estimate}: "
+            f"try `ctxmgr set-context {estimate} --service {service}`, or free GPU memory / "
+            "raise --gpu-memory-utilization"
+        )
+    return (
+        f"vLLM estimates the largest max_model_len that fits at gpu_memory_utilization {tried:g} (the one "
+        f"this change tried) is {estimate}: try `ctxmgr set-context {estimate} --gpu-memory-utilization "
+        f"{tried:g} --service {service}`; {service} runs at {runs_again:g} again, where that estimate does "
+        f"not hold (`ctxmgr plan {estimate} --service {service}` plans it there)"
+    )
+
+
+def _restored_utilization(rev: Revision) -> float | None:
+    """The utilisation the service runs with once the change is rolled back: its unit's before it."""
+    if rev.previous_gpu_memory_utilization:
+        return rev.previous_gpu_memory_utilization
+    version = parse_vllm_version(rev.vllm_version or (rev.plan or {}).get("vllm_version"))
+    return default_gpu_memory_utilization(version) if version else None
 
 
 def _applied_utilization(rev: Revision) -> float | None:
