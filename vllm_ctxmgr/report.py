@@ -17,7 +17,7 @@ from vllm_ctxmgr.core.json_types import JSONObject
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.observations import ObservationFigures
 from vllm_ctxmgr.core.records import HistoryRow, ProbeRecord
-from vllm_ctxmgr.core.vllm_versions import rules_line
+from vllm_ctxmgr.core.vllm_versions import known_version, rules_line
 
 if TYPE_CHECKING:  # types only: a plan's text should not load the verdict (verify's text reads one)
     from collections.abc import Mapping, Sequence
@@ -76,6 +76,9 @@ def facts_text(model: ModelFacts, version: tuple[int, int, int] = NEWEST_VLLM) -
     if model.kv_cache_scheme:
         out.append(f"kv scheme    {model.kv_cache_scheme} (declared by the checkpoint)")
     out.extend(f"note         {note}" for note in model.notes)
+    _, unknown_version = known_version(version)  # older or newer than any release whose rules are known
+    if unknown_version:
+        out.append(f"warning      {unknown_version}")
     return "\n".join(out)
 
 
@@ -91,6 +94,8 @@ def facts_json(model: ModelFacts, version: tuple[int, int, int] = NEWEST_VLLM) -
     data["layer_kinds"] = {kind.value: model.count(kind) for kind in LayerKind if model.count(kind)}
     data["derived_max_model_len"] = derived
     data["derived_max_model_len_key"] = key
+    _, unknown_version = known_version(version)
+    data["warnings"] = [unknown_version] if unknown_version else []
     return data
 
 

@@ -540,8 +540,19 @@ def rules_line(version: VllmVersion) -> str:
         name = f"{name} (older than any known: planned by {'.'.join(map(str, OLDEST_VLLM))}'s)"
     if not rows:
         return f"vLLM {name} rules: as {'.'.join(map(str, NEWEST_VLLM))} (newest known)"
-    parts = ", ".join(f"{row.name}={_short(row.value)} (since {_dotted(row.since)})" for row in rows)
+    # a few rows are read inline; an old release differs in 20 and more, which on one line read as a
+    # dump of internal ids (issue 35): the first few, and where every one is
+    shown = rows[:RULES_LISTED]
+    parts = ", ".join(f"{row.name}={_short(row.value)} (since {_dotted(row.since)})" for row in shown)
+    if len(rows) > len(shown):
+        parts += (
+            f", and {len(rows) - len(shown)} more (`--json`'s vllm_rules lists each; docs/vllm-accounting.md "
+            "says what each changes)"
+        )
     return f"vLLM {name} rules, unlike {'.'.join(map(str, NEWEST_VLLM))}: {parts}"
+
+
+RULES_LISTED = 3  # rules a plan's text names inline before it says how many more
 
 
 def _dotted(version: VllmVersion) -> str:
