@@ -152,6 +152,11 @@ def plan_text(plan: Plan, command_change: str = "") -> str:
             f"vLLM {'.'.join(map(str, plan.vllm_version))} rules on {plan.platform.device_type}"
         )
     out.append(rules_line(plan.vllm_version))
+    if plan.platform.is_cuda:  # the GPU the backend and the KV dtype were chosen for
+        out.append(
+            f"GPU: {plan.platform.decided_by()}: decides the backend {layout.attention_backend} and the KV "
+            f"dtype {layout.kv_cache_dtype}"
+        )
     if plan.gpus:
         out.extend(_gpu_table(plan))
     out.append("")

@@ -332,6 +332,11 @@ class Plan:
                 "device_type": self.platform.device_type,
                 "compute_capability": self.platform.compute_capability,
                 "device_name": self.platform.device_name,
+                "capability_source": self.platform.capability_source or None,
+                "decides": {
+                    "attention_backend": self.layout.attention_backend,
+                    "kv_cache_dtype": self.layout.kv_cache_dtype,
+                },
             },
             "gpus": [gpu.to_json() for gpu in self.gpus],
             "flag_changes": dict(self.flag_changes),
