@@ -43,7 +43,9 @@ options:
     type: bool
     default: false
   force:
-    description: Apply a change the plan says will not fit; vLLM has the last word (set-context).
+    description:
+      - Apply a change the plan says will not fit, or cannot tell (exit 6); vLLM has the last word
+        (set-context).
     type: bool
     default: false
   edit:
