@@ -348,6 +348,19 @@ def test_unknown_weights_keep_kv_exact_and_say_so() -> None:
     assert plan.result == "unknown" and plan.reason.startswith("weights unknown: fits")
 
 
+def test_unknown_weights_beside_a_co_tenant_are_planned_at_what_the_free_memory_allows() -> None:
+    """Where the unit's utilisation would fail vLLM's free-memory check, the weights-unknown plan is at
+    the most the GPUs allow, and that is the utilisation its flags (and set-context) write."""
+    plan = make_plan(glm5(weight_bytes=None), SERVICE, eight_gpus(gpu3=gpu(3, used=30 * GIB)), options())
+    assert plan.result == "unknown" and plan.least_gpu_memory_utilization is None
+    u = plan.gpu_memory_utilization
+    assert u is not None and u < default_gpu_memory_utilization(plan.vllm_version)
+    assert plan.verdict.startswith(
+        f"weights unknown: fits at the most the free memory allows, gpu_memory_utilization {u:.2f} if"
+    )
+    assert plan.flag_changes["--gpu-memory-utilization"] == f"{u:.2f}"
+
+
 def test_weights_option_overrides_the_files() -> None:
     plan = make_plan(glm5(weight_bytes=None), SERVICE, eight_gpus(), options(weights_bytes=8 * 40 * GIB))
     assert plan.gpus[0].weights == type(plan.gpus[0].weights)(40 * GIB, "option")

@@ -787,6 +787,10 @@ def _evaluate_weights_unknown(
     fixed = options.fixed_gpu_memory_utilization
     u = current_u if fixed is None else fixed
     whose = options.fixed_gpu_memory_utilization_is if fixed is not None else current_is
+    if fixed is None and u > fit.u_limit + 1e-9:
+        # the unit's (or vLLM's default) would fail vLLM's free-memory check: the most the GPUs allow,
+        # which is then the utilisation set-context writes
+        u, whose = fit.u_limit, "the most the free memory allows,"
     if u > min(g.max_utilization() for g in fit.gpus) + 1e-9:
         allowed = f"{fit.u_limit:.2f}, not {u:.2f}"
         verdict = f"does not fit: the free memory allows gpu_memory_utilization {allowed}"
