@@ -424,6 +424,7 @@ GLM5_PLAN = (
     "ctxmgr plan 200000 --model examples/models/glm-5 -tp 8 --gpu-memory 95.6GiB --gpu-count 8 "
     "--weights-bytes 406.7GiB"
 )
+SEEDS_GPU_PLAN = f"{GLM5_PLAN} --gpu-name 'NVIDIA RTX PRO 6000 Blackwell Server Edition'"
 CALIBRATION = ".venv/bin/python benchmarks/calibration_logs.py"
 DEPLOYMENT_FLAGS = ".venv/bin/python benchmarks/deployment_flags.py"
 
@@ -475,6 +476,36 @@ PROSE = [
         _from(
             r"KV cache: ([\d,]+) B/token/GPU \(marginal\), [\d.]+ GiB for one request of [\d,]+ tokens \[fp8"
         ),
+    ),
+    # issue 35: the headline's figures are Hopper's (no GPU named); the seeds' own GPU gives others
+    Quote(
+        "README.md",
+        r"That figure is for Hopper \(H100/H200, compute capability ([\d.]+): a bf16 latent cache,\s+"
+        r"([A-Z_]+)\)",
+        GLM5_PLAN,
+        _from(
+            r"GPU: no GPU named, compute capability unknown: planned as Hopper \(([\d.]+)\); .* "
+            r"decides the backend ([A-Z_]+) and the KV dtype auto"
+        ),
+    ),
+    Quote(
+        "README.md",
+        r"on the seeds' own RTX PRO 6000 Blackwell \(([\d.]+)\) vLLM picks\s+([A-Z0-9_]+), which stores the "
+        r"cache as (\w+), ([\d,]+) B/token/GPU",
+        SEEDS_GPU_PLAN,
+        lambda out: (
+            *_from(
+                r"compute capability ([\d.]+) \(its name, NVIDIA's CUDA GPUs list\): decides the backend "
+                r"([A-Z0-9_]+) and the KV dtype (\w+)"
+            )(out),
+            *_from(r"KV cache: ([\d,]+) B/token/GPU")(out),
+        ),
+    ),
+    Quote(
+        "README.md",
+        r"and the same 200,000 tokens fit at utilisation ([\d.]+)",
+        SEEDS_GPU_PLAN,
+        _from(r"FEASIBLE: fits at gpu_memory_utilization ([\d.]+)"),
     ),
     Quote("README.md", r"It plans (\d+) real starts", CALIBRATION, _calibration_rows),
     Quote(

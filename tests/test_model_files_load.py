@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -433,6 +434,38 @@ def test_glm5_gguf_matches_the_hf_config(glm5_gguf: Path) -> None:
     )
     assert gguf_facts.quantization == "Q4_K_M"
     assert gguf_facts.dtype == "bfloat16"
+
+
+def test_a_gguf_plan_estimates_by_the_same_shapes_and_says_which_vllm_loads_it(glm5_gguf: Path) -> None:
+    """Issue 35: the GGUF's activation peak was 0.56 GiB against 2.07 GiB for the same model's
+    config.json (vocab, MLP widths and experts went unread), and its plan under vLLM 0.33's rules said
+    FEASIBLE with no word that 0.33 has no GGUF loader."""
+    from vllm_ctxmgr.core.hardware import GIB, uniform_gpus
+    from vllm_ctxmgr.core.plan import PlanOptions, make_plan
+    from vllm_ctxmgr.core.serve_args import ServeArgs
+
+    gguf_facts = load_model_facts(str(glm5_gguf))
+    hf_facts = load_model_facts(str(MODELS / "glm-5"))
+    shapes = (
+        "vocab_size",
+        "intermediate_size",
+        "moe_intermediate_size",
+        "num_experts",
+        "num_experts_per_tok",
+    )
+    assert [getattr(gguf_facts, k) for k in shapes] == [getattr(hf_facts, k) for k in shapes]
+    assert gguf_facts.provenance["vocab_size"] == "gguf glm-dsa.vocab_size"
+    gpus = uniform_gpus(8, int(95.6 * GIB))
+    args = ServeArgs(str(glm5_gguf), tensor_parallel_size=8)
+    options = PlanOptions(200_000, weights_bytes=int(406.7 * GIB))
+    gguf_plan, hf_plan = (make_plan(f, args, gpus, options) for f in (gguf_facts, hf_facts))
+    assert gguf_plan.gpus[0].activation_peak == hf_plan.gpus[0].activation_peak
+    assert gguf_plan.gpus[0].activation_peak.bytes == 1024 * 154_880 * 14  # the sampler pass
+    assert any(w.startswith("vLLM 0.33.0 has no GGUF loader") for w in gguf_plan.warnings)
+    assert not any("GGUF" in w for w in hf_plan.warnings + hf_plan.notes)
+    older = make_plan(gguf_facts, args, gpus, replace(options, vllm_version=(0, 20, 0)))
+    assert not any("GGUF" in w for w in older.warnings)
+    assert any(n.startswith("GGUF: the facts follow the GGUF path") for n in older.notes)
 
 
 def test_glm5_gguf_weight_bytes_are_the_tensor_sizes(glm5_gguf: Path) -> None:

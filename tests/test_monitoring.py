@@ -195,3 +195,14 @@ def test_the_collection_ships_the_same_files(name: str) -> None:
 
 def test_the_collection_ships_no_file_the_source_lacks() -> None:
     assert sorted(p.name for p in COLLECTION_COPY.iterdir()) == sorted(p.name for p in SOURCE.iterdir())
+
+
+def test_every_source_path_the_monitoring_files_name_exists() -> None:
+    """Issue 35: the alert rules named vllm_ctxmgr/metrics.py, a module that had moved to monitor/."""
+    named = {
+        path
+        for file in sorted(SOURCE.iterdir())
+        for path in re.findall(r"\b(?:vllm_ctxmgr|tests|benchmarks)/[\w/]+\.py\b", file.read_text())
+    }
+    assert "vllm_ctxmgr/monitor/metrics.py" in named
+    assert [path for path in sorted(named) if not (REPO / path).is_file()] == []

@@ -13,7 +13,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from vllm_ctxmgr.cli.main import main
-from vllm_ctxmgr.core.vllm_versions import not_modelled_before_oldest
+from vllm_ctxmgr.core.vllm_versions import non_default_rules, not_modelled_before_oldest
 
 REPO = Path(__file__).resolve().parent.parent
 QWEN = str(REPO / "examples" / "models" / "qwen3-32b")
@@ -92,3 +92,31 @@ def test_a_service_running_an_old_vllm_is_planned_but_not_changed(
     assert refused.code == 2 and refused.stderr.count("\n") == 1, refused.stderr
     assert f"{name}.service runs vLLM 0.6.4, older than 0.10.0" in refused.stderr
     assert (sandbox.systemd.host_unit_dir / unit).read_text() == before
+
+
+def test_facts_of_a_release_older_than_any_known_warns_in_text_and_json() -> None:
+    """Issue 35: `facts --vllm-version 0.1.0` derived the length by 0.10's rules without a word."""
+    warning = "vLLM 0.1.0 is older than the oldest release ctxmgr knows; planned by vLLM 0.10.0's rules"
+    code, out, err = run("facts", QWEN, "--vllm-version", "0.1.0")
+    assert code == 0, err
+    assert f"warning      {warning}" in out.splitlines()
+    code, out, _ = run("facts", QWEN, "--vllm-version", "0.1.0", "--json")
+    assert code == 0 and json.loads(out)["warnings"] == [warning]
+    _, out, _ = run("facts", QWEN, "--json")
+    assert json.loads(out)["warnings"] == []
+
+
+def test_an_old_releases_rules_line_names_a_few_and_says_where_the_rest_are() -> None:
+    """Issue 35: `plan --vllm-version 0.6.4` printed 22 internal rule ids on one line."""
+    _, out, _ = run(*PLAN, "--vllm-version", "0.6.4")
+    line = next(line for line in out.splitlines() if line.startswith("vLLM 0.6.4 (older than any known"))
+    assert line.count("(since ") == 3
+    differing = non_default_rules((0, 6, 4))
+    assert len(differing) > 20  # what the line listed before
+    assert line.endswith(
+        f", and {len(differing) - 3} more (`--json`'s vllm_rules lists each; docs/vllm-accounting.md says "
+        "what each changes)"
+    )
+    _, as_json, _ = run(*PLAN, "--vllm-version", "0.6.4", "--json")
+    listed = {r["rule"] for r in json.loads(as_json)["vllm_rules"]}
+    assert {row.name for row in differing} <= listed

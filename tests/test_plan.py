@@ -334,11 +334,31 @@ def test_failed_start_estimate_bounds_max_context() -> None:
 def test_unknown_weights_keep_kv_exact_and_say_so() -> None:
     plan = make_plan(glm5(weight_bytes=None), SERVICE, eight_gpus(), options())
     assert plan.kv_bytes_per_gpu == 20_030_400_000
-    assert plan.verdict.startswith("weights unknown: fits if the weights take at most")
+    # no utilisation can be chosen without the weights: the plan is at the one the unit would run with
+    # (vLLM's default here), never the cap set-context would not write (issue 35)
+    default = default_gpu_memory_utilization(plan.vllm_version)
+    assert plan.verdict.startswith(
+        f"weights unknown: fits at vLLM's default gpu_memory_utilization {default:.2f} if the weights take "
+        "at most"
+    )
     assert plan.gpus[0].weights.bytes is None and plan.gpus[0].weights.source == "unknown"
-    assert plan.gpu_memory_utilization == 0.95  # the cap: as much as vLLM may take
+    assert plan.gpu_memory_utilization == default and plan.least_gpu_memory_utilization is None
+    assert "--gpu-memory-utilization" not in plan.flag_changes
     # said once, in the headline (the plan is `unknown`), not again as a warning
     assert plan.result == "unknown" and plan.reason.startswith("weights unknown: fits")
+
+
+def test_unknown_weights_beside_a_co_tenant_are_planned_at_what_the_free_memory_allows() -> None:
+    """Where the unit's utilisation would fail vLLM's free-memory check, the weights-unknown plan is at
+    the most the GPUs allow, and that is the utilisation its flags (and set-context) write."""
+    plan = make_plan(glm5(weight_bytes=None), SERVICE, eight_gpus(gpu3=gpu(3, used=30 * GIB)), options())
+    assert plan.result == "unknown" and plan.least_gpu_memory_utilization is None
+    u = plan.gpu_memory_utilization
+    assert u is not None and u < default_gpu_memory_utilization(plan.vllm_version)
+    assert plan.verdict.startswith(
+        f"weights unknown: fits at the most the free memory allows, gpu_memory_utilization {u:.2f} if"
+    )
+    assert plan.flag_changes["--gpu-memory-utilization"] == f"{u:.2f}"
 
 
 def test_weights_option_overrides_the_files() -> None:

@@ -100,7 +100,17 @@ def test_plan_of_a_unit_is_what_set_context_writes_figure_for_figure(
     # the utilisation announced is the one written, else the unit's own (set-context --force included)
     assert applied["gpu_memory_utilization"] == (float(written) if written else before.gpu_memory_utilization)
     if data["result"] == "unknown":
-        return  # the weights are unknown: no figure to hold the written unit to
+        # the weights are unknown: told at the utilisation the unit runs with, no least one, and
+        # set-context refuses any change unforced (issue 35)
+        assert data["least_gpu_memory_utilization"] is None
+        assert applied["least_gpu_memory_utilization"] is None
+        if data["gpus"]:
+            version = tuple(int(x) for x in data["vllm_version"].split("."))
+            runs = applied["gpu_memory_utilization"] or default_gpu_memory_utilization(version)
+            assert data["gpu_memory_utilization"] == runs
+            assert "--gpu-memory-utilization" not in data["flag_changes"]
+        assert bool(applied["refused"]) == bool(applied["flag_changes"])
+        return
     runs_at = data["gpu_memory_utilization"]
     version = tuple(int(x) for x in data["vllm_version"].split("."))
     # the plan's utilisation is the one the unit runs with after the change, the least one more figure
@@ -158,6 +168,30 @@ def test_the_issues_unit_is_told_at_its_own_utilisation() -> None:
     assert re.search(r"vLLM will report: KV cache size: 963,040 tokens, .*29\.39x", out)
     assert "flags: (none)" in out
     assert "--max-model-len 32768" not in out  # the unit already has it
+
+
+def test_a_unit_with_unknown_weights_is_told_at_what_set_context_would_run() -> None:
+    """Issue 35: `flags: --gpu-memory-utilization 0.95` and a least utilisation of 0.95 were printed for
+    GLM-5 with its weights unknown, while set-context kept the unit's 0.9 and wrote nothing."""
+    unit = REPO / "units" / "vllm-glm5.service"
+    model = REPO / "examples" / "models" / "glm-5"
+    gpus = ("--gpu-memory", "95.6GiB", "--gpu-count", "8")
+    args = ("plan", "--unit", str(unit), "--model", str(model), *gpus)
+    code, out = run(*args, "--json")
+    data = json.loads(out)
+    assert code == 6 and data["result"] == "unknown"
+    assert data["gpu_memory_utilization"] == data["set_context"]["gpu_memory_utilization"] == 0.9
+    assert data["flag_changes"] == data["set_context"]["flag_changes"] == {}
+    assert data["least_gpu_memory_utilization"] is None
+    assert data["memory"].startswith("weights unknown: fits at the unit's gpu_memory_utilization 0.90 if")
+    code, text = run(*args)
+    assert code == 6 and "flags: (none)" in text.splitlines()
+    assert "0.95" not in text and "least gpu_memory_utilization" not in text
+    # a change set-context would make on that plan is refused, saying what would make it known
+    code, out = run("plan", "65536", "--unit", str(unit), "--model", str(model), *gpus, "--json")
+    refused = json.loads(out)["set_context"]["refused"]
+    assert code == 6 and refused.startswith("the plan cannot tell whether max_model_len 65536 fits")
+    assert "--weights-bytes SIZE" in refused and refused.endswith("--force applies it anyway")
 
 
 # ---------------------------------------------------------------- set-context --dry-run itself

@@ -48,3 +48,34 @@ def test_headline_result_feasible_verdict_and_exit_agree(args: tuple[str, ...], 
     headlines = [line for line in text.splitlines() if line.startswith(tuple(HEADLINE.values()))]
     assert len(headlines) == 1 and headlines[0].startswith(HEADLINE[expected]), text
     assert "verdict: fits" not in text
+
+
+def test_alternatives_past_the_trained_length_say_what_they_need_and_what_limits_them() -> None:
+    """Issue 35: Qwen3-32B at 65,536 (max_position_embeddings 40,960): the "[fits]" lines printed only
+    flags, VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 only in JSON; the fp8 line named DeepSeek's fp8_ds_mla for a
+    Qwen model; and a memory limit was called "the derived maximum"."""
+    qwen = str(REPO / "examples" / "models" / "qwen3-32b")
+    code, data, text = plan(
+        "65536", "--model", qwen, "--gpu-memory", "80GiB", "--gpu-count", "1", "--weights-bytes", "61GiB"
+    )
+    assert code == 3 and data["derived_max_model_len"] == 40960
+    lines = {alt["rank"]: line for alt in data["alternatives"] for line in text.splitlines()
+             if line.lstrip().startswith(f"{alt['rank']}. [")}  # fmt: skip
+    for alt in data["alternatives"]:
+        for name, value in alt["env_changes"].items():
+            assert f"Environment={name}={value}" in lines[alt["rank"]], lines[alt["rank"]]
+    fp8 = next(alt for alt in data["alternatives"] if alt["name"] == "fp8-kv-cache")
+    assert fp8["feasible"] and fp8["env_changes"] == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+    assert "fp8_ds_mla" not in text and "DeepSeek" not in text
+    shorter = next(alt for alt in data["alternatives"] if alt["name"] == "shorter-context")
+    assert shorter["max_context"] < 40960
+    fits = shorter["max_context"]
+    assert shorter["description"] == (
+        f"the longest context that fits: {fits} tokens (memory; the derived maximum is 40960)"
+    )
+    assert "the derived maximum: " not in text
+    # GLM-5 has DeepSeek sparse attention: there the fp8 line names fp8_ds_mla
+    _, glm, _ = plan("200000", "--model", GLM5, *EIGHT, "--weights-bytes", "700GB")
+    fp8 = next(alt for alt in glm["alternatives"] if alt["name"] == "fp8-kv-cache")
+    assert "fp8_ds_mla for DeepSeek sparse attention" in fp8["description"]
+    assert fp8["kv_cache_dtype"] == "fp8_ds_mla"

@@ -69,3 +69,33 @@ def test_a_unit_the_edit_leaves_as_it_is_says_what_it_already_has() -> None:
         f"{NAME} already has max_model_len 8192 and gpu_memory_utilization 0.85: "
         "nothing to change, nothing restarted"
     )
+
+
+def unknown_plan() -> Plan:
+    """GLM-5 with its weights unknown: the plan cannot tell whether 200,000 tokens fit (exit 6)."""
+    plan = make_plan(glm5(weight_bytes=None), SERVICE, eight_gpus(), options())
+    assert plan.result == "unknown" and plan.feasible  # the memory left over is only an allowance
+    return plan
+
+
+def test_an_unknown_plan_is_not_applied_and_says_what_would_make_it_known() -> None:
+    """Issue 35: set-context wrote and restarted a plan `plan` itself exited 6 on (weights unknown)."""
+    result = _kept_or_infeasible(NAME, SetContextRequest(TARGET), unknown_plan(), SERVICE, planned())
+    assert result is not None and (result.result, result.exit_code) == (Result.INFEASIBLE, ExitCode.UNKNOWN)
+    told = f"the plan cannot tell whether max_model_len {TARGET} fits (weights unknown"
+    assert result.reason.startswith(told)
+    assert "--weights-bytes SIZE" in result.reason and result.reason.endswith("--force applies it anyway")
+    # the unit already has it: nothing to write, and the note says the plan does not know
+    kept = _kept_or_infeasible(
+        NAME, SetContextRequest(TARGET), unknown_plan(), replace(SERVICE, max_model_len=TARGET), planned()
+    )
+    assert kept is not None and (kept.result, kept.exit_code) == (Result.UNCHANGED, ExitCode.OK)
+    assert kept.suggestion.startswith(f"note: the plan cannot tell whether max_model_len {TARGET} fits")
+
+
+def test_force_goes_on_with_an_unknown_plan_and_a_feasible_plan_goes_on_unforced() -> None:
+    request = SetContextRequest(TARGET, force=True)
+    assert _kept_or_infeasible(NAME, request, unknown_plan(), SERVICE, planned()) is None
+    fits = make_plan(glm5(), SERVICE, eight_gpus(), options())
+    assert fits.result == "feasible"
+    assert _kept_or_infeasible(NAME, SetContextRequest(TARGET), fits, SERVICE, planned()) is None

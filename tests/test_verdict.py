@@ -254,7 +254,23 @@ def test_the_planned_context_is_the_newest_good_revisions_not_the_served_one(
         replace(seen, current_revision=None, max_model_len=512, probe={**seen.probe, "max_model_len": 512})
     )
     assert (edited.max_model_len, edited.planned_max_model_len) == (512, 1024)
-    assert decide(replace(seen, revisions=())).planned_max_model_len is None  # never planned: left out
+    # never changed by ctxmgr: the unit's own context is the baseline (issue 35: it was left out)
+    assert decide(replace(seen, revisions=())).planned_max_model_len == seen.max_model_len
+
+
+def test_a_service_ctxmgr_never_changed_has_its_units_context_as_the_planned_one(
+    observation: dict[str, Any],
+) -> None:
+    """Issue 35: ctxmgr_verify_planned_max_model_len ("or the baseline") was never written for a
+    service ctxmgr had not changed, so CtxmgrContextBelowPlanned could never fire for one."""
+    seen = replace(facts(observation), revisions=(), current_revision=None)
+    unit_context = seen.max_model_len
+    assert unit_context and decide(seen).planned_max_model_len == unit_context
+    served_less = replace(seen, probe={**seen.probe, "max_model_len": unit_context // 2})
+    verdict = decide(served_less)
+    assert verdict.max_model_len == unit_context // 2 < verdict.planned_max_model_len  # the alert's expr
+    for unset in (None, -1):  # no --max-model-len, or auto: vLLM's choice is no plan
+        assert decide(replace(seen, max_model_len=unset)).planned_max_model_len is None
 
 
 def test_the_default_clock_is_utc() -> None:

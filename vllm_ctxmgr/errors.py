@@ -19,7 +19,7 @@ class ExitCode(IntEnum):
     INFEASIBLE = 3  # the target context does not fit (the plan names the largest that does)
     LOCKED = 4  # another ctxmgr run holds the service
     ROLLBACK_FAILED = 5  # a change failed and its rollback failed too: the service needs a human
-    UNKNOWN = 6  # the plan cannot decide: no memory information (no NVML, no --gpu-memory)
+    UNKNOWN = 6  # the plan cannot decide: no memory information (no NVML, no --gpu-memory), weights unknown
     INTERNAL = 70  # a bug (an unexpected exception, traceback behind --debug), every command's, verify's too
 
 

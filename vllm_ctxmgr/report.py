@@ -17,7 +17,7 @@ from vllm_ctxmgr.core.json_types import JSONObject
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.observations import ObservationFigures
 from vllm_ctxmgr.core.records import HistoryRow, ProbeRecord
-from vllm_ctxmgr.core.vllm_versions import rules_line
+from vllm_ctxmgr.core.vllm_versions import known_version, rules_line
 
 if TYPE_CHECKING:  # types only: a plan's text should not load the verdict (verify's text reads one)
     from collections.abc import Mapping, Sequence
@@ -76,6 +76,9 @@ def facts_text(model: ModelFacts, version: tuple[int, int, int] = NEWEST_VLLM) -
     if model.kv_cache_scheme:
         out.append(f"kv scheme    {model.kv_cache_scheme} (declared by the checkpoint)")
     out.extend(f"note         {note}" for note in model.notes)
+    _, unknown_version = known_version(version)  # older or newer than any release whose rules are known
+    if unknown_version:
+        out.append(f"warning      {unknown_version}")
     return "\n".join(out)
 
 
@@ -91,6 +94,8 @@ def facts_json(model: ModelFacts, version: tuple[int, int, int] = NEWEST_VLLM) -
     data["layer_kinds"] = {kind.value: model.count(kind) for kind in LayerKind if model.count(kind)}
     data["derived_max_model_len"] = derived
     data["derived_max_model_len_key"] = key
+    _, unknown_version = known_version(version)
+    data["warnings"] = [unknown_version] if unknown_version else []
     return data
 
 
@@ -147,6 +152,11 @@ def plan_text(plan: Plan, command_change: str = "") -> str:
             f"vLLM {'.'.join(map(str, plan.vllm_version))} rules on {plan.platform.device_type}"
         )
     out.append(rules_line(plan.vllm_version))
+    if plan.platform.is_cuda:  # the GPU the backend and the KV dtype were chosen for
+        out.append(
+            f"GPU: {plan.platform.decided_by()}: decides the backend {layout.attention_backend} and the KV "
+            f"dtype {layout.kv_cache_dtype}"
+        )
     if plan.gpus:
         out.extend(_gpu_table(plan))
     out.append("")
@@ -183,7 +193,10 @@ def plan_text(plan: Plan, command_change: str = "") -> str:
         out.append("what would make it fit (ranked):")
         for alt in plan.alternatives:
             mark = "fits" if alt.feasible else "no  "
-            flags = " ".join(f"{k} {v}" for k, v in alt.flag_changes.items())
+            # the environment it needs too (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 past the trained length), as
+            # set-context's suggestion writes it: flags alone would be refused (issue 35)
+            env = [f"Environment={k}={v}" for k, v in alt.env_changes.items()]
+            flags = " ".join([*env, *(f"{k} {v}" for k, v in alt.flag_changes.items())])
             out.append(
                 f"  {alt.rank:>2}. [{mark}] {alt.description}: max context {alt.max_context:,}, "
                 f"{alt.kv_bytes_per_token_per_gpu:,} B/token/GPU" + (f"  ({flags})" if flags else "")
@@ -389,8 +402,9 @@ def change_text(result: ChangeReport, shown_before: bool = False) -> str:
         ),
         "infeasible": f"{result.service}: NOT changed: {result.reason}",
         "rolled-back": (
-            f"{result.service}: the change to {after} FAILED and was rolled back to {before} "
-            f"(revision {result.revision}). Why: {result.reason}"
+            # the revision is the change that failed; what is back is the unit from before it (issue 35)
+            f"{result.service}: the change to {after} (revision {result.revision}) FAILED and was rolled "
+            f"back: the unit from before it is in place again, {before}. Why: {result.reason}"
         ),
         "rollback-failed": (
             f"{result.service}: the change to {after} FAILED and the rollback FAILED too "

@@ -19,9 +19,10 @@ from vllm_ctxmgr.core.hardware import (
     GpuInfo,
     GpuState,
     capability_for_name,
-    known_gpu_names,
+    check_cuda_capability,
     platform_for,
     uniform_gpus,
+    unknown_gpu_name,
 )
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.observations import Observation, ObservationError, ObservationRecord
@@ -45,26 +46,55 @@ def gather_gpus(
     gpus_from: str | None = None,
     visible_devices: str | None = None,
     required: bool = False,
+    compute_capability: tuple[int, int] | None = None,
 ) -> tuple[GpuState | None, str | None]:
-    """(GPU state, note) from flags, a file, or NVML; None with a note when none can be had."""
+    """(GPU state, note) from flags, a file, or NVML; None with a note when none can be had.
+    `compute_capability` (--compute-capability) is every GPU's where it reports none (a GPU the name
+    table lacks)."""
+    capability = _offline_capability(gpu_name, compute_capability)
     if gpus_from:
-        return gpus_from_file(gpus_from).select(visible_devices), None
-    if gpu_name is not None and capability_for_name(gpu_name) is None:
-        # the name decides backends and defaults: one ctxmgr does not know would be planned as no GPU
-        raise UsageError(
-            f"--gpu-name {gpu_name!r}: not a GPU ctxmgr knows; known: {', '.join(known_gpu_names())} "
-            "(as NVML names them, e.g. 'NVIDIA H200'); leave --gpu-name out to plan without one"
-        )
-    if gpu_memory is not None or gpu_count is not None:
+        state = gpus_from_file(gpus_from).select(visible_devices)
+    elif gpu_memory is not None or gpu_count is not None:
         if gpu_memory is None:
             raise UsageError("--gpu-count needs --gpu-memory SIZE")
-        return uniform_gpus(gpu_count or 1, gpu_memory, name=gpu_name or "GPU"), None
-    try:
-        return read_nvml().select(visible_devices), None
-    except CtxmgrError as exc:
-        if required:
-            raise
-        return None, exc.message
+        state = uniform_gpus(gpu_count or 1, gpu_memory, name=gpu_name or "GPU")
+    else:
+        try:
+            state = read_nvml().select(visible_devices)
+        except CtxmgrError as exc:
+            if required:
+                raise
+            return None, exc.message
+    if compute_capability is not None:
+        gpus = tuple(
+            g if g.compute_capability else replace(g, compute_capability=capability) for g in state.gpus
+        )
+        state = replace(state, gpus=gpus)
+    return state, None
+
+
+def _offline_capability(
+    gpu_name: str | None, compute_capability: tuple[int, int] | None
+) -> tuple[int, int] | None:
+    """The compute capability an offline plan is made for: --compute-capability, else --gpu-name's in
+    NVIDIA's list (matched whole); an unknown name, a name and a capability that disagree, and a GPU
+    vLLM's CUDA build does not run on (below 7.0) are refused, each in one line."""
+    by_name = capability_for_name(gpu_name) if gpu_name is not None else None
+    if compute_capability is not None:
+        given = f"{compute_capability[0]}.{compute_capability[1]}"
+        check_cuda_capability(compute_capability, "--compute-capability")
+        if by_name is not None and by_name != compute_capability:
+            raise UsageError(
+                f"--gpu-name {gpu_name!r} is compute capability {by_name[0]}.{by_name[1]} (NVIDIA's CUDA "
+                f"GPUs list), not {given}: leave one out"
+            )
+        return compute_capability
+    if gpu_name is not None and by_name is None:
+        # the name decides backends and defaults: one ctxmgr does not know would be planned as no GPU
+        raise UsageError(unknown_gpu_name(gpu_name))
+    if by_name is not None:
+        check_cuda_capability(by_name, f"--gpu-name {gpu_name!r}")
+    return by_name
 
 
 def cpu_node_memory(node: int = 0) -> GpuState | None:
@@ -211,6 +241,7 @@ class PlanRequest:
     gpu_memory: int | None = None
     gpu_count: int | None = None
     gpu_name: str | None = None
+    compute_capability: tuple[int, int] | None = None  # --compute-capability: a GPU the name table lacks
     gpus_from: str | None = None
     weights_bytes: int | None = None
     vllm_version: str | None = None  # plan by this vLLM's rules instead of the unit's own
@@ -271,6 +302,7 @@ def plan_for(
             request.gpu_name,
             request.gpus_from,
             args.env.get("CUDA_VISIBLE_DEVICES"),
+            compute_capability=request.compute_capability,
         )
     version = parse_vllm_version(request.vllm_version) or parse_vllm_version(args.vllm_version) or NEWEST_VLLM
     options = PlanOptions(

@@ -39,7 +39,7 @@ from vllm_ctxmgr.change.states import (
     serves_other,
 )
 from vllm_ctxmgr.core.budget import default_gpu_memory_utilization
-from vllm_ctxmgr.core.change_policy import flags_to_apply
+from vllm_ctxmgr.core.change_policy import flags_to_apply, unknown_refusal
 from vllm_ctxmgr.core.downtime import CompileCache
 from vllm_ctxmgr.core.observations import ObservationFigures
 from vllm_ctxmgr.core.plan import Plan
@@ -131,10 +131,8 @@ def _forward(
     if not verdict.ok:
         estimate = verdict.estimated_max_model_len
         if estimate:
-            result.suggestion = (
-                f"vLLM estimates the largest max_model_len that fits is {estimate}: "
-                f"try `ctxmgr set-context {estimate} --service {restarter.service}`, or free GPU memory / "
-                "raise --gpu-memory-utilization"
+            result.suggestion = estimate_advice(
+                restarter.service, estimate, _applied_utilization(rev), _restored_utilization(rev)
             )
         return verdict.reason, verdict.decisive_line
     took = time.monotonic() - started
@@ -160,6 +158,33 @@ def _forward(
     return None
 
 
+def estimate_advice(service: str, estimate: int, tried: float | None, runs_again: float | None) -> str:
+    """What to try after vLLM refused the KV cache and named the largest max_model_len that fits. Its
+    estimate holds at the utilisation the failed start ran with (`tried`); where the rollback puts the
+    service back at another one (a change forced with --gpu-memory-utilization), the advice keeps the
+    tried one, since the estimate is not the service's as it runs again (issue 35)."""
+    if tried is None or runs_again is None or abs(tried - runs_again) < 1e-9:
+        return (
+            f"vLLM estimates the largest max_model_len that fits is {estimate}: "
+            f"try `ctxmgr set-context {estimate} --service {service}`, or free GPU memory / "
+            "raise --gpu-memory-utilization"
+        )
+    return (
+        f"vLLM estimates the largest max_model_len that fits at gpu_memory_utilization {tried:g} (the one "
+        f"this change tried) is {estimate}: try `ctxmgr set-context {estimate} --gpu-memory-utilization "
+        f"{tried:g} --service {service}`; {service} runs at {runs_again:g} again, where that estimate does "
+        f"not hold (`ctxmgr plan {estimate} --service {service}` plans it there)"
+    )
+
+
+def _restored_utilization(rev: Revision) -> float | None:
+    """The utilisation the service runs with once the change is rolled back: its unit's before it."""
+    if rev.previous_gpu_memory_utilization:
+        return rev.previous_gpu_memory_utilization
+    version = parse_vllm_version(rev.vllm_version or (rev.plan or {}).get("vllm_version"))
+    return default_gpu_memory_utilization(version) if version else None
+
+
 def _applied_utilization(rev: Revision) -> float | None:
     """The utilisation the installed unit really runs with (vLLM's default where it sets none)."""
     if rev.gpu_memory_utilization:
@@ -182,7 +207,7 @@ class SetContextRequest:
     probe_tokens: int | None = None
     long_probe: bool = False
     dry_run: bool = False
-    force: bool = False  # apply even when the plan says it will not fit
+    force: bool = False  # apply even when the plan says it will not fit, or cannot tell
     lock_wait: float = 0.0
     # where the GPUs' memory comes from, the vLLM rules to plan by, the utilisation ceiling
     planning: PlanRequest | None = None
@@ -236,10 +261,9 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
     if request.context == AUTO_CONTEXT:
         restarter.on_step(f"auto: the largest context that fits is {context}")
     result = _planned_result(restarter.service, view, plan)
-    if not plan.feasible:
-        not_applied = _kept_or_infeasible(restarter.service, request, plan, view.args, result)
-        if not_applied is not None:
-            return not_applied
+    not_applied = _kept_or_infeasible(restarter.service, request, plan, view.args, result)
+    if not_applied is not None:
+        return not_applied
     applied = flags_to_apply(view.args, plan, context, request.gpu_memory_utilization)
     result.gpu_memory_utilization = applied.gpu_memory_utilization
     result.suggestion = applied.suggestion
@@ -319,17 +343,29 @@ def _planned_result(service: str, view: ServiceView, plan: Plan) -> ChangeResult
 def _kept_or_infeasible(
     service: str, request: SetContextRequest, plan: Plan, args: ServeArgs, result: ChangeResult
 ) -> ChangeResult | None:
-    """A plan that does not fit: unchanged where the unit already has that max_model_len (nothing to
-    restart), else infeasible with the largest context that fits and the best alternative, unless
-    --force applies it anyway (None: go on)."""
+    """A plan that does not fit, or cannot tell: unchanged where the unit already has that max_model_len
+    (nothing to restart), else not applied (infeasible with the largest context that fits and the best
+    alternative; unknown with what would make it known, exit 6), unless --force applies it anyway
+    (None: go on)."""
+    if plan.result == "feasible":  # the one verdict set-context acts on unforced
+        return None
     context = plan.max_model_len
+    unknown = plan.result == "unknown"
     if args.max_model_len == context and request.gpu_memory_utilization is None:
         result.result = Result.UNCHANGED
         result.reason = f"{service} already has max_model_len {context}: nothing changed, nothing restarted"
-        result.suggestion = f"note: the plan says it does not fit with ctxmgr's margin: {plan.reason}"
+        result.suggestion = (
+            f"note: {unknown_refusal(plan).removesuffix('; --force applies it anyway')}"
+            if unknown
+            else f"note: the plan says it does not fit with ctxmgr's margin: {plan.reason}"
+        )
         return result
     if request.force:
         return None
+    if unknown:
+        result.result, result.exit_code = Result.INFEASIBLE, ExitCode.UNKNOWN
+        result.reason = unknown_refusal(plan)
+        return result
     result.result, result.exit_code = Result.INFEASIBLE, ExitCode.INFEASIBLE
     result.reason = plan.reason
     best = next((a for a in plan.alternatives if a.feasible), None)

@@ -55,7 +55,9 @@ from vllm_ctxmgr.systemd.service import read_service
 @long_probe_option
 @start_timeout_option
 @click.option("--dry-run", is_flag=True, help="Print the plan and the unit diff; change nothing.")
-@click.option("--force", is_flag=True, help="Apply even when the plan says it will not fit.")
+@click.option(
+    "--force", is_flag=True, help="Apply even when the plan says it will not fit, or cannot tell (exit 6)."
+)
 @wait_lock_option
 @yes_option
 @edit_option

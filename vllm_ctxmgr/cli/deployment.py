@@ -363,7 +363,9 @@ def deployment_plan_cmd(
 @_deployment_options
 @_head_timeout
 @click.option("--dry-run", is_flag=True, help="Print the plan and every node's diff; change nothing.")
-@click.option("--force", is_flag=True, help="Apply even when the plan says it will not fit.")
+@click.option(
+    "--force", is_flag=True, help="Apply even when the plan says it will not fit, or cannot tell (exit 6)."
+)
 @edit_option.but(envvar=None, help="Where each node's change is written (as set-context --edit).")
 @probe_tokens_option.but(help="max_tokens of the head's probe (as set-context's).")
 @long_probe_option.but(help="The head's probe also sends a prompt of about 90% of the context.")

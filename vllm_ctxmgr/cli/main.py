@@ -192,7 +192,8 @@ def main(
     \b
     Exit codes: 0 ok / feasible / nothing to do, 1 error (a failed change that was rolled back
     included), 2 usage error, 3 infeasible plan, 4 service locked, 5 rollback failed, 6 the plan
-    cannot decide (no memory information). `verify`: 0 ok, 1 degraded, 2 failed, 3 unknown, 4 locked.
+    cannot decide (no memory information, or the weights unknown; set-context then changes nothing).
+    `verify`: 0 ok, 1 degraded, 2 failed, 3 unknown, 4 locked.
     Every command: 70 ctxmgr crashed (an unexpected error, a bug; --debug shows it): no verdict.
     With --json every command prints exactly one JSON object on stdout, errors included.
     """

@@ -7,6 +7,7 @@ bounds is imported inside it."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar
@@ -188,6 +189,26 @@ CONTEXT = ContextArg()
 SIZE = ByteSize()
 VLLM_BYTES = VllmBytes()
 BLOCK_SIZE = BlockSize()
+
+
+class ComputeCapabilityArg(click.ParamType):
+    """8.9, 12.0: a CUDA compute capability, major.minor."""
+
+    name = "X.Y"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[int, int]:
+        if isinstance(value, tuple):
+            return value  # type: ignore[return-value]
+        text = str(value).strip()
+        match = re.fullmatch(r"(\d{1,2})\.(\d)", text)
+        if match is None:
+            self.fail(f"{text[:40]!r} is not a compute capability (X.Y, e.g. 8.9 or 12.0)", param, ctx)
+        return int(match.group(1)), int(match.group(2))
+
+
+COMPUTE_CAPABILITY = ComputeCapabilityArg()
 VLLM_VERSION = VllmVersionArg()
 SERVICE = ServiceName()
 UTILIZATION = Finite(0.0, 1.0, min_open=True)
@@ -304,6 +325,7 @@ class PlanningFlags(TypedDict):
     gpu_memory: int | None
     gpu_count: int | None
     gpu_name: str | None
+    compute_capability: tuple[int, int] | None
     gpus_from: str | None
     weights_bytes: int | None
     concurrency: int
@@ -321,7 +343,15 @@ gpu_options = options(
     shared(
         "--gpu-name",
         default=None,
-        help="Plan offline: the GPU model (e.g. 'NVIDIA H200'), which decides backends and defaults.",
+        help="Plan offline: the GPU model as nvidia-smi names it (e.g. 'NVIDIA H200'), which decides "
+        "backends and defaults (NVIDIA's CUDA GPUs list, Volta on).",
+    ),
+    shared(
+        "--compute-capability",
+        type=COMPUTE_CAPABILITY,
+        default=None,
+        help="The GPUs' CUDA compute capability (e.g. 8.9) where --gpu-name is not in NVIDIA's list "
+        "ctxmgr carries, or a GPU list lacks it; vLLM's CUDA build needs 7.0 or newer.",
     ),
     gpus_from_option,
     weights_bytes_option,

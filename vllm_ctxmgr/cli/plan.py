@@ -183,6 +183,10 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     )
     refused = edit_refusal(unit_view, applied.flag_changes, result.env_changes) if applied else None
     verdict = result.result
+    if applied is not None and verdict == "unknown" and refused is None and applied.flag_changes:
+        from vllm_ctxmgr.core.change_policy import unknown_refusal
+
+        refused = unknown_refusal(result)  # set-context acts on no verdict it does not have
     if as_json:
         # the object's `schema` is the CLI's (SCHEMA_VERSION), not the stored plan's (PLAN_SCHEMA)
         record = {k: v for k, v in result.to_json().items() if k != "schema"}

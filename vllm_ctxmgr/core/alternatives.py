@@ -262,10 +262,13 @@ def _fp8_kv_cache(
     )
     if not has_attention or is_quantized_kv_cache(layout.kv_cache_dtype):
         return None
+    # vLLM stores an MLA cache with an indexer (DeepSeek sparse attention) as fp8_ds_mla; named only
+    # there (issue 35: a Qwen model was told of it)
+    sparse = " (stored as fp8_ds_mla for DeepSeek sparse attention)" if search.facts.has_indexer else ""
     return _alternative(
         search,
         "fp8-kv-cache",
-        "fp8 KV cache: half the bytes of bf16 (fp8_ds_mla for DeepSeek sparse attention)",
+        f"fp8 KV cache: about half the bytes of a 16-bit cache{sparse}",
         replace(search.args, kv_cache_dtype="fp8"),
         {"--kv-cache-dtype": "fp8"},
     )
@@ -372,11 +375,14 @@ def _past_the_derived_maximum(search: Search, max_context: int) -> tuple[list[Al
     found: list[Alternative | None] = []
     shorter = min(max_context, search.derived or max_context)
     if shorter > 0:
-        found.append(
-            _alternative(
-                search, "shorter-context", f"the derived maximum: {shorter} tokens", search.args, {}, shorter
-            )
+        # the derived maximum only where memory holds it; else memory is what limits (issue 35)
+        what = (
+            f"the derived maximum: {shorter} tokens"
+            if shorter == search.derived
+            else f"the longest context that fits: {shorter} tokens (memory; the derived maximum is "
+            f"{search.derived})"
         )
+        found.append(_alternative(search, "shorter-context", what, search.args, {}, shorter))
     found.append(allow_long)
     return found, allow_long is not None and allow_long.feasible
 

@@ -58,6 +58,26 @@ class AppliedFlags:
         }
 
 
+def unknown_refusal(plan: Plan) -> str:
+    """Why a plan whose result is unknown decides nothing, what would make it known, and that --force
+    applies it anyway: set-context and `plan --unit` say the same (issue 35: set-context wrote and
+    restarted a plan that `plan` itself exited 6 on)."""
+    if not plan.gpus and plan.kv_cache_memory_bytes is None:
+        known = (
+            "no memory information: run it where NVML sees the GPUs, or give --gpu-memory SIZE "
+            "--gpu-count N (or --gpus-from FILE)"
+        )
+    else:
+        known = (
+            f"{plan.verdict}: give the weights' size (--weights-bytes SIZE, or --model with the model's "
+            "weight files), or start the service once so its journal logs them"
+        )
+    return (
+        f"the plan cannot tell whether max_model_len {plan.max_model_len} fits ({known}); "
+        "--force applies it anyway"
+    )
+
+
 def least_utilization(plan: Plan) -> float | None:
     """The least utilisation that holds the plan's target with its margin (None where none does, or where
     an explicit KV budget makes the utilisation no choice): the same figure whatever the plan runs at."""

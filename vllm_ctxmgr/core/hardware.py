@@ -5,8 +5,10 @@ Plain records only: where they come from (NVML, a file, flags) is the job of `vl
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 
+from vllm_ctxmgr.core.gpu_models import GPU_MODELS, SOURCE
 from vllm_ctxmgr.errors import UsageError
 
 GIB = 1 << 30
@@ -123,34 +125,31 @@ def uniform_gpus(count: int, total_bytes: int, free_bytes: int | None = None, na
 # Platform: the constants that differ between a CUDA GPU and the CPU build
 # --------------------------------------------------------------------------------------------------
 
-# Marketing names -> compute capability, for GPU lists that lack it (offline files, old drivers).
-_CAPABILITY_BY_NAME: tuple[tuple[str, tuple[int, int]], ...] = (
-    ("gb10", (12, 1)),
-    ("rtx pro 6000 blackwell", (12, 0)),
-    ("rtx 50", (12, 0)),
-    ("gb300", (10, 3)),
-    ("b300", (10, 3)),
-    ("gb200", (10, 0)),
-    ("b200", (10, 0)),
-    ("b100", (10, 0)),
-    ("gh200", (9, 0)),
-    ("h200", (9, 0)),
-    ("h100", (9, 0)),
-    ("h800", (9, 0)),
-    ("h20", (9, 0)),
-    ("l40", (8, 9)),
-    ("l4", (8, 9)),
-    ("rtx 40", (8, 9)),
-    ("rtx 6000 ada", (8, 9)),
-    ("a100", (8, 0)),
-    ("a800", (8, 0)),
-    ("a30", (8, 0)),
-    ("a40", (8, 6)),
-    ("a10", (8, 6)),
-    ("rtx 30", (8, 6)),
-    ("v100", (7, 0)),
-    ("t4", (7, 5)),
+# vLLM's CUDA build runs on compute capability 7.0 (Volta) and newer: its installation docs' GPU
+# requirement ("compute capability 7.0 or higher (e.g., V100, T4, RTX20xx, A100, L4, H100, etc.)") and
+# the CUDA arch list its wheels are built for (CMakeLists.txt CUDA_SUPPORTED_ARCHS, from 7.0).
+MIN_CUDA_CAPABILITY = (7, 0)
+# the words nvidia-smi puts before a model name, and the board words after it (memory size, form
+# factor, edition), which do not change the chip: `NVIDIA A100-SXM4-80GB` is the A100
+_BRAND_WORDS = frozenset({"nvidia", "geforce", "tesla"})
+_BOARD_WORD = re.compile(
+    r"(?:\d+gb|pcie|sxm\d?|nvl|hbm\d?e?|server|workstation|edition|max|q|laptop|gpu|oem|ac|mig)"
 )
+_CAPABILITY_BY_MODEL: dict[str, tuple[int, int]] = {}  # filled below from core/gpu_models.py
+
+
+def normalised_gpu_name(name: str) -> str:
+    """A GPU name as core/gpu_models.py lists it, lower case: the vendor and brand words before the model
+    (NVIDIA, GeForce, Tesla) and the board words after it (80GB, PCIe, SXM5, NVL, HBM3, Max-Q,
+    Workstation Edition, ...) dropped, so "NVIDIA A100 80GB PCIe" and "NVIDIA A100-SXM4-80GB" are both
+    "a100" while "Quadro RTX 5000" and "NVIDIA RTX 5000 Ada Generation" stay two models."""
+    words = [w for w in re.split(r"[\s\-_/]+", name.strip().lower()) if w]
+    while words and words[0] in _BRAND_WORDS:
+        words.pop(0)
+    return " ".join(w for w in words if not _BOARD_WORD.fullmatch(w))
+
+
+_CAPABILITY_BY_MODEL.update((normalised_gpu_name(model), cc) for model, cc in GPU_MODELS)
 
 
 @dataclass(frozen=True)
@@ -167,6 +166,9 @@ class Platform:
     device_name: str = ""
     total_memory_bytes: int | None = None
     cuda_runtime_major: int | None = None
+    # where compute_capability came from: "NVML", "--compute-capability", "its name, NVIDIA's CUDA GPUs
+    # list", ...; "" where it is unknown (planned as Hopper, capability_major)
+    capability_source: str = ""
 
     @property
     def is_cpu(self) -> bool:
@@ -188,6 +190,18 @@ class Platform:
     def is_capability_family(self, family: int) -> bool:
         """vLLM's is_device_capability_family(100) means SM10.x, (90) means SM9.x."""
         return self.is_cuda and self.capability_major == family // 10
+
+    def decided_by(self) -> str:
+        """Which GPU the backend and the KV dtype were chosen for, and where its compute capability
+        came from (issue 35: a plan did not say, and a wrong name match went unseen)."""
+        name = self.device_name if self.device_name and self.device_name != "GPU" else "no GPU named"
+        if self.compute_capability is None:
+            return (
+                f"{name}, compute capability unknown: planned as Hopper (9.0); --gpu-name or "
+                "--compute-capability X.Y plans for yours"
+            )
+        major, minor = self.compute_capability
+        return f"{name}, compute capability {major}.{minor} ({self.capability_source or 'given'})"
 
     def default_max_num_batched_tokens(self, world_size: int) -> int:
         """EngineArgs.get_batch_defaults for the OpenAI server (arg_utils.py)."""
@@ -216,32 +230,49 @@ class Platform:
 
 
 def known_gpu_names() -> list[str]:
-    """The GPU models whose compute capability ctxmgr knows by name, as an operator would write them."""
-
-    def spelt(needle: str) -> str:
-        return " ".join(w.title() if w in ("blackwell", "ada") else w.upper() for w in needle.split())
-
-    return [spelt(needle) for needle, _ in _CAPABILITY_BY_NAME]
+    """The GPU models vLLM's CUDA build runs on whose compute capability ctxmgr knows by name."""
+    return [model for model, cc in GPU_MODELS if cc >= MIN_CUDA_CAPABILITY]
 
 
 def capability_for_name(name: str) -> tuple[int, int] | None:
-    """The compute capability a GPU name implies ("NVIDIA H200" -> (9, 0)), for GPU lists without one.
+    """The compute capability of a GPU model named as nvidia-smi names it ("NVIDIA H200" -> (9, 0)),
+    from NVIDIA's list (core/gpu_models.py), matched as a whole model name, never by a substring;
+    None: a model the list does not have."""
+    return _CAPABILITY_BY_MODEL.get(normalised_gpu_name(name))
 
-    The first substring in _CAPABILITY_BY_NAME wins, so longer names come first; None: unknown.
-    """
-    lowered = name.lower()
-    for needle, capability in _CAPABILITY_BY_NAME:
-        if needle in lowered:
-            return capability
-    return None
+
+def unknown_gpu_name(name: str, flag: str = "--gpu-name") -> str:
+    """Why a GPU name decides nothing, and what to give instead."""
+    return (
+        f"{flag} {name[:80]!r}: not a GPU ctxmgr knows; known: {', '.join(known_gpu_names())} (NVIDIA's "
+        f"CUDA GPUs list from Volta on, {SOURCE}); for another GPU give --compute-capability X.Y"
+    )
+
+
+def check_cuda_capability(capability: tuple[int, int], what: str) -> None:
+    """Refuse a GPU vLLM's CUDA build does not run on (below 7.0), saying so."""
+    if tuple(capability) < MIN_CUDA_CAPABILITY:
+        raise UsageError(
+            f"{what}: compute capability {capability[0]}.{capability[1]}; vLLM's CUDA build needs "
+            f"{MIN_CUDA_CAPABILITY[0]}.{MIN_CUDA_CAPABILITY[1]} or newer (Volta and later)"
+        )
 
 
 def platform_for(gpus: GpuState | None, cpu: bool = False) -> Platform:
-    """The platform a service runs on, from the GPUs it sees (first GPU decides)."""
+    """The platform a service runs on, from the GPUs it sees (first GPU decides): its compute capability
+    as reported (NVML, a file, --compute-capability), else from its name; below 7.0 refused."""
     if cpu:
         return Platform("cpu")
     if gpus is None or not gpus.gpus:
         return Platform("cuda")
     first = gpus.gpus[0]
-    capability = first.compute_capability or capability_for_name(first.name)
-    return Platform("cuda", capability, first.name, first.total_bytes)
+    capability, source = first.compute_capability, ""
+    if capability is not None:
+        source = {"flags": "--compute-capability", "nvml": "NVML"}.get(
+            gpus.source, f"the GPU list {gpus.source}"
+        )
+    elif (capability := capability_for_name(first.name)) is not None:
+        source = "its name, NVIDIA's CUDA GPUs list"
+    if capability is not None:
+        check_cuda_capability(capability, f"GPU {first.index} ({first.name[:80]})")
+    return Platform("cuda", capability, first.name, first.total_bytes, capability_source=source)

@@ -93,6 +93,7 @@ from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA, FigureRecord, PlanRecord, 
 from vllm_ctxmgr.core.serve_args import ServeArgs, multi_node_flag
 from vllm_ctxmgr.core.vllm_versions import (
     NEWEST_VLLM,
+    NO_GGUF_LOADER_SINCE,
     VllmVersion,
     known_version,
     not_modelled_before_oldest,
@@ -331,6 +332,11 @@ class Plan:
                 "device_type": self.platform.device_type,
                 "compute_capability": self.platform.compute_capability,
                 "device_name": self.platform.device_name,
+                "capability_source": self.platform.capability_source or None,
+                "decides": {
+                    "attention_backend": self.layout.attention_backend,
+                    "kv_cache_dtype": self.layout.kv_cache_dtype,
+                },
             },
             "gpus": [gpu.to_json() for gpu in self.gpus],
             "flag_changes": dict(self.flag_changes),
@@ -662,7 +668,8 @@ def _evaluate(
         )
     fit = _UtilizationFit.of(layout, gpus, options, observed, target, upper, same_config, need_by_stage)
     if not all(g.weights_known() for g in gpus):
-        return _evaluate_weights_unknown(fit)
+        unit_or_default = "the unit's" if args.gpu_memory_utilization else "vLLM's default"
+        return _evaluate_weights_unknown(fit, options, current_u, unit_or_default)
     if options.fixed_gpu_memory_utilization is not None:
         return _evaluate_fixed_utilization(fit, options)
     return _evaluate_searched_utilization(fit, options.max_gpu_memory_utilization)
@@ -770,15 +777,33 @@ def _budget_source(g: _Gpu) -> str:
     return g.observed.budget_source if g.observed is not None and g.has_observed_budget else "estimate"
 
 
-def _evaluate_weights_unknown(fit: _UtilizationFit) -> _Outcome:
-    """Weights unknown: plan at the most vLLM will take and say how large the weights may be."""
-    u = fit.u_limit
+def _evaluate_weights_unknown(
+    fit: _UtilizationFit, options: PlanOptions, current_u: float, current_is: str
+) -> _Outcome:
+    """Weights unknown: no utilisation can be chosen (the least that fits depends on them), so the plan
+    is at the one the unit would run with (the caller's, else the unit's, else vLLM's default) and says
+    how large the weights may be there; no least utilisation is given (issue 35: a plan that offered
+    0.95 here had set-context keep 0.9 while its flags said 0.95)."""
+    fixed = options.fixed_gpu_memory_utilization
+    u = current_u if fixed is None else fixed
+    whose = options.fixed_gpu_memory_utilization_is if fixed is not None else current_is
+    if fixed is None and u > fit.u_limit + 1e-9:
+        # the unit's (or vLLM's default) would fail vLLM's free-memory check: the most the GPUs allow,
+        # which is then the utilisation set-context writes
+        u, whose = fit.u_limit, "the most the free memory allows,"
+    if u > min(g.max_utilization() for g in fit.gpus) + 1e-9:
+        allowed = f"{fit.u_limit:.2f}, not {u:.2f}"
+        verdict = f"does not fit: the free memory allows gpu_memory_utilization {allowed}"
+        return _Outcome(False, verdict, u, fit.max_context, fit.lines(u, "estimate without weights"), None)
     allowance = min(g.budget(u) - fit.need(g) for g in fit.gpus) if u >= 0.01 else -1
     feasible = allowance >= 0
     if feasible:
-        verdict = f"{WEIGHTS_UNKNOWN}: fits if the weights take at most {allowance / GIB:.2f} GiB per GPU"
+        verdict = (
+            f"{WEIGHTS_UNKNOWN}: fits at {whose} gpu_memory_utilization {u:.2f} if the weights take at most "
+            f"{allowance / GIB:.2f} GiB per GPU"
+        )
     else:
-        verdict = "does not fit even without weights"
+        verdict = f"does not fit at {whose} gpu_memory_utilization {u:.2f} even without weights"
     return _Outcome(feasible, verdict, u, fit.max_context, fit.lines(u, "estimate without weights"), None)
 
 
@@ -1023,6 +1048,9 @@ def make_plan(
     derived, derived_key = _derived(facts, args, options)
     warnings = _version_warnings(version)
     notes: list[str] = list(args.notes)  # how the unit's arguments were read (a --config YAML)
+    gguf_warnings, gguf_notes = _gguf_said(facts, version)
+    warnings.extend(gguf_warnings)
+    notes.extend(gguf_notes)
     base_layout = kv_cache_layout(
         facts, _scheduled(facts, args, platform, version, target), platform, version
     )
@@ -1082,6 +1110,22 @@ def _refuse_what_vllm_refuses(
     refusals = vllm_refusals(args, target, facts, version, default_mnbt, gpu=not platform.is_cpu)
     if refusals:
         raise UsageError(f"vLLM refuses this configuration: {refusals[0]}")
+
+
+def _gguf_said(facts: ModelFacts, version: VllmVersion) -> tuple[list[str], list[str]]:
+    """(warnings, notes) of a GGUF plan: every GGUF result carries a note (docs/vllm-accounting.md 8),
+    and a vLLM without a GGUF loader is warned of, so the verdict is not read as "vLLM loads it"."""
+    if facts.source_format != "gguf":
+        return [], []
+    note = "GGUF: the facts follow the GGUF path of vLLM's releases before 0.33 (transformers' GGUF config)"
+    if tuple(version) < NO_GGUF_LOADER_SINCE:
+        return [], [note]
+    release = ".".join(map(str, version))
+    return [
+        f"vLLM {release} has no GGUF loader (GGUF moved to an out-of-tree plugin): it loads this model "
+        "only where that plugin is installed; the verdict assumes it is (plan with --vllm-version of the "
+        "vLLM that serves it)"
+    ], [note]
 
 
 def _version_warnings(version: VllmVersion) -> list[str]:

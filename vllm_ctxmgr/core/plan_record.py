@@ -71,6 +71,17 @@ class PlatformRecord(TypedDict):
     device_type: str
     compute_capability: tuple[int, int] | list[int] | None
     device_name: str | None
+    # where the capability came from (NVML, --compute-capability, the name); a plan stored before
+    # issue 35 lacks these two
+    capability_source: NotRequired[str | None]
+    decides: NotRequired[PlatformDecides]
+
+
+class PlatformDecides(TypedDict):
+    """What the GPU's compute capability chose for the plan."""
+
+    attention_backend: str
+    kv_cache_dtype: str
 
 
 class PlanRecord(TypedDict):

@@ -387,6 +387,16 @@ def utc_clock(when: float) -> str:
     return f"{year:04d}-{month:02d}-{day:02d} {rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
 
 
+def _baseline_context(facts: VerifyFacts) -> int | None:
+    """A service ctxmgr has not changed: the context its unit sets, the baseline as ctxmgr finds it, so
+    ctxmgr_verify_planned_max_model_len is written and the alert that compares the served context
+    with it can fire (issue 35: it was left out, and CtxmgrContextBelowPlanned never could). None where
+    the unit sets none (or `auto`): vLLM's own choice is then no plan to hold it to."""
+    if facts.revisions or facts.max_model_len is None or facts.max_model_len <= 0:
+        return None
+    return facts.max_model_len
+
+
 def decide(facts: VerifyFacts, clock: Clock = utc_clock) -> Verification:
     """ok / degraded / failed, with every reason; no I/O. `clock` writes the times in the reasons."""
     unit = facts.unit
@@ -394,7 +404,7 @@ def decide(facts: VerifyFacts, clock: Clock = utc_clock) -> Verification:
     result.unit = cast(UnitRecord, asdict(unit))
     result.revision = facts.current_revision
     good = [r for r in facts.revisions if r.get("state") in GOOD_STATES]
-    result.planned_max_model_len = good[-1].get("max_model_len") if good else None
+    result.planned_max_model_len = good[-1].get("max_model_len") if good else _baseline_context(facts)
     observation = facts.observation or {}
     probe = facts.probe or {}
     if probe:

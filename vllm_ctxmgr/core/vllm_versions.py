@@ -20,6 +20,10 @@ from typing import Any
 VllmVersion = tuple[int, ...]
 OLDEST_VLLM: VllmVersion = (0, 10, 0)
 NEWEST_VLLM: VllmVersion = (0, 33, 0)  # the newest release read; also the default planning version
+# The 0.33.0 wheel has no GGUF loader (no vllm/model_executor/model_loader/gguf_loader.py; GGUF moved
+# to an out-of-tree plugin, vllm-project/vllm#39583; docs/vllm-accounting.md item 8). Which release
+# dropped it is not verified: the releases before 0.33 are planned as having it.
+NO_GGUF_LOADER_SINCE: VllmVersion = (0, 33, 0)
 
 KV = "vllm/v1/core/kv_cache_utils.py"  # kv_cache_planning.py from 0.33.0
 SAMPLER = "vllm/v1/sample/ops/topk_topp_sampler.py"
@@ -536,8 +540,19 @@ def rules_line(version: VllmVersion) -> str:
         name = f"{name} (older than any known: planned by {'.'.join(map(str, OLDEST_VLLM))}'s)"
     if not rows:
         return f"vLLM {name} rules: as {'.'.join(map(str, NEWEST_VLLM))} (newest known)"
-    parts = ", ".join(f"{row.name}={_short(row.value)} (since {_dotted(row.since)})" for row in rows)
+    # a few rows are read inline; an old release differs in 20 and more, which on one line read as a
+    # dump of internal ids (issue 35): the first few, and where every one is
+    shown = rows[:RULES_LISTED]
+    parts = ", ".join(f"{row.name}={_short(row.value)} (since {_dotted(row.since)})" for row in shown)
+    if len(rows) > len(shown):
+        parts += (
+            f", and {len(rows) - len(shown)} more (`--json`'s vllm_rules lists each; docs/vllm-accounting.md "
+            "says what each changes)"
+        )
     return f"vLLM {name} rules, unlike {'.'.join(map(str, NEWEST_VLLM))}: {parts}"
+
+
+RULES_LISTED = 3  # rules a plan's text names inline before it says how many more
 
 
 def _dotted(version: VllmVersion) -> str:

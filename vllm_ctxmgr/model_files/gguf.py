@@ -60,6 +60,14 @@ GGUF_KEYS: dict[str, tuple[str, str]] = {
     "context_length": ("LLM.CONTEXT_LENGTH", "{arch}.context_length"),
     "embedding_length": ("LLM.EMBEDDING_LENGTH", "{arch}.embedding_length"),
     "nextn_predict_layers": ("LLM.NEXTN_PREDICT_LAYERS", "{arch}.nextn_predict_layers"),
+    # the shapes core/memory.py estimates the activations from, as transformers' GGUF config mapping
+    # reads them into the HF config vLLM built (issue 35: unread, a GGUF's activation peak was 0.56 GiB
+    # against 2.07 GiB for the same model's config.json)
+    "vocab_size": ("LLM.VOCAB_SIZE", "{arch}.vocab_size"),
+    "feed_forward_length": ("LLM.FEED_FORWARD_LENGTH", "{arch}.feed_forward_length"),
+    "expert_feed_forward_length": ("LLM.EXPERT_FEED_FORWARD_LENGTH", "{arch}.expert_feed_forward_length"),
+    "expert_count": ("LLM.EXPERT_COUNT", "{arch}.expert_count"),
+    "expert_used_count": ("LLM.EXPERT_USED_COUNT", "{arch}.expert_used_count"),
     "full_attention_interval": ("LLM.FULL_ATTENTION_INTERVAL", "{arch}.full_attention_interval"),
     "attention.head_count": ("Attention.HEAD_COUNT", "{arch}.attention.head_count"),
     "attention.head_count_kv": ("Attention.HEAD_COUNT_KV", "{arch}.attention.head_count_kv"),
@@ -94,6 +102,11 @@ GGUF_INTEGER_RANGES: dict[str, tuple[int, int]] = {
     "context_length": (1, MAX_POSITIONS),
     "embedding_length": (1, MAX_HIDDEN_SIZE),
     "nextn_predict_layers": (0, MAX_LAYERS),
+    "vocab_size": (0, MAX_HIDDEN_SIZE),
+    "feed_forward_length": (0, MAX_HIDDEN_SIZE),
+    "expert_feed_forward_length": (0, MAX_HIDDEN_SIZE),
+    "expert_count": (0, MAX_HEADS),
+    "expert_used_count": (0, MAX_HEADS),
     "full_attention_interval": (0, MAX_LAYERS),
     "attention.head_count": (1, MAX_HEADS),
     "attention.head_count_kv": (0, MAX_HEADS),
@@ -494,7 +507,12 @@ def check_gguf_values(meta: GgufMetadata, arch: str, label: str) -> None:
 
 
 PER_LAYER_KEYS = frozenset(
-    {"attention.head_count", "attention.head_count_kv", "attention.sliding_window_pattern"}
+    {
+        "attention.head_count",
+        "attention.head_count_kv",
+        "attention.sliding_window_pattern",
+        "feed_forward_length",  # one per layer in some architectures (gemma3n)
+    }
 )
 
 
@@ -576,6 +594,7 @@ def gguf_facts(
     context_length = keys.get("context_length", "max_position_embeddings")
     rope = _gguf_rope_scaling(keys)
     quantization = _gguf_weights(keys, tensors, type_names, parts)
+    shapes = _gguf_shapes(keys, meta, tensors)
     return ModelFacts(
         source=source,
         source_format="gguf",
@@ -596,7 +615,44 @@ def gguf_facts(
         quantization=quantization,
         provenance=keys.provenance,
         notes=tuple(notes),
+        **shapes,
     )
+
+
+def _gguf_shapes(keys: _ArchKeys, meta: GgufMetadata, tensors: list[GgufTensor]) -> dict[str, int | None]:
+    """vocab_size, the MLP widths and the experts, as transformers' GGUF config mapping names them
+    (feed_forward_length -> intermediate_size, expert_count -> num_local_experts, ...): the same
+    config.json facts core/memory.py estimates an HF directory's activations from. vocab_size where no
+    key gives it: the tokenizer's token count, else token_embd's rows (its ne1)."""
+
+    def positive(name: str, fact: str) -> int | None:
+        value = keys.get(name, fact)
+        if isinstance(value, list):
+            value = max((v for v in value if isinstance(v, int)), default=None)
+        return int(value) if value else None
+
+    vocab = positive("vocab_size", "vocab_size")
+    if vocab is None:
+        tokens = meta.get("tokenizer.ggml.tokens")
+        count = (
+            tokens.count
+            if isinstance(tokens, SkippedArray)
+            else len(tokens)
+            if isinstance(tokens, list)
+            else 0
+        )
+        embedding = next((t for t in tensors if t.name == "token_embd.weight" and len(t.shape) == 2), None)
+        if count:
+            vocab, keys.provenance["vocab_size"] = count, "gguf tokenizer.ggml.tokens (its length)"
+        elif embedding is not None and embedding.shape[1]:
+            vocab, keys.provenance["vocab_size"] = embedding.shape[1], "gguf token_embd.weight (its rows)"
+    return {
+        "vocab_size": vocab,
+        "intermediate_size": positive("feed_forward_length", "intermediate_size"),
+        "moe_intermediate_size": positive("expert_feed_forward_length", "moe_intermediate_size"),
+        "num_experts": positive("expert_count", "num_experts"),
+        "num_experts_per_tok": positive("expert_used_count", "num_experts_per_tok"),
+    }
 
 
 def _gguf_layer_counts(

@@ -11,7 +11,8 @@ reads half a file (see write_textfile for the directory others may write). Every
     ctxmgr_verify_probe_latency_seconds{service}   the whole probe: /health to the first token
     ctxmgr_verify_max_model_len{service}           what vLLM reports on /v1/models (else the unit's)
     ctxmgr_verify_planned_max_model_len{service}   the context ctxmgr last put in place (its newest good
-                                                   revision): an alert compares the served one with it
+                                                   revision; the unit's own where ctxmgr changed nothing):
+                                                   an alert compares the served one with it
     ctxmgr_verify_kv_cache_tokens{service}         vLLM's "KV cache size: N tokens"
     ctxmgr_verify_margin_bytes{service}            the smallest margin a restart keeps over the GPUs
     ctxmgr_verify_unit_restarts{service}           systemd's NRestarts
@@ -69,7 +70,7 @@ def registry_for(verification: Verification) -> CollectorRegistry:
     gauge("max_model_len", "The max_model_len vLLM reports", verification.max_model_len)
     gauge(
         "planned_max_model_len",
-        "The max_model_len of the newest revision ctxmgr installed that served (or the baseline)",
+        "The max_model_len of the newest revision ctxmgr installed that served (or the baseline: the unit's)",
         verification.planned_max_model_len,
     )
     gauge("kv_cache_tokens", "vLLM's KV cache size in tokens", verification.kv_cache_tokens)

@@ -43,7 +43,9 @@ options:
     type: bool
     default: false
   force:
-    description: Apply a change the plan says will not fit; vLLM has the last word (set-context).
+    description:
+      - Apply a change the plan says will not fit, or cannot tell (exit 6); vLLM has the last word
+        (set-context).
     type: bool
     default: false
   edit:
@@ -215,7 +217,7 @@ EXIT_MEANINGS = {
     3: "infeasible: the context does not fit",
     4: "locked by another ctxmgr run",
     5: "the change failed and its rollback failed too: the service needs a human",
-    6: "the plan cannot decide: no memory information",
+    6: "the plan cannot decide (no memory information, or the weights unknown): nothing was changed",
     70: "ctxmgr crashed (an unexpected error, a bug): nothing was decided",
 }
 PLAN_FIGURES = (
