@@ -45,6 +45,8 @@ Environment (all optional):
                                      hit line), a new one compiles cold (its miss lines, a longer phase).
                                      Unset: no cache and no cache lines (every start compiles alike)
   VLLM_API_KEY                      the API key when --api-key is absent, as in vLLM
+  CTXMGR_STANDIN_VLLM_VERSION       the release it says it is (default 0.33.0): banner, engine line and
+                                     /version; 0.11.x prints 0.11.0's one-line banner instead of the art
 """
 
 from __future__ import annotations
@@ -69,7 +71,10 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-VLLM_VERSION = "0.33.0"
+# vllm.__version__ (vllm/_version.py), which the banner (entrypoints/common/startup.py:L21), the engine's
+# config line (v1/engine/core.py:L140) and GET /version print; CTXMGR_STANDIN_VLLM_VERSION makes the
+# stand-in say it is another release (an upgraded or older vLLM) while its other lines stay 0.33.0's
+VLLM_VERSION = os.environ.get("CTXMGR_STANDIN_VLLM_VERSION") or "0.33.0"
 GIB = 1 << 30
 _WORDS = (
     "the",
@@ -497,11 +502,15 @@ def run_start(settings: Settings, log: VllmLog, group: HeadGroup | None = None) 
     With `group` (node 0 of --nnodes > 1), the other nodes' ranks join it, report their KV budget and
     warm up when it says so."""
     model, tp = settings.model, settings.tensor_parallel_size
-    banner = (
-        f"\n       █     █     █▄   ▄█\n ▄▄ ▄█ █     █     █ ▀▄▀ █  version {VLLM_VERSION}\n  █▄█▀ █     █  "
-        f"   █     █  model   {model}\n   ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀\n"
-    )
-    log.info("APIServer", "startup.py:38", banner)
+    if VLLM_VERSION.startswith("0.11."):
+        # 0.11.0 has no banner art: entrypoints/openai/api_server.py:L1839 of 0.11.0 (vllm-facts.md 1.x)
+        log.info("APIServer", "api_server.py:1839", f"vLLM API server version {VLLM_VERSION}")
+    else:
+        banner = (
+            f"\n       █     █     █▄   ▄█\n ▄▄ ▄█ █     █     █ ▀▄▀ █  version {VLLM_VERSION}\n"
+            f"  █▄█▀ █     █     █     █  model   {model}\n   ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀\n"
+        )
+        log.info("APIServer", "startup.py:38", banner)
     log.info("APIServer", "startup.py:96", f"non-default args: {settings.non_default_args}")
     log.sleep(0.3)
     log.info("APIServer", "model.py:744", f"Resolved architecture: {settings.architecture}")
