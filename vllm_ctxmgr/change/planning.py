@@ -364,7 +364,7 @@ def plan_service(
     arguments (plan's vLLM flags); `argv_check` warns where the running vLLM got other arguments.
     """
     from vllm_ctxmgr.change.observing import learn_from_running_instance
-    from vllm_ctxmgr.systemd.service import read_service, running_argv_mismatch
+    from vllm_ctxmgr.systemd.service import read_service, read_stop_path, running_argv_mismatch
 
     view = read_service(systemd, service)
     learned = learn_from_running_instance(systemd, store, service, view, keep_observation)
@@ -379,6 +379,12 @@ def plan_service(
     mismatch = running_argv_mismatch(systemd, view) if argv_check else None
     if mismatch:
         plan = replace(plan, warnings=(mismatch, *plan.warnings))
+    try:  # what a restart's stop could leave on the GPUs (core.stop_path): said before any restart
+        risks = read_stop_path(systemd, view).risks()
+    except CtxmgrError:
+        risks = []
+    if risks:
+        plan = replace(plan, warnings=(*plan.warnings, *risks))
     if learned:
         plan = replace(plan, notes=(learned, *plan.notes))
     return ServicePlan(view, plan, learned)

@@ -34,7 +34,7 @@ from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.probe import cache_config_info, probe
 from vllm_ctxmgr.store import GOOD, Revision, ServiceStore, State
 from vllm_ctxmgr.systemd.journal import parse_journal_json
-from vllm_ctxmgr.systemd.service import ServiceView, read_service
+from vllm_ctxmgr.systemd.service import ServiceView, read_service, read_stop_path
 from vllm_ctxmgr.systemd.systemctl import Systemd
 from vllm_ctxmgr.vllm_log.patterns import classify
 from vllm_ctxmgr.vllm_log.watcher import observe_start
@@ -258,6 +258,9 @@ def gather(
     moved, upgrade_note = vllm_upgrade(systemd, store, view, revisions, last_start, running, options)
     if upgrade_note:
         notes.append(upgrade_note)
+    drain = read_stop_path(systemd, view).drain_cut()  # the next restart's stop kills vLLM's drain
+    if drain:
+        notes.append(drain)
     return VerifyFacts(
         service=store.service,
         time=now,
