@@ -32,7 +32,7 @@ from vllm_ctxmgr.change.planning import PlanRequest
 from vllm_ctxmgr.change.restart import Restarter
 from vllm_ctxmgr.change.states import Result
 from vllm_ctxmgr.change.walk import SetContextRequest, set_context
-from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuProcess, GpuState
+from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuProcess, GpuState, gib
 from vllm_ctxmgr.errors import ExitCode
 from vllm_ctxmgr.probe import wait_until_serving
 from vllm_ctxmgr.store import ServiceStore, State
@@ -52,8 +52,9 @@ def cmdline(pid: int) -> str:
 
 
 class PlayedNvml:
-    """What NVML would list with vLLM on every GPU: each live process that ever ran in the unit's cgroup
-    holds its share of vLLM's memory there (a CUDA context lives as long as its process)."""
+    """What NVML would list with vLLM on every GPU: its EngineCore, for as long as that process lives, as
+    the one that holds vLLM's memory there (in vLLM V1 the engine process, not the API server, creates
+    the CUDA context; a context lives as long as its process)."""
 
     def __init__(self, sandbox: Sandbox, unit: str) -> None:
         self.sandbox, self.unit = sandbox, unit
@@ -61,12 +62,11 @@ class PlayedNvml:
 
     def __call__(self) -> GpuState:
         self.seen |= set(self.sandbox.systemd.unit_processes(self.unit))
-        holders = [pid for pid in sorted(self.seen) if alive(pid)]
-        share = VLLM_HOLDS // max(1, len(holders))
+        holders = [pid for pid in sorted(self.seen) if alive(pid) and cmdline(pid).startswith("VLLM::")]
         gpus = []
         for index in range(SEED_GPU_COUNT):
-            processes = tuple(GpuProcess(pid, cmdline(pid), share) for pid in holders)
-            used = share * len(holders)
+            processes = tuple(GpuProcess(pid, cmdline(pid), VLLM_HOLDS) for pid in holders)
+            used = VLLM_HOLDS * len(holders)
             gpus.append(GpuInfo(index, "NVIDIA H200", TOTAL, TOTAL - used, used, processes=processes))
         return GpuState(tuple(gpus), "nvml")
 
@@ -97,7 +97,7 @@ def test_a_process_surviving_the_stop_on_the_gpu_stops_the_change_before_the_sta
         sandbox.systemd.start(unit)
         assert wait_until_serving(f"http://127.0.0.1:{port}", time.monotonic() + 60)
         monkeypatch.setattr(observing, "read_nvml", nvml)
-        nvml()  # the instance as it serves: the API server and its EngineCore
+        nvml()  # the instance as it serves: the API server and its EngineCore, in the unit's cgroup
         engine = [pid for pid in nvml.seen if cmdline(pid).startswith("VLLM::EngineCore")]
         assert len(engine) == 1, [cmdline(pid) for pid in nvml.seen]
         store = ServiceStore(Path(workdir) / "state", name)
@@ -114,8 +114,9 @@ def test_a_process_surviving_the_stop_on_the_gpu_stops_the_change_before_the_sta
         invocation = sandbox.systemd.state(unit).invocation_id
         result = set_context(restarter(), SetContextRequest(16384, planning=PLANNING, force=True))
         assert result.result is Result.ROLLBACK_FAILED and result.exit_code == ExitCode.ROLLBACK_FAILED
-        holder = f"PID {engine[0]} (VLLM::EngineCore 3600) holds "
-        assert f"after the stop of {unit}, {holder}" in result.reason, result.reason
+        gpus = ", ".join(map(str, range(SEED_GPU_COUNT)))
+        holder = f"PID {engine[0]} (VLLM::EngineCore 3600) holds {gib(VLLM_HOLDS)} on each of GPUs {gpus}"
+        assert f"2 s after the stop of {unit}, {holder}: not started" in result.reason, result.reason
         assert "not started into an occupied GPU" in result.reason
         assert "the previous unit is back in place but was not started" in result.reason
         # nothing was started after the stop: neither the new unit nor the previous one

@@ -3,11 +3,13 @@ who holds them after it. Pure: the unit's properties as `systemctl show` gives t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.support.seed_gpus import OTHER_PID, SERVICE_PID, gpu_state
 from vllm_ctxmgr.core.hardware import GIB
-from vllm_ctxmgr.core.stop_path import StopPath, gpu_holders
+from vllm_ctxmgr.core.stop_path import StopPath, gpu_holders, holders_text
 from vllm_ctxmgr.systemd.timespan import parse_timespan
 
 UNIT = "vllm-glm5.service"
@@ -58,3 +60,12 @@ def test_only_the_old_instances_processes_hold_the_gpu_and_each_is_named() -> No
     assert gpu_holders(gpus, set()) == []
     unknown = gpu_holders(gpu_state(None, count=1), {SERVICE_PID})[0]
     assert unknown.text() == f"PID {SERVICE_PID} (vllm serve) holds memory (NVML says not how much) on GPU 0"
+
+
+def test_a_holder_on_several_gpus_is_named_once_with_all_it_holds() -> None:
+    held = gpu_holders(gpu_state(40 * GIB, count=8), {SERVICE_PID})
+    each = f"PID {SERVICE_PID} (vllm serve) holds 40.00 GiB on each of GPUs 0, 1, 2, 3, 4, 5, 6, 7"
+    assert holders_text(held) == each
+    uneven = [held[0], replace(held[1], used_bytes=20 * GIB)]
+    assert holders_text(uneven) == f"PID {SERVICE_PID} (vllm serve) holds 60.00 GiB in all on GPUs 0, 1"
+    assert holders_text(held[:1]) == held[0].text()

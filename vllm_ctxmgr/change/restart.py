@@ -26,7 +26,7 @@ from vllm_ctxmgr.change.observing import (
 )
 from vllm_ctxmgr.core.downtime import DowntimeEstimate
 from vllm_ctxmgr.core.observations import ObservationError, ObservationRecord
-from vllm_ctxmgr.core.stop_path import gpu_holders
+from vllm_ctxmgr.core.stop_path import gpu_holders, holders_text
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.masking import mask
 from vllm_ctxmgr.probe import ProbeResult, cache_config_info, probe, wait_until_serving
@@ -203,14 +203,14 @@ class Restarter:
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.5)
-        said = "; ".join(holder.text() for holder in held)
+        said = holders_text(held)
         if self.start_into_held_gpu:
             self.on_step(f"after the stop, {said}: starting anyway (--start-into-held-gpu)")
             return True
         why = "".join(f"; {risk}" for risk in self.stop_risks(view))
         raise GpuHeld(
-            f"after the stop of {self.unit}, {said} {self.gpu_release_timeout:g} s later: not started into "
-            f"an occupied GPU (end that process, or give --start-into-held-gpu){why}"
+            f"{self.gpu_release_timeout:g} s after the stop of {self.unit}, {said}: not started into an "
+            f"occupied GPU (end that process, or give --start-into-held-gpu){why}"
         )
 
     def stop_risks(self, view: ServiceView) -> list[str]:

@@ -19,7 +19,7 @@ processes of the old instance still on the service's GPUs after the stop.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from vllm_ctxmgr.core.hardware import GpuState, gib
@@ -93,3 +93,25 @@ def gpu_holders(gpus: GpuState, pids: Collection[int]) -> list[GpuHolder]:
         for p in gpu.processes
         if p.pid in pids and p.used_bytes != 0
     ]
+
+
+def holders_text(held: Sequence[GpuHolder]) -> str:
+    """Each holding process once: its PID, name, the memory it holds in all and on which GPUs."""
+    by_pid: dict[int, list[GpuHolder]] = {}
+    for holder in held:
+        by_pid.setdefault(holder.pid, []).append(holder)
+    parts = []
+    for pid, mine in by_pid.items():
+        if len(mine) == 1:
+            parts.append(mine[0].text())
+            continue
+        sizes = {h.used_bytes for h in mine}
+        gpus = ", ".join(str(h.gpu) for h in mine)
+        if None in sizes:
+            memory = "memory (NVML says not how much) on"
+        elif len(sizes) == 1:
+            memory = f"{gib(mine[0].used_bytes)} on each of"
+        else:
+            memory = f"{gib(sum(h.used_bytes or 0 for h in mine))} in all on"
+        parts.append(f"PID {pid} ({mine[0].name or 'no name'}) holds {memory} GPUs {gpus}")
+    return "; ".join(parts)
