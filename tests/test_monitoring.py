@@ -18,6 +18,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.require import require
+from vllm_ctxmgr.core.upgrade import CapacityMove
 from vllm_ctxmgr.core.verdict import DEGRADED, Verification
 from vllm_ctxmgr.monitor.metrics import write_textfile
 
@@ -57,6 +58,8 @@ def written_metric_names(tmp_path: Path) -> set[str]:
         service="vllm-glm5", result=DEGRADED, time=1_790_000_000.0, max_model_len=8192,
         planned_max_model_len=200_000, probe_latency_s=0.4, kv_cache_tokens=223_232,
         margin_bytes=-(1 << 30), unit={"n_restarts": 3}, duration_s=1.2,
+        vllm_upgrade=CapacityMove("0.20.0", "0.21.0", 8192, 223_232, 133_939, 27.25, 16.35, 200_000,
+                                  200_000, True, True).to_json(),
     )  # fmt: skip
     path = write_textfile(tmp_path / "vllm-glm5.prom", verification)
     families = list(text_string_to_metric_families(path.read_text()))

@@ -155,6 +155,18 @@ def run_to_ready(args: list[str]) -> list[str]:
         return list(standin.lines)
 
 
+@pytest.mark.parametrize(("release", "banner"), [("0.11.0", "vLLM API server version 0.11.0"),
+                                                   ("0.25.1", "█  version 0.25.1")])  # fmt: skip
+def test_another_release_says_its_version_in_the_banner_and_on_version(release: str, banner: str) -> None:
+    """An upgraded (or older) vLLM as verify meets it: the banner, the engine line and GET /version."""
+    env = {**FAST, "CTXMGR_STANDIN_VLLM_VERSION": release}
+    with launch([TINY, "--max-model-len", "1024"], env=env) as standin:
+        assert standin.wait_ready(30), standin.lines[-5:]
+        assert any(line.endswith(banner) for line in standin.lines)
+        assert observe_start(standin.lines).vllm_version == release
+        assert requests.get(f"{standin.url}/version", timeout=10).json() == {"version": release}
+
+
 def test_metrics_agree_with_the_log(glm: StandinProcess) -> None:
     text = requests.get(f"{glm.url}/metrics", timeout=10).text
     labels = dict(re.findall(r'(\w+)="([^"]*)"', text))

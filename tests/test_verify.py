@@ -15,6 +15,8 @@ import requests
 
 from tests.ctxmgr_cli import run_ctxmgr
 from tests.support.demo import (
+    SEED_GPU_COUNT,
+    SEED_WEIGHTS_GIB_PER_GPU,
     make_vllm_wrapper,
     offline_gpu_args,
     standin_unit,
@@ -180,3 +182,62 @@ def test_a_failed_verification_restarts_or_rolls_back_to_the_last_revision_that_
     code, data, out = ctxmgr(sandbox, state, "verify", "--service", name, "--json")
     assert code == 0 and data["result"] == "ok", out
     assert data["revision"] == 2  # the rollback's revision: it installs the baseline's unit
+
+
+def test_a_vllm_upgrade_is_answered_by_plan_before_it_and_reported_by_verify_after_it(  # type: ignore[no-untyped-def]
+    sandbox, install_unit, workdir
+) -> None:
+    """Issue 34 section 4: vLLM 0.19 -> 0.33 puts CUDA graphs into the KV budget (0.20), so the unit's
+    0.90 of each GPU gets a smaller pool: `plan --vllm-version` says so first, verify after the restart."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from vllm_ctxmgr.probe import wait_until_serving
+
+    name, port = "vllm-verify-upgrade", free_port()
+    wrapper = make_vllm_wrapper(workdir)
+
+    def install(release: str) -> str:
+        env = {"CTXMGR_STANDIN_VLLM_VERSION": release}
+        return install_unit(f"{name}.service", standin_unit(wrapper, port=port, environment=env))
+
+    unit = install("0.19.0")
+    sandbox.systemd.start(unit)
+    assert wait_until_serving(f"http://127.0.0.1:{port}", time.monotonic() + 60)
+    state = workdir / "state"
+    code, data, out = ctxmgr(sandbox, state, "observe", "--service", name, "--json")
+    assert code == 0, out
+    pids = sandbox.systemd.unit_processes(unit)
+    gpus = gpus_file(workdir / "gpus-upgrade.json", pids, others=0)
+
+    # before the upgrade: the same unit under 0.33.0's rules
+    weights = ["--weights-bytes", f"{SEED_WEIGHTS_GIB_PER_GPU * SEED_GPU_COUNT:.2f}GiB"]  # as the log says
+    code, data, out = ctxmgr(sandbox, state, "plan", "--service", name, "--vllm-version", "0.33.0",
+                             "--gpus-from", gpus, *weights, "--json")  # fmt: skip
+    assert code == 0, out
+    ahead = data["vllm_upgrade"]
+    assert (ahead["from_vllm_version"], ahead["to_vllm_version"]) == ("0.19.0", "0.33.0")
+    assert ahead["kv_cache_tokens_after"] < ahead["kv_cache_tokens_before"] and ahead["fits_after"], ahead
+    code, _, out = ctxmgr(sandbox, state, "plan", "--service", name, "--vllm-version", "0.33.0",
+                          "--gpus-from", gpus, *weights)  # fmt: skip
+    assert code == 0 and "upgrade: vLLM 0.19.0 -> 0.33.0: KV cache size " in out, out
+
+    # the upgrade: the unit's vLLM is 0.33.0 from its next start on
+    install("0.33.0")
+    sandbox.systemd.stop(unit)
+    sandbox.systemd.start(unit)
+    assert wait_until_serving(f"http://127.0.0.1:{port}", time.monotonic() + 60)
+    gpus = gpus_file(workdir / "gpus-upgraded.json", sandbox.systemd.unit_processes(unit), others=0)
+    prom = workdir / f"{name}.prom"
+    code, data, out = ctxmgr(sandbox, state, "verify", "--service", name, "--gpus-from", gpus,
+                             "--textfile", str(prom), "--json")  # fmt: skip
+    assert code == 1 and data["result"] == "degraded", out
+    moved = data["vllm_upgrade"]
+    assert (moved["from_vllm_version"], moved["to_vllm_version"]) == ("0.19.0", "0.33.0")
+    assert moved["kv_cache_tokens_after"] < moved["kv_cache_tokens_before"] and moved["fits_after"], moved
+    reasons = data["reasons"]
+    assert any(r.startswith("vLLM 0.19.0 -> 0.33.0: KV cache size ") for r in reasons), reasons
+    samples = {s.name: s.value for f in text_string_to_metric_families(prom.read_text()) for s in f.samples}
+    assert samples["ctxmgr_verify_vllm_upgrade_kv_cache_tokens_ratio"] == moved["kv_cache_tokens_ratio"]
+    assert samples["ctxmgr_verify_vllm_upgrade_context_fits"] == 1
+    code, _, out = ctxmgr(sandbox, state, "verify", "--service", name, "--gpus-from", gpus)
+    assert code == 1 and "degraded: vLLM 0.19.0 -> 0.33.0: KV cache size" in out, out

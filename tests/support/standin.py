@@ -45,6 +45,10 @@ Environment (all optional):
                                      hit line), a new one compiles cold (its miss lines, a longer phase).
                                      Unset: no cache and no cache lines (every start compiles alike)
   VLLM_API_KEY                      the API key when --api-key is absent, as in vLLM
+  CTXMGR_STANDIN_ENGINE_SURVIVES    1: a real child "VLLM::EngineCore" that outlives the API server (vLLM
+                                     #55510), so a stop under KillMode=process leaves it behind
+  CTXMGR_STANDIN_VLLM_VERSION       the release it says it is (default 0.33.0): banner, engine line and
+                                     /version; 0.11.x prints 0.11.0's one-line banner instead of the art
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ import math
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -69,7 +74,10 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-VLLM_VERSION = "0.33.0"
+# vllm.__version__ (vllm/_version.py), which the banner (entrypoints/common/startup.py:L21), the engine's
+# config line (v1/engine/core.py:L140) and GET /version print; CTXMGR_STANDIN_VLLM_VERSION makes the
+# stand-in say it is another release (an upgraded or older vLLM) while its other lines stay 0.33.0's
+VLLM_VERSION = os.environ.get("CTXMGR_STANDIN_VLLM_VERSION") or "0.33.0"
 GIB = 1 << 30
 _WORDS = (
     "the",
@@ -497,11 +505,15 @@ def run_start(settings: Settings, log: VllmLog, group: HeadGroup | None = None) 
     With `group` (node 0 of --nnodes > 1), the other nodes' ranks join it, report their KV budget and
     warm up when it says so."""
     model, tp = settings.model, settings.tensor_parallel_size
-    banner = (
-        f"\n       █     █     █▄   ▄█\n ▄▄ ▄█ █     █     █ ▀▄▀ █  version {VLLM_VERSION}\n  █▄█▀ █     █  "
-        f"   █     █  model   {model}\n   ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀\n"
-    )
-    log.info("APIServer", "startup.py:38", banner)
+    if VLLM_VERSION.startswith("0.11."):
+        # 0.11.0 has no banner art: entrypoints/openai/api_server.py:L1839 of 0.11.0 (vllm-facts.md 1.x)
+        log.info("APIServer", "api_server.py:1839", f"vLLM API server version {VLLM_VERSION}")
+    else:
+        banner = (
+            f"\n       █     █     █▄   ▄█\n ▄▄ ▄█ █     █     █ ▀▄▀ █  version {VLLM_VERSION}\n"
+            f"  █▄█▀ █     █     █     █  model   {model}\n   ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀\n"
+        )
+        log.info("APIServer", "startup.py:38", banner)
     log.info("APIServer", "startup.py:96", f"non-default args: {settings.non_default_args}")
     log.sleep(0.3)
     log.info("APIServer", "model.py:744", f"Resolved architecture: {settings.architecture}")
@@ -1637,8 +1649,21 @@ _ROUTES = [
 ]
 
 
+def surviving_engine_core() -> subprocess.Popen[bytes] | None:
+    """With CTXMGR_STANDIN_ENGINE_SURVIVES=1, a real child process titled as vLLM titles its EngineCore
+    ("VLLM::EngineCore": v1/engine/core.py:L1482, utils/system_utils.py:L217 with the default
+    VLLM_PROCESS_NAME_PREFIX) that does not end when the API server does, as vLLM #55510's EngineCore and
+    workers outlive their API server: a stop under KillMode=process (systemd signals the main process
+    only) leaves it in the unit's cgroup, where a GPU would still list its memory."""
+    if os.environ.get("CTXMGR_STANDIN_ENGINE_SURVIVES") != "1":
+        return None
+    sleep = shutil.which("sleep") or "/bin/sleep"
+    return subprocess.Popen(["VLLM::EngineCore", "3600"], executable=sleep, stdin=subprocess.DEVNULL)
+
+
 def serve(settings: Settings, log: VllmLog, listener: ThreadingHTTPServer, kv: KvPlan) -> int:
     """Announce and serve until SIGTERM/SIGINT; then vLLM's and uvicorn's shutdown lines, exit 0."""
+    surviving_engine_core()
     state = ServerState(settings=settings, kv=kv, log=log)
     listener.RequestHandlerClass = type("StandinHandler", (Handler,), {"state": state})
     host, port = listener.server_address[:2]

@@ -34,6 +34,7 @@ from vllm_ctxmgr.model_files.load import load_expert_weight_bytes, load_model_fa
 from vllm_ctxmgr.nvml import gpus_from_file, read_nvml
 
 if TYPE_CHECKING:  # a service's plan reads the unit, the store and the running vLLM: imported there
+    from vllm_ctxmgr.core.upgrade import CapacityMove
     from vllm_ctxmgr.store import ServiceStore
     from vllm_ctxmgr.systemd.service import ServiceView
     from vllm_ctxmgr.systemd.systemctl import Systemd
@@ -395,7 +396,7 @@ def plan_service(
     arguments (plan's vLLM flags); `argv_check` warns where the running vLLM got other arguments.
     """
     from vllm_ctxmgr.change.observing import learn_from_running_instance
-    from vllm_ctxmgr.systemd.service import read_service, running_argv_mismatch
+    from vllm_ctxmgr.systemd.service import read_service, read_stop_path, running_argv_mismatch
 
     view = read_service(systemd, service)
     learned = learn_from_running_instance(systemd, store, service, view, keep_observation)
@@ -410,6 +411,50 @@ def plan_service(
     mismatch = running_argv_mismatch(systemd, view) if argv_check else None
     if mismatch:
         plan = replace(plan, warnings=(mismatch, *plan.warnings))
+    try:  # what a restart's stop could leave on the GPUs (core.stop_path): said before any restart
+        risks = read_stop_path(systemd, view).risks()
+    except CtxmgrError:
+        risks = []
+    if risks:
+        plan = replace(plan, warnings=(*plan.warnings, *risks))
     if learned:
         plan = replace(plan, notes=(learned, *plan.notes))
     return ServicePlan(view, plan, learned)
+
+
+def upgrade_move(
+    systemd: Systemd,
+    store: ServiceStore,
+    service: str,
+    from_version: str,
+    to_version: str,
+    request: PlanRequest,
+    overrides: Mapping[str, Any] | None = None,
+) -> CapacityMove:
+    """The service's unit planned under `from_version`'s rules and under `to_version`'s, at the same
+    context on the same GPUs, so what differs is the rules alone: both plans take the weights the
+    last start under `from_version` logged (a checkpoint weighs the same under any release) and
+    neither is calibrated by a start's KV budget (a start under the new release has not happened;
+    the planner takes a start's figures only for its own release). Stores nothing."""
+    from vllm_ctxmgr.core.upgrade import CapacityMove
+    from vllm_ctxmgr.systemd.service import read_service
+
+    view = read_service(systemd, service)
+    args = with_overrides(view.args, overrides) if overrides else view.args
+    pids, root = tuple(systemd.unit_processes(view.name)), systemd.root
+    observations = observations_from_store(store.observations())
+    if request.weights_bytes is None:
+        at_old = replace(request, context=1, vllm_version=from_version)
+        measured = plan_for(args, at_old, pids, observations, root)
+        per_gpu = measured.gpus[0].weights if measured.gpus else None
+        if per_gpu is not None and per_gpu.bytes is not None and per_gpu.source.startswith("vllm log"):
+            ranks = args.tensor_parallel_size * args.pipeline_parallel_size
+            request = replace(request, weights_bytes=per_gpu.bytes * ranks)
+
+    def planned(version: str) -> Plan:
+        at = replace(request, vllm_version=version)
+        if at.context == AUTO_CONTEXT:
+            at = replace(at, context=largest_context(args, at, service_pids=pids, root=root))
+        return plan_as_run(args, at, pids, (), root=root)
+
+    return CapacityMove.between(planned(from_version), planned(to_version))

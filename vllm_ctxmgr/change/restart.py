@@ -28,12 +28,13 @@ from vllm_ctxmgr.change.observing import (
 )
 from vllm_ctxmgr.core.downtime import DowntimeEstimate
 from vllm_ctxmgr.core.observations import ObservationError, ObservationRecord
+from vllm_ctxmgr.core.stop_path import gpu_holders, holders_text
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.masking import mask
 from vllm_ctxmgr.probe import ProbeResult, cache_config_info, probe, wait_until_serving
 from vllm_ctxmgr.store import FileChange, ServiceStore, atomic_write, atomic_write_at, crash_point
 from vllm_ctxmgr.systemd.names import unit_name
-from vllm_ctxmgr.systemd.service import ServiceView, read_service
+from vllm_ctxmgr.systemd.service import ServiceView, read_service, read_stop_path
 from vllm_ctxmgr.systemd.systemctl import Systemd
 from vllm_ctxmgr.systemd.unit_file import UNIT_FILE_MAX_BYTES
 from vllm_ctxmgr.vllm_log.watcher import StartVerdict
@@ -41,6 +42,11 @@ from vllm_ctxmgr.vllm_log.watcher import StartVerdict
 
 class InstallError(CtxmgrError):
     """A unit file could not be written or removed; the file is as it was before."""
+
+
+class GpuHeld(CtxmgrError):
+    """After the stop, a process of the old instance still holds memory on the service's GPUs: no start
+    is made into them (it would fail vLLM's free-memory check and read as the new unit's fault)."""
 
 
 @dataclass
@@ -63,6 +69,9 @@ class Restarter:
     # why a watched start's figures were not kept (one line each, for the result's warnings)
     unkept_observations: list[str] = field(default_factory=list)
     expected: DowntimeEstimate | None = None  # the next start's expected phases, for the time left
+    # after the stop, how long the old instance's processes may take to leave the service's GPUs
+    gpu_release_timeout: float = 30.0
+    start_into_held_gpu: bool = False  # start even where they did not (--start-into-held-gpu)
 
     @property
     def unit(self) -> str:
@@ -156,12 +165,18 @@ class Restarter:
             raise InstallError(f"cannot write {path}: {exc.strerror or exc}") from None
 
     def restart_and_watch(self, view: ServiceView) -> StartVerdict:
-        """daemon-reload, restart, watch the journal until vLLM serves (and /health answers) or fails."""
+        """daemon-reload, stop, wait for the GPUs to be free, start, watch the journal until vLLM serves
+        (and /health answers) or fails. Without NVML (the CPU build, no GPU) systemd's own restart."""
         self.systemd.daemon_reload()
         self.systemd.reset_failed(self.unit)
+        stopped = self.stop_and_wait_for_gpus(view)  # GpuHeld: nothing is started
         cursor = self.systemd.journal_cursor()
-        self.on_step(f"restarting {self.unit}; following its journal")
-        self.systemd.restart(self.unit, no_block=True)
+        if stopped:
+            self.on_step(f"starting {self.unit}; following its journal")
+            self.systemd.start(self.unit, no_block=True)
+        else:
+            self.on_step(f"restarting {self.unit}; following its journal")
+            self.systemd.restart(self.unit, no_block=True)
         secrets = view.secrets
         verdict = watch_start(
             self.systemd,
@@ -195,6 +210,42 @@ class Restarter:
             self.unkept_observations.append(exc.message)
             self.on_step(exc.message)
         return verdict
+
+    def stop_and_wait_for_gpus(self, view: ServiceView) -> bool:
+        """Stop the unit, then wait (up to gpu_release_timeout) until no process of the old instance (its
+        cgroup's PIDs before the stop, and any left in it after) holds memory on the service's GPUs, as
+        NVML lists them. True: stopped and free; False: no NVML here, nothing stopped (the caller
+        restarts). GpuHeld names each holder, unless start_into_held_gpu."""
+        if visible_gpus(view.env) is None:
+            return False
+        old = set(self.systemd.unit_processes(self.unit))
+        self.on_step(f"stopping {self.unit}; then waiting until its processes leave its GPUs")
+        self.systemd.stop(self.unit)
+        deadline = time.monotonic() + self.gpu_release_timeout
+        while True:
+            gpus = visible_gpus(view.env)
+            held = gpu_holders(gpus, old | set(self.systemd.unit_processes(self.unit))) if gpus else []
+            if not held:
+                return True
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        said = holders_text(held)
+        if self.start_into_held_gpu:
+            self.on_step(f"after the stop, {said}: starting anyway (--start-into-held-gpu)")
+            return True
+        why = "".join(f"; {risk}" for risk in self.stop_risks(view))
+        raise GpuHeld(
+            f"{self.gpu_release_timeout:g} s after the stop of {self.unit}, {said}: not started into an "
+            f"occupied GPU (end that process, or give --start-into-held-gpu){why}"
+        )
+
+    def stop_risks(self, view: ServiceView) -> list[str]:
+        """What a stop of this unit could leave holding its GPUs (core.stop_path), before a restart."""
+        try:
+            return read_stop_path(self.systemd, view).risks()
+        except CtxmgrError:
+            return []
 
     def probe(self, view: ServiceView, probe_tokens: int | None, long_probe: bool) -> ProbeResult:
         """Probe at the max_model_len the unit sets, so a vLLM serving another context fails; with

@@ -11,7 +11,8 @@ that names the step under way, and recovery.py finishes from there.
 
 The operations live once, on `Change` (certbot's reverter is the model: one primitive every installer
 reuses): `ensure_baseline`, `install_checked` (write, daemon-reload, check the ExecStart= systemd will
-run), `stop_before_restart`, `settle` (rolled-back | rollback-failed), `finalise`, and `guard_signals`;
+run), `stop_before_restart`, `settle` (rolled-back | rollback-failed), `hold_back` (the stop left the old
+instance on the GPU: files back, nothing started), `finalise`, and `guard_signals`;
 undoing the writes is `Restarter.put_back`. The one-service walk (walk.py), recovery (recovery.py) and
 each node's step of a deployment (deployment/node.py) are made of them; a deployment's coordinator takes
 the same signal guard and settle decision (`guard_signals`, `how_settled`). The backward walk (`roll_back`)
@@ -357,6 +358,27 @@ def roll_back(
     back_ok, back_reason = restarter.restore(change.files, rev.previous_max_model_len)
     change.settle(back_ok, back_reason, "the previous unit serves again and passed its probe")
     result.settled(back_ok, back_reason)
+    result.reason += change.unwritten_note()
+
+
+def hold_back(restarter: Restarter, change: Change, result: ChangeResult, held: str) -> None:
+    """The stop left a process of the old instance on the service's GPUs (restart.GpuHeld): the previous
+    unit's files go back, but nothing is started, neither the new unit nor the previous one, since
+    either start would meet the same occupied GPU and fail as if its configuration were at fault.
+    rolling-back -> rollback-failed (exit 5): the service is stopped until the holder is gone."""
+    rev = change.rev
+    rev.reason = result.reason = held
+    change.enter_or_note(State.ROLLING_BACK, f"putting the previous unit back without starting it: {held}")
+    try:
+        restarter.put_back(change.files)
+        why = (
+            f"the previous unit is back in place but was not started into the occupied GPU: once that "
+            f"process is gone, `systemctl start {restarter.unit}`"
+        )
+    except InstallError as exc:
+        why = f"the previous unit could not be put back ({exc.message}) and nothing was started"
+    change.settle(False, why, "")
+    result.settled(False, why)
     result.reason += change.unwritten_note()
 
 

@@ -5,9 +5,10 @@
     recorded -> installed -> restarting -> serving -> probed -> final
 
 and any failure on the way (a signal included) takes change.roll_back: rolling-back -> rolled-back |
-rollback-failed. states.py owns the states and the record, restart.py the restart / watch / probe path,
-recovery.py what an interrupted run left, planning.plan_service the plan; set_context and rollback tie
-them together under the service's one lock.
+rollback-failed; a stop that leaves the old instance on the GPU (restart.GpuHeld) takes hold_back,
+which puts the files back and starts nothing. states.py owns the states and the record, restart.py
+the restart / watch / probe path, recovery.py what an interrupted run left, planning.plan_service the
+plan; set_context and rollback tie them together under the service's one lock.
 
 What the operator confirms is what is applied: the `confirm` callback sees the diff under the same lock
 that the change is made under, and the unit file is checked to be the one the diff was made from.
@@ -25,7 +26,7 @@ from vllm_ctxmgr import store as st
 from vllm_ctxmgr.change.observing import calibration, capacity, expected_downtime
 from vllm_ctxmgr.change.planning import PlanRequest, ServicePlan, plan_service
 from vllm_ctxmgr.change.recovery import recover_if_needed
-from vllm_ctxmgr.change.restart import InstallError, Restarter
+from vllm_ctxmgr.change.restart import GpuHeld, InstallError, Restarter
 from vllm_ctxmgr.change.states import (
     Change,
     ChangeResult,
@@ -34,6 +35,7 @@ from vllm_ctxmgr.change.states import (
     StoppedBeforeRestart,
     describe,
     ensure_baseline,
+    hold_back,
     result_for,
     roll_back,
     serves_other,
@@ -89,6 +91,11 @@ def _walk(restarter: Restarter, change: Change, probe_tokens: int | None, long_p
         except StoppedBeforeRestart as stopped:
             result.stopped_before_restart(stopped)
             return result
+        except GpuHeld as held:
+            restarter.on_step(f"the change stopped: {held.message}")
+            hold_back(restarter, change, result, held.message)
+            result.timings["total_s"] = round(time.monotonic() - t0, 3)
+            return result
         except st.StoreError as exc:
             if result.revision is None:  # the revision itself could not be written
                 raise st.StoreError(f"{exc.message}; nothing was changed") from None
@@ -125,6 +132,8 @@ def _forward(
     started = time.monotonic()
     try:
         verdict = restarter.restart_and_watch(view)
+    except GpuHeld:
+        raise  # the old instance holds the GPU: no start, and no restart of the previous unit either
     except CtxmgrError as exc:
         return f"ctxmgr could not watch the start: {exc.message}", ""
     result.observation = cast(ObservationFigures, asdict(verdict.observation))
@@ -276,7 +285,7 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
         result.reason = _already_set(restarter.service, context, view.args)
         return result
     problems, inherited = verify_candidate(systemd, view, edit.path, edit.new_text)
-    result.warnings = verify_warnings(inherited)
+    result.warnings = [*verify_warnings(inherited), *restarter.stop_risks(view)]
     if problems:
         raise UnitError(f"the new unit does not pass systemd-analyze verify: {problems[0]}")
     cache: CompileCache | None = "miss" if context != view.args.max_model_len else None
@@ -556,7 +565,7 @@ def rollback(
             max_model_len=target.max_model_len,
             gpu_memory_utilization=target.gpu_memory_utilization,
             unit_path=str(files[0].path if files else target.unit_path),
-            warnings=notes,
+            warnings=[*notes, *restarter.stop_risks(view)],
         )
         result.diff = "".join(
             unified_diff(_text(f.previous), _text(f.unit), str(f.path), view.secrets) for f in files
@@ -589,7 +598,7 @@ def rollback(
             rollback_of=target.number,
         )
         done = apply(restarter, Change(store, rev, files, "rollback"), None, False)
-        done.diff, done.warnings = result.diff, [*notes, *done.warnings]
+        done.diff, done.warnings = result.diff, [*result.warnings, *done.warnings]
         done.expected_downtime = result.expected_downtime
         store.prune()
         return done

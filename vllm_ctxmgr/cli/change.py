@@ -45,6 +45,12 @@ from vllm_ctxmgr.store import ServiceStore
 from vllm_ctxmgr.systemd.names import canonical_unit
 from vllm_ctxmgr.systemd.service import read_service
 
+start_into_held_gpu_option = click.option(
+    "--start-into-held-gpu",
+    is_flag=True,
+    help="Start even where, after the stop, a process of the old vLLM still holds memory on its GPUs.",
+)
+
 
 @click.command("set-context", epilog=EXAMPLES["set-context"])
 @click.argument("context", type=CONTEXT, required=False)
@@ -58,6 +64,7 @@ from vllm_ctxmgr.systemd.service import read_service
 @click.option(
     "--force", is_flag=True, help="Apply even when the plan says it will not fit, or cannot tell (exit 6)."
 )
+@start_into_held_gpu_option
 @wait_lock_option
 @yes_option
 @edit_option
@@ -67,8 +74,9 @@ from vllm_ctxmgr.systemd.service import read_service
 @handle_errors
 def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int | None, service: str,
                     gpu_memory_utilization: float | None, probe_tokens: int | None, long_probe: bool,
-                    timeout: float, dry_run: bool, force: bool, wait_lock: float, yes: bool, edit: str,
-                    as_json: bool, **options: Unpack[PlanningFlags]) -> None:  # fmt: skip
+                    timeout: float, dry_run: bool, force: bool, start_into_held_gpu: bool,
+                    wait_lock: float, yes: bool, edit: str, as_json: bool,
+                    **options: Unpack[PlanningFlags]) -> None:  # fmt: skip
     """Set a service's context to CONTEXT: plan, render, restart, watch, probe, roll back on failure.
 
     \b
@@ -78,6 +86,7 @@ def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int 
     target = context_from(context, max_model_len)
     refuse_old_rules(options.get("vllm_version"), "set-context")
     restarter = restarter_for(ctx, service, as_json, timeout)
+    restarter.start_into_held_gpu = start_into_held_gpu
     request = SetContextRequest(
         context=target,
         gpu_memory_utilization=gpu_memory_utilization,
@@ -105,15 +114,17 @@ def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int 
 )
 @start_timeout_option
 @click.option("--dry-run", is_flag=True, help="Print the unit diff; change nothing.")
+@start_into_held_gpu_option
 @wait_lock_option
 @yes_option
 @json_changed_option
 @click.pass_context
 @handle_errors
 def rollback_cmd(ctx: click.Context, service: str, to: int | None, timeout: float, dry_run: bool,
-                 wait_lock: float, yes: bool, as_json: bool) -> None:  # fmt: skip
+                 start_into_held_gpu: bool, wait_lock: float, yes: bool, as_json: bool) -> None:  # fmt: skip
     """Return a service to an earlier revision through the same restart / watch / probe path."""
     restarter = restarter_for(ctx, service, as_json, timeout)
+    restarter.start_into_held_gpu = start_into_held_gpu
     confirm = None if dry_run else confirmation(yes, as_json, restarter.unit)
     result = rollback(restarter, to, wait_lock, dry_run=dry_run, confirm=confirm)
     finish(result, as_json, dry_run=dry_run, systemd=restarter.systemd)

@@ -31,6 +31,9 @@ from vllm_ctxmgr.cli.service_param import service_param
 from vllm_ctxmgr.errors import ExitCode, UnitError, UsageError
 
 if TYPE_CHECKING:
+    from vllm_ctxmgr.change.planning import PlanRequest
+    from vllm_ctxmgr.change.restart import Restarter
+    from vllm_ctxmgr.core.upgrade import CapacityMove
     from vllm_ctxmgr.systemd.service import ServiceView
 
 
@@ -187,21 +190,47 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
         from vllm_ctxmgr.core.change_policy import unknown_refusal
 
         refused = unknown_refusal(result)  # set-context acts on no verdict it does not have
+    upgrade = None
+    if service and unit_view is not None:
+        upgrade = upgrade_before(restarter, request, unit_view, overrides)
     if as_json:
         # the object's `schema` is the CLI's (SCHEMA_VERSION), not the stored plan's (PLAN_SCHEMA)
         record = {k: v for k, v in result.to_json().items() if k != "schema"}
         if applied is not None:
             record["set_context"] = {**applied.to_json(result), "refused": refused}
+        if upgrade is not None:
+            record["vllm_upgrade"] = upgrade.to_json()
         emit_json({"command": "plan", "changed": False, **record})
     else:
         applies = applied.text(result) if applied is not None else ""
         if refused:
             applies = f"set-context would refuse: {refused}"
         echo(report.plan_text(result, applies))
+        if upgrade is not None:
+            echo(f"upgrade: {upgrade.text()}")
     if verdict == "infeasible":
         sys.exit(ExitCode.INFEASIBLE)
     if verdict == "unknown":
         sys.exit(ExitCode.UNKNOWN)
+
+
+def upgrade_before(
+    restarter: Restarter, request: PlanRequest, view: ServiceView, overrides: Mapping[str, object]
+) -> CapacityMove | None:
+    """With --vllm-version other than the release the unit runs (its installed vLLM, else its last
+    watched start's): the unit planned under both, so the answer says what the upgrade moves before it
+    is made. None where no other release was asked for or the unit's own is not known."""
+    from vllm_ctxmgr.change.planning import upgrade_move
+    from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
+
+    if request.vllm_version is None:
+        return None
+    stored = restarter.store.observations()
+    current = view.args.vllm_version or (stored[-1].get("vllm_version") if stored else None)
+    if not current or parse_vllm_version(current) == parse_vllm_version(request.vllm_version):
+        return None
+    systemd, store = restarter.systemd, restarter.store
+    return upgrade_move(systemd, store, restarter.service, current, request.vllm_version, request, overrides)
 
 
 def edit_refusal(view: ServiceView | None, flags: dict[str, str], env: dict[str, str]) -> str | None:

@@ -121,7 +121,19 @@ def observed_memory(
         if obs.kv_cache_memory_bytes is None
         and (obs.available_kv_gib is not None or obs.estimated_max_model_len or obs.num_gpu_blocks)
     ]
-    latest = with_budget[-1] if with_budget else usable[-1]
+    # a cold boot (torch.compile compiled) peaks higher while profiling, so its budget is smaller than a
+    # warm start's: the latest warm (or not said) start's budget is the one taken, a cold one only
+    # where no other start has a budget
+    warm = [obs for obs in with_budget if obs.compile_cache != "miss"]
+    latest = warm[-1] if warm else with_budget[-1] if with_budget else usable[-1]
+    if with_budget and with_budget[-1] is not latest:
+        notes.append(
+            "a later cold boot's KV budget (its torch.compile compiled) is not taken as a warm start's"
+        )
+    elif latest in with_budget and latest.compile_cache == "miss":
+        notes.append(
+            "KV budget from a cold boot (torch.compile compiled): a warm start gets at least as much"
+        )
     u_obs = latest.gpu_memory_utilization or default_gpu_memory_utilization(version)
     available: int | None = None
     source = ""

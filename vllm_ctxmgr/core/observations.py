@@ -44,6 +44,11 @@ class Observation:
     # when the start was recorded (its record's `time`, set by ObservationRecord.planned): a plan says
     # which start calibrated it and how old that is; stored as the record's `time`, not twice
     started_at: float | None = None
+    # what vLLM's compile cache did at that start, from its compile lines: "miss" (a cold boot: torch.compile
+    # compiled, as at the first boot at a new max_model_len), "hit" (warm: loaded from the cache); None:
+    # no such line (eager, an older log). A cold boot's profiling peak is higher, its KV budget smaller
+    # (vLLM #54383, #54122): calibration does not take it as a warm start's
+    compile_cache: str | None = None
 
 
 class ObservationFigures(TypedDict, total=False):
@@ -68,6 +73,7 @@ class ObservationFigures(TypedDict, total=False):
     num_gpu_blocks: int | None
     gpu_name: str | None
     started_at: float | None
+    compile_cache: str | None
 
 
 class StoredObservation(ObservationFigures, total=False):
@@ -110,6 +116,7 @@ LIMITS: dict[str, float] = {
     "started_at": 4102444800.0,
 }
 _SHARES_THE_GPU = ("model_loading_gib", "available_kv_gib", "cuda_graph_gib")
+COMPILE_CACHE = ("hit", "miss")  # Observation.compile_cache: warm, cold
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
 _UNIT_NAME = re.compile(r"[A-Za-z0-9:_.@\\-]{1,255}")
 _TEXT_FIELDS = ("vllm_version", "platform", "gpu_name", "failure", "imported_from")
@@ -242,6 +249,8 @@ def _check_bounds(record: Mapping[str, Any], source: str) -> None:
         raise ObservationError(f"{source}: host is not a host name")
     if record.get("service") is not None and not _UNIT_NAME.fullmatch(record["service"]):
         raise ObservationError(f"{source}: service is not a unit name")
+    if record.get("compile_cache") not in (None, *COMPILE_CACHE):
+        raise ObservationError(f"{source}: compile_cache is not one of {', '.join(COMPILE_CACHE)}")
     if record.get("vllm_version") and parse_vllm_version(record["vllm_version"]) is None:
         raise ObservationError(f"{source}: vllm_version is not a vLLM version")
 

@@ -37,6 +37,7 @@ from vllm_ctxmgr.core.json_types import JSONObject
 from vllm_ctxmgr.core.observations import ObservationFigures, StoredObservation
 from vllm_ctxmgr.core.plan_record import StoredPlan
 from vllm_ctxmgr.core.records import ProbeRecord, RevisionRecord
+from vllm_ctxmgr.core.upgrade import CapacityMove, CapacityMoveRecord
 
 OK = "ok"
 DEGRADED = "degraded"
@@ -91,6 +92,9 @@ class VerifyFacts:
     service_pids: tuple[int, ...]
     notes: tuple[str, ...] = ()
     start_timeout_s: float = 1800.0  # how long a start may take before "still starting" becomes failed
+    # the unit re-planned under the release its next start runs, against the one it was planned or last
+    # started under (core/upgrade.py); None where that release is the same
+    vllm_upgrade: CapacityMoveRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -207,6 +211,7 @@ class Verification:
     duration_s: float | None = None
     action: JSONObject = field(default_factory=dict)  # what --on-failure did
     gpu_memory_checked: bool | None = None  # False: ok says nothing about the next restart's memory
+    vllm_upgrade: CapacityMoveRecord | None = None  # what another vLLM release moves (core/upgrade.py)
 
     @property
     def exit_code(self) -> int:
@@ -432,6 +437,8 @@ def decide(facts: VerifyFacts, clock: Clock = utc_clock) -> Verification:
     degraded += restart_degraded
     result.notes += restart_notes
     degraded += version_reasons(facts.service, result.vllm_version, last_start)
+    degraded += upgrade_reasons(facts)
+    result.vllm_upgrade = facts.vllm_upgrade
     planned = _latest_plan(facts.revisions, facts.current_revision)
     plan = StoredPlan.from_json(planned["plan"] if planned else None)
     degraded += kv_drift_reasons(facts, plan, blocks)
@@ -557,6 +564,19 @@ def version_reasons(service: str, vllm_version: str | None, last_start: StoredOb
             f" (`ctxmgr observe --service {service}` makes the running start the reference)"
         ]
     return []
+
+
+def upgrade_reasons(facts: VerifyFacts) -> list[str]:
+    """Capacity that another vLLM release moves is degraded: the next start gets another KV pool (or
+    none at this context) than the one planned, so what was promised (concurrency, the context) no
+    longer holds without a new plan."""
+    record = facts.vllm_upgrade
+    if record is None:
+        return []
+    move = CapacityMove.from_json(record)
+    if not move.moved:
+        return []
+    return [f"{move.text()} (`ctxmgr plan --service {facts.service}` plans under it)"]
 
 
 def kv_drift_reasons(facts: VerifyFacts, plan: StoredPlan, blocks: int | None) -> list[str]:

@@ -16,6 +16,12 @@ reads half a file (see write_textfile for the directory others may write). Every
     ctxmgr_verify_kv_cache_tokens{service}         vLLM's "KV cache size: N tokens"
     ctxmgr_verify_margin_bytes{service}            the smallest margin a restart keeps over the GPUs
     ctxmgr_verify_unit_restarts{service}           systemd's NRestarts
+    ctxmgr_verify_vllm_upgrade_kv_cache_tokens_ratio{service}
+                                                   where the next start runs another vLLM release than
+                                                   the last plan or start: the KV pool under its rules
+                                                   over the pool under the old (1 = unmoved)
+    ctxmgr_verify_vllm_upgrade_context_fits{service}
+                                                   ... and 1 when max_model_len still fits under it, else 0
     ctxmgr_verify_duration_seconds{service}
     ctxmgr_verify_last_run_timestamp_seconds{service}
 
@@ -76,6 +82,17 @@ def registry_for(verification: Verification) -> CollectorRegistry:
     gauge("kv_cache_tokens", "vLLM's KV cache size in tokens", verification.kv_cache_tokens)
     gauge("margin", "The smallest margin a restart keeps over the GPUs", verification.margin_bytes, "bytes")
     gauge("unit_restarts", "systemd's NRestarts of the service", verification.unit.get("n_restarts"))
+    upgrade = verification.vllm_upgrade
+    gauge(
+        "vllm_upgrade_kv_cache_tokens_ratio",
+        "KV cache tokens under the vLLM release the next start runs over those under the one last planned",
+        upgrade["kv_cache_tokens_ratio"] if upgrade else None,
+    )
+    gauge(
+        "vllm_upgrade_context_fits",
+        "1 when max_model_len still fits under the vLLM release the next start runs, else 0",
+        int(upgrade["fits_after"]) if upgrade else None,
+    )
     gauge("duration", "Seconds the verification took", verification.duration_s, "seconds")
     gauge("last_run_timestamp", "When the verification ran (Unix time)", verification.time, "seconds")
     return registry

@@ -18,22 +18,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import cast
 
-from vllm_ctxmgr.change.planning import gather_gpus
+from vllm_ctxmgr.change.planning import PlanRequest, gather_gpus, upgrade_move
 from vllm_ctxmgr.change.restart import Restarter
 from vllm_ctxmgr.change.states import ChangeResult
 from vllm_ctxmgr.change.walk import rollback
 from vllm_ctxmgr.core.budget import cuda_graphs_in_budget, default_gpu_memory_utilization, is_cpu_deployment
 from vllm_ctxmgr.core.json_types import JSONObject
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
-from vllm_ctxmgr.core.observations import ObservationFigures
+from vllm_ctxmgr.core.observations import ObservationFigures, StoredObservation
 from vllm_ctxmgr.core.records import ProbeRecord
+from vllm_ctxmgr.core.upgrade import CapacityMoveRecord
 from vllm_ctxmgr.core.verdict import LastVerifyRecord, UnitFacts, Verification, VerifyFacts, decide, record
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.probe import cache_config_info, probe
 from vllm_ctxmgr.store import GOOD, Revision, ServiceStore, State
 from vllm_ctxmgr.systemd.journal import parse_journal_json
-from vllm_ctxmgr.systemd.service import read_service
+from vllm_ctxmgr.systemd.service import ServiceView, read_service, read_stop_path
 from vllm_ctxmgr.systemd.systemctl import Systemd
 from vllm_ctxmgr.vllm_log.patterns import classify
 from vllm_ctxmgr.vllm_log.watcher import observe_start
@@ -253,6 +254,13 @@ def gather(
             gpu_note = exc.message
     pids = tuple(systemd.unit_processes(view.name)) if gpu_state is not None else ()
     in_progress = store.in_progress()
+    running = server or (observation or {}).get("vllm_version")
+    moved, upgrade_note = vllm_upgrade(systemd, store, view, revisions, last_start, running, options)
+    if upgrade_note:
+        notes.append(upgrade_note)
+    drain = read_stop_path(systemd, view).drain_cut()  # the next restart's stop kills vLLM's drain
+    if drain:
+        notes.append(drain)
     return VerifyFacts(
         service=store.service,
         time=now,
@@ -276,7 +284,38 @@ def gather(
         service_pids=pids,
         notes=tuple(notes),
         start_timeout_s=options.start_timeout,
+        vllm_upgrade=moved,
     )
+
+
+def vllm_upgrade(
+    systemd: Systemd,
+    store: ServiceStore,
+    view: ServiceView,
+    revisions: Sequence[Revision],
+    last_start: StoredObservation | None,
+    running: str | None,
+    options: VerifyOptions,
+) -> tuple[CapacityMoveRecord | None, str | None]:
+    """(what moved, note) where the vLLM the next start runs (the unit's installed one, else the one
+    serving) is not the release the last watched start, else the last plan, was made under: the unit
+    re-planned under both releases' rules. (None, None) where nothing changed; a plan that cannot be
+    made is a note, never the verification's failure."""
+    before = (last_start or {}).get("vllm_version") or next(
+        (r.vllm_version for r in reversed(revisions) if r.state in GOOD and r.vllm_version), None
+    )
+    after = view.args.vllm_version or running
+    if not before or not after or parse_vllm_version(before) == parse_vllm_version(after):
+        return None, None
+    context = view.args.max_model_len
+    if not (context and context > 0):
+        return None, f"vLLM {before} -> {after}: not re-planned (the unit leaves max_model_len to vLLM)"
+    request = PlanRequest(context, gpus_from=options.gpus_from)
+    try:
+        move = upgrade_move(systemd, store, view.name, before, after, request)
+    except CtxmgrError as exc:
+        return None, f"vLLM {before} -> {after}: not re-planned under {after}'s rules: {exc.message}"
+    return move.to_json(), None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,11 +18,13 @@ from vllm_ctxmgr.core.serve_args import (
     parse_serve_argv,
     with_config_args,
 )
+from vllm_ctxmgr.core.stop_path import StopPath
 from vllm_ctxmgr.errors import UsageError
 from vllm_ctxmgr.masking import mask, probe_key, remember, secrets_of
 from vllm_ctxmgr.systemd.names import unit_name
 from vllm_ctxmgr.systemd.quoting import split_words
 from vllm_ctxmgr.systemd.systemctl import Systemd, cmdline_argv
+from vllm_ctxmgr.systemd.timespan import parse_timespan
 from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
 from vllm_ctxmgr.systemd.vllm_command import (
     ContainerVolume,
@@ -88,6 +90,22 @@ def read_service(systemd: Systemd, service: str) -> ServiceView:
     dropins = [p for p in props.get("DropInPaths", "").split() if p.endswith(".conf")]
     unit = ServiceUnit.load(name, props["FragmentPath"], dropins, root=systemd.root)
     return view_from_unit(unit, systemd.root)
+
+
+def read_stop_path(systemd: Systemd, view: ServiceView) -> StopPath:
+    """How systemd stops the unit as it loads it now (KillMode=, TimeoutStopSec=, ExecStop=) and the
+    drain vLLM does on SIGTERM (--shutdown-timeout), for core.stop_path."""
+    props = systemd.show(view.name, "KillMode", "TimeoutStopUSec", "ExecStop")
+    timeout = props.get("TimeoutStopUSec", "").strip()
+    drain = str(view.args.flags.get("--shutdown-timeout", ""))
+    return StopPath(
+        unit=view.name,
+        kill_mode=props.get("KillMode") or "control-group",
+        timeout_stop_s=None if timeout in ("infinity", "") else parse_timespan(timeout),
+        has_exec_stop=bool(props.get("ExecStop", "").strip()),
+        container=view.command.form if view.command.form in ("docker", "podman") else None,
+        shutdown_timeout_s=int(drain) if drain.isdigit() else None,
+    )
 
 
 def view_from_unit(unit: ServiceUnit, root: Path = Path("/")) -> ServiceView:

@@ -94,6 +94,10 @@ class _ObservationBuilder:
             value = data["available_kv_gib"]
             known = self.available.get(source)
             self.available[source] = value if known is None else min(known, value)
+        if name == "compile_cache_miss":  # one compile range compiled makes the boot a cold one
+            self.values["compile_cache"] = "miss"
+        elif name == "compile_cache_hit":
+            self._set_once("compile_cache", "hit")
         if name == "cpu_kv_cache_set":
             self._set_once("platform", "CPU")
             self._set_once("total_memory_gib", data["total_gib"])
