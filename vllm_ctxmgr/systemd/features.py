@@ -120,6 +120,9 @@ USES: tuple[Use, ...] = (
     _old(PROPERTY, "ExecMainStatus", "org.freedesktop.systemd1(5)"),
     _old(PROPERTY, "ExecStart", "org.freedesktop.systemd1(5)"),
     _old(PROPERTY, "ExecStartPre", "org.freedesktop.systemd1(5)"),  # node.py: which pre-command failed
+    _old(PROPERTY, "ExecStop", "org.freedesktop.systemd1(5)"),  # a container's stop path (systemd/service.py)
+    _old(PROPERTY, "KillMode", "org.freedesktop.systemd1(5)"),  # what may survive a stop
+    _old(PROPERTY, "TimeoutStopUSec", "org.freedesktop.systemd1(5)"),  # vLLM's drain vs systemd's SIGKILL
     _old(PROPERTY, "Environment", "org.freedesktop.systemd1(5)"),
     _old(PROPERTY, "ActiveEnterTimestampMonotonic", "org.freedesktop.systemd1(5)"),
     _old(PROPERTY, "InactiveEnterTimestampMonotonic", "org.freedesktop.systemd1(5)"),
