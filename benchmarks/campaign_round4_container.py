@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -43,6 +44,7 @@ from tests.support.standin import free_port  # noqa: E402
 from vllm_ctxmgr.probe import wait_until_serving  # noqa: E402
 
 WORK = REPO / ".cache" / "campaign-round4" / str(os.getpid())
+VICTIMS = Path("/var/cache/ctxmgr/campaign-round4") / str(os.getpid())
 DEBIAN11 = Path(os.environ.get("CTXMGR_DEBIAN11_ROOTFS", "/var/cache/ctxmgr/debian11-rootfs"))
 SECRET_NAME, SECRET = "CTXMGR_CAMPAIGN_TOKEN", "operator-token-4f2a"
 HOST_SECRET = "host-secret-9c1e"
@@ -167,8 +169,10 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 
 def links(sandbox: Sandbox, manager: str, tally: Tally, work: Path) -> None:
-    victim = work / "host-victim"
-    victim.mkdir()
+    # outside every folder the sandbox binds into the container (the repository, Python's prefix):
+    # there the container sees the same folder, and writing it is no escape
+    victim = VICTIMS / work.name
+    victim.mkdir(parents=True)
     (victim / "config.json").write_text(f'{{"architectures": ["{HOST_SECRET}"], "hidden_size": 1}}')
     (victim / "vllm.env").write_text(f"VLLM_LOGGING_PREFIX={HOST_SECRET}\n")
     root, units = sandbox.root, sandbox.systemd.host_unit_dir
@@ -254,6 +258,7 @@ def main() -> int:
                 power(sandbox, manager, tallies["power"], work)
             if "links" in tallies and manager != "host":  # the host's sandbox shares the host's root
                 links(sandbox, manager, tallies["links"], work)
+    shutil.rmtree(VICTIMS, ignore_errors=True)
     for tally in tallies.values():
         failed += tally.report()
     print(f"{'total':<10} failed {failed}")
