@@ -93,6 +93,15 @@ def serve_standin(sandbox: Sandbox, work: Path) -> None:
         raise SystemExit(f"the stand-in never served on {port}")
 
 
+def outcome_problem(code: int | None, output: str, secret: str, leaked: str) -> str | None:
+    """What is wrong with a command's end whatever the trial: a hang, an internal error, a leak."""
+    if code is None:
+        return "hung"
+    if code == 70:
+        return f"internal error: {output.strip().splitlines()[-1:]}"
+    return leaked if secret in output else None
+
+
 # ---- power --------------------------------------------------------------------------------------------
 
 
@@ -146,13 +155,7 @@ def power(sandbox: Sandbox, manager: str, tally: Tally, work: Path) -> None:
             code, output = run(sandbox, work / "state", *command)
             found = _records(records)
             label = f"{manager}: ctxmgr {' '.join(command)} ({len(found)} tool runs)"
-            problem = None
-            if code is None:
-                problem = "hung"
-            elif code == 70:
-                problem = f"internal error: {output.strip().splitlines()[-1:]}"
-            elif SECRET in output:
-                problem = "printed the operator's token"
+            problem = outcome_problem(code, output, SECRET, "printed the operator's token")
             for record in found:
                 problem = problem or record_problem(record, manager_ns)
             tally.add(label, problem)
@@ -180,14 +183,8 @@ def links(sandbox: Sandbox, manager: str, tally: Tally, work: Path) -> None:
     def judged(label: str, *command: str) -> None:
         before = snapshot(victim)
         code, output = run(sandbox, work / "state", *command, timeout=240)
-        problem = None
-        if code is None:
-            problem = "hung"
-        elif code == 70:
-            problem = f"internal error: {output.strip().splitlines()[-1:]}"
-        elif HOST_SECRET in output:
-            problem = "printed a host file's secret"
-        elif snapshot(victim) != before:
+        problem = outcome_problem(code, output, HOST_SECRET, "printed a host file's secret")
+        if problem is None and snapshot(victim) != before:
             problem = f"a host file was written: {sorted(set(snapshot(victim)) ^ set(before))}"
         tally.add(f"{manager}: {label}", problem)
         print(f"    {manager}: {label}: exit {code}")
