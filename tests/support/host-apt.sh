@@ -14,11 +14,13 @@
 # service; and the systemd units those packages (and the dependencies this step pulled in) enabled are
 # disabled again with deb-systemd-helper (so an upgrade does not enable them either). A package the
 # host already had is never touched. Without root or apt-get it says why and exits 0 (the tests that
-# need the packages then skip, or fail under CTXMGR_REQUIRE_*). `make clean-host` removes them again.
+# need the packages then skip, or fail under CTXMGR_REQUIRE_*). The packages installed (with the
+# dependencies they pulled in) are listed in /var/cache/ctxmgr/host-apt.installed; `make clean-host`
+# (host-apt.sh --purge) purges those again.
 set -euo pipefail
 
 LOCK_TIMEOUT=${CTXMGR_APT_LOCK_TIMEOUT:-600}
-POLICY=/usr/sbin/policy-rc.d
+POLICY=${CTXMGR_POLICY_RC_D:-/usr/sbin/policy-rc.d}  # another path only in tests/test_host_apt.py
 # the packages this step installed, one a line (what `make clean-host` purges)
 INSTALLED_LIST=${CTXMGR_HOST_APT_LIST:-/var/cache/ctxmgr/host-apt.installed}
 
@@ -44,7 +46,21 @@ apt_update() {
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 
+# `make clean-host`: the packages this step installed (and only those) purged again
+purge() {
+  [[ -s $INSTALLED_LIST ]] || { say "no package installed by this step ($INSTALLED_LIST)"; return 0; }
+  local packages
+  mapfile -t packages <"$INSTALLED_LIST"
+  say "apt-get purge ${packages[*]} (installed by make host-apt)"
+  DEBIAN_FRONTEND=noninteractive apt_get purge -y -qq "${packages[@]}" >/dev/null
+  rm -f "$INSTALLED_LIST"
+}
+
 main() {
+  if [[ ${1:-} == --purge ]]; then
+    purge
+    return
+  fi
   local missing=() p
   for p in "$@"; do installed "$p" || missing+=("$p"); done
   local lists=no
@@ -83,19 +99,28 @@ main() {
   { [[ -f $INSTALLED_LIST ]] && cat "$INSTALLED_LIST"; printf '%s\n' "$new"; } | sed '/^$/d' | sort -u \
     >"$INSTALLED_LIST.tmp"
   mv "$INSTALLED_LIST.tmp" "$INSTALLED_LIST"
-  # the units of the packages installed here, as their postinst left them: enabled -> disabled again
-  local unit
   # shellcheck disable=SC2086
-  for unit in $(dpkg-query -L $new 2>/dev/null | grep -E '^/(usr/)?lib/systemd/system/[^/]+\.(service|socket|timer)$' |
-    xargs -r -n1 basename | sort -u); do
-    if command -v deb-systemd-helper >/dev/null && deb-systemd-helper --quiet was-enabled "$unit"; then
-      deb-systemd-helper disable "$unit" >/dev/null 2>&1 || true
-      say "disabled $unit (enabled by its package's postinst)"
-    fi
-    if [[ -d /run/systemd/system ]] && systemctl --quiet is-active "$unit" 2>/dev/null; then
-      systemctl stop "$unit" || true
-      say "stopped $unit (started by its package's postinst)"
-    fi
+  leave_disabled $new
+}
+
+# the systemd units of these packages, as their postinst left them: enabled -> disabled again (with
+# deb-systemd-helper, as the postinst enabled them, so the package's next upgrade keeps them disabled);
+# started (where systemd runs and a host policy-rc.d let it) -> stopped
+leave_disabled() {
+  local pkg unit
+  for pkg in "$@"; do
+    for unit in $(dpkg-query -L "$pkg" 2>/dev/null |
+      grep -E '^/(usr/)?lib/systemd/system/[^/]+\.(service|socket|timer)$' | xargs -r -n1 basename | sort -u); do
+      if command -v deb-systemd-helper >/dev/null &&
+        DPKG_MAINTSCRIPT_PACKAGE=$pkg deb-systemd-helper is-enabled "$unit" >/dev/null 2>&1; then
+        DPKG_MAINTSCRIPT_PACKAGE=$pkg deb-systemd-helper disable "$unit"
+        say "disabled $unit (its package's postinst enabled it)"
+      fi
+      if [[ -d /run/systemd/system ]] && systemctl --quiet is-active "$unit" 2>/dev/null; then
+        systemctl stop "$unit" || true
+        say "stopped $unit (started by its package's postinst)"
+      fi
+    done
   done
 }
 
