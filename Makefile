@@ -11,6 +11,14 @@ DEBIAN11_ROOTFS ?= /var/cache/ctxmgr/debian11-rootfs
 # ctxmgr as a user installs it: the built wheel in a fresh venv (the tests run its console script)
 WHEEL_DIR ?= .cache/dist
 WHEEL_VENV ?= .cache/wheel-venv
+# the wheel is built in a venv with pip alone (not the test tools of .venv)
+BUILD_VENV ?= .cache/build-venv
+# `make wheelhouse`: the ctxmgr wheel and a wheel of every dependency, for PYTHON_VERSION (e.g. 311: this
+# Python's by default) and PLATFORM (pip platform tags: by default manylinux x86_64 for glibc 2.17 to 2.28,
+# the tags pip does not derive from one another), in one directory a GPU host installs from without an index
+WHEELHOUSE ?= .cache/wheelhouse
+PYTHON_VERSION ?= $(shell $(PYTHON) -c 'import sys; print("%d%d" % sys.version_info[:2])')
+PLATFORM ?= manylinux2014_x86_64 manylinux_2_17_x86_64 manylinux_2_27_x86_64 manylinux_2_28_x86_64
 # the fleet tier: real sshd, HAProxy and ip from Debian's packages, ansible-core in its own venvs: one
 # for the oldest and one for the newest ansible-core the collection claims (meta/runtime.yml), each
 # .venv-ansible-X.Y; the fleet tests run against each one there is
@@ -35,9 +43,9 @@ TIMES ?= .cache/ci-times.tsv
 TEST_REPORT ?= .cache/test-report.xml
 TIMED := CTXMGR_TIMES=$(abspath $(TIMES)) bash .ci/timed
 
-.PHONY: setup wheel demo demo-real test test-setup test-run test-quick test-systemd test-vllm test-fleet \
+.PHONY: setup wheel dist wheelhouse demo demo-real test test-setup test-run test-quick test-systemd test-vllm test-fleet \
   test-multinode lint bench ci-times vllm-cpu fleet-deps fleet-apt ansible-test-venvs fleet-demo \
-  fleet-demo-multinode debian11-rootfs promtool clean host-apt
+  fleet-demo-multinode debian11-rootfs promtool clean clean-host host-apt
 
 setup: $(VENV)/.installed
 
@@ -48,12 +56,27 @@ $(VENV)/.installed: pyproject.toml
 	$(TIMED) setup $(VENV)/bin/pip install -q -e '.[test]'
 	touch $@
 
-# build the wheel and install it, with its dependencies, into a new venv: what `pip install .` gives a user
-wheel: setup
-	rm -rf $(WHEEL_DIR) $(WHEEL_VENV)
-	$(TIMED) wheel $(VENV)/bin/pip wheel -q --no-deps -w $(WHEEL_DIR) .
-	$(TIMED) wheel $(PYTHON) -m venv $(WHEEL_VENV)
-	$(TIMED) wheel $(WHEEL_VENV)/bin/pip install -q $(WHEEL_DIR)/vllm_ctxmgr-*.whl
+# the wheel (.cache/dist/vllm_ctxmgr-VERSION-py3-none-any.whl), built by pip in a venv of its own; then
+# the wheelhouse, and ctxmgr installed from it into a new venv with the network cut off (README's offline
+# line, tests/support/wheel-venv.sh), where `ctxmgr --help` and a plan run: the CLI tiers run that ctxmgr
+wheel: wheelhouse
+	$(TIMED) wheel bash tests/support/wheel-venv.sh $(PYTHON) $(WHEELHOUSE) $(WHEEL_VENV)
+
+dist:
+	rm -rf $(WHEEL_DIR) $(BUILD_VENV)
+	$(TIMED) wheel $(PYTHON) -m venv $(BUILD_VENV)
+	$(TIMED) wheel $(BUILD_VENV)/bin/pip wheel -q --no-deps -w $(WHEEL_DIR) .
+
+# ctxmgr's wheel and every dependency's (pip's cache makes it cheap after the first time), for
+# PYTHON_VERSION and PLATFORM: copied to a host without an index, `pip install --no-index --find-links
+# wheelhouse vllm-ctxmgr` installs from it alone
+wheelhouse: dist
+	rm -rf $(WHEELHOUSE)
+	mkdir -p $(WHEELHOUSE)
+	cp $(WHEEL_DIR)/vllm_ctxmgr-*.whl $(WHEELHOUSE)/
+	$(TIMED) wheel $(BUILD_VENV)/bin/pip download -q --dest $(WHEELHOUSE) --only-binary=:all: \
+	  --python-version $(PYTHON_VERSION) $(addprefix --platform ,$(PLATFORM)) --implementation cp \
+	  --find-links $(WHEELHOUSE) vllm-ctxmgr
 
 demo: setup
 	$(PY) examples/demo.py
@@ -162,3 +185,11 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .venv-ansible .venv-ansible-* .cache .pytest_cache
+
+# what `make test` put on the host outside the checkout (README, "What make test installs"): the Debian
+# packages its apt step installed (listed in /var/cache/ctxmgr/host-apt.installed; a package the host
+# already had is not on the list) and /var/cache/ctxmgr (the vLLM CPU build, Debian 11's root file
+# system, promtool); then what `make clean` removes
+clean-host: clean
+	bash tests/support/host-apt.sh --purge
+	rm -rf /var/cache/ctxmgr
