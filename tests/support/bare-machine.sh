@@ -33,6 +33,11 @@ cp -a "$BASE" "$ROOT"
 mkdir -p "$ROOT/root/ctxmgr"
 git -C "$REPO" archive HEAD | tar -x -C "$ROOT/root/ctxmgr"
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+# the network's trust, not the project's: where this machine reaches the index through a TLS proxy, its
+# CA bundle (and PIP_CERT naming it) come along
+cp /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/ca-certificates.crt"
+pass=()
+[[ -n ${PIP_CERT:-} ]] && pass+=("PIP_CERT=/etc/ssl/certs/ca-certificates.crt")
 
 say "in the bare tree: make $TARGETS"
 start=$SECONDS
@@ -40,14 +45,23 @@ start=$SECONDS
 unshare -m --propagation private bash -c '
   set -euo pipefail
   root=$1 targets=$2
+  shift 2
+  mount --bind "$root" "$root"  # its / a mount point of its own: the sandbox makes it private
   mount -t proc proc "$root/proc"
   mount --rbind /sys "$root/sys"
   mount --rbind /dev "$root/dev"
   mount -t tmpfs tmpfs "$root/run"
   mount -t tmpfs tmpfs "$root/tmp"
+  umask 022  # root'"'"'s on Debian
+  # the tree becomes this namespace'"'"'s root (pivot_root, not a chroot: systemd boots there as on a host)
+  cd "$root"
+  mkdir -p .host
+  pivot_root . .host
+  umount -l /.host
+  rmdir /.host
   for target in $targets; do
-    chroot "$root" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-      HOME=/root LANG=C.UTF-8 /bin/bash -c "cd /root/ctxmgr && make $target"
+    /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+      HOME=/root LANG=C.UTF-8 "$@" /bin/bash -c "cd /root/ctxmgr && make $target"
   done
-' test-bare "$ROOT" "$TARGETS"
+' test-bare "$ROOT" "$TARGETS" "${pass[@]}"
 say "make $TARGETS passed on a bare Debian 12 in $((SECONDS - start)) s"
