@@ -31,7 +31,8 @@ say "a fresh copy of the bare tree: $ROOT"
 rm -rf "$ROOT"
 cp -a "$BASE" "$ROOT"
 mkdir -p "$ROOT/root/ctxmgr"
-git -C "$REPO" archive HEAD | tar -x -C "$ROOT/root/ctxmgr"
+# modes as a clone checks them out under umask 022 (git archive's own default is 002)
+git -C "$REPO" -c tar.umask=0022 archive HEAD | tar -x -C "$ROOT/root/ctxmgr"
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
 # the network's trust, not the project's: where this machine reaches the index through a TLS proxy, its
 # CA bundle (and PIP_CERT naming it) come along
