@@ -72,7 +72,7 @@ def test_every_apt_call_of_the_setup_waits_for_the_lock() -> None:
 def _hold(path: Path, seconds: float) -> threading.Thread:
     """Another apt: the lock taken as apt takes it (an fcntl write lock), let go after `seconds`."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o640)
-    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fcntl.lockf(fd, fcntl.LOCK_EX)  # after a real apt of the host, if one holds it now
 
     def release() -> None:
         time.sleep(seconds)
