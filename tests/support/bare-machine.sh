@@ -66,3 +66,4 @@ unshare -m --propagation private bash -c '
   done
 ' test-bare "$ROOT" "$TARGETS" "${pass[@]}"
 say "make $TARGETS passed on a bare Debian 12 in $((SECONDS - start)) s"
+rm -rf "$ROOT"  # kept only when it fails, to look into
