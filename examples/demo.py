@@ -1,12 +1,16 @@
 """`make demo`: the whole loop on the built-in demo deployment, as a user would watch it.
 
-1. `ctxmgr plan 200000` for GLM-5 on the seeds' machine (8 x 95.6 GiB): vLLM's real KV numbers.
-2. A private systemd (own PID/mount/cgroup namespaces; nothing on the host is touched) runs a demo
-   `vllm-glm5` service at 8,192 tokens. vLLM is played by ctxmgr's stand-in (vLLM's own log lines and
-   HTTP API) — or, with CTXMGR_DEMO_VLLM=real (`make demo-real`), by the real vLLM CPU build serving a
-   tiny Llama.
-3. `ctxmgr plan --service`: from estimates alone 200,000 looks easy; but the service is running, and
-   its journal holds what vLLM logged at its start (a far larger activation peak than any estimate).
+1. `ctxmgr plan 200000` for GLM-5 on the seeds' machine: vLLM's real KV numbers. The seeds are the notes
+   and logs of the GLM-5 deployment this project started from (8 x RTX PRO 6000 Blackwell, 95.6 GiB
+   each; tests/support/demo.py); then the same target with a co-tenant's job holding 23.6 GiB of each GPU
+   (a `ctxmgr gpus --json` file that lists it): not feasible, and what would help.
+2. A private systemd (own PID/mount/cgroup namespaces; it writes nothing outside the clone's .cache/demo)
+   runs a demo `vllm-glm5` service at 8,192 tokens. vLLM is played by ctxmgr's stand-in (vLLM's own log
+   lines and HTTP API, its start compressed to about 5 s and run at a fifth of that: its times are not a
+   real GLM-5 start's) — or, with CTXMGR_DEMO_VLLM=real (`make demo-real`), by the real vLLM CPU build
+   serving a tiny Llama.
+3. `ctxmgr plan` from the model alone: 200,000 fits, with little to spare; but the service is running,
+   and its journal holds what vLLM logged at its start (a far larger activation peak than any estimate).
 4. `ctxmgr set-context 200000` learns from that start first, raises the utilisation to what the real
    numbers need, and succeeds on the first restart.
 5. The same request once more changes nothing; a context above the model's maximum is refused.
@@ -35,6 +39,8 @@ sys.path.insert(0, str(REPO))
 
 from tests.support.demo import (  # noqa: E402
     GLM5_CONFIG_DIR,
+    SEED_GPU_COUNT,
+    SEED_GPU_GIB,
     make_vllm_wrapper,
     offline_gpu_args,
     standin_unit,
@@ -122,19 +128,53 @@ def stored_plans(state: Path, service: str) -> dict[int, dict]:
     return {int(p.parent.name): json.loads(p.read_text()) for p in sorted(revisions.glob("*/plan.json"))}
 
 
-def planner_part() -> None:
-    banner("Plan: GLM-5 (MLA + DSA indexer) on 8 x 95.6 GiB, TP 8, 200,000 tokens")
-    print("The seeds' hand math said 11,232 B/token/GPU (2.09 GiB at 200K); vLLM allocates this:")
+CO_TENANT_GIB = 23.6  # what another team's job holds on each GPU in the second plan
+
+
+def co_tenant_gpus(work: Path) -> Path:
+    """The seeds' 8 GPUs as `ctxmgr gpus --json` lists them while a co-tenant's process holds
+    CO_TENANT_GIB of each: what `plan --gpus-from` reads (the `others` column)."""
+    total = round(SEED_GPU_GIB * (1 << 30))
+    held = round(CO_TENANT_GIB * (1 << 30))
+    process = {"pid": 31337, "name": "python3 (a co-tenant's training job)", "used_bytes": held}
+    gpus = [
+        {"index": i, "name": "", "total_bytes": total, "used_bytes": held, "free_bytes": total - held,
+         "processes": [process]}
+        for i in range(SEED_GPU_COUNT)
+    ]  # fmt: skip
+    path = work / "co-tenant-gpus.json"
+    path.write_text(json.dumps({"gpus": gpus}, indent=1) + "\n")
+    return path
+
+
+def planner_part(work: Path) -> None:
+    banner(
+        f"Plan: GLM-5 (MLA + DSA indexer) on the seeds' {SEED_GPU_COUNT} x {SEED_GPU_GIB} GiB, TP 8, "
+        "200,000 tokens"
+    )
+    print(
+        "The seeds (the notes and logs of the GLM-5 deployment this project started from, on 8 x RTX PRO\n"
+        "6000 Blackwell) did the KV math by hand: 11,232 B/token/GPU (2.09 GiB at 200K). vLLM allocates this:"
+    )
     ctxmgr("plan", "200000", "--model", str(GLM5_CONFIG_DIR), "-tp", "8", *offline_gpu_args())
-    banner("The same target when a co-tenant holds memory: not feasible, with what would help")
+    gpus = co_tenant_gpus(work)
+    banner(
+        f"The same target while a co-tenant's job holds {CO_TENANT_GIB} GiB of each GPU (the `others` "
+        "column): not feasible, with what would help"
+    )
+    print(f"(the GPUs as `ctxmgr gpus --json` would list them, with that process: {gpus.relative_to(REPO)})")
+    weights = offline_gpu_args()[offline_gpu_args().index("--weights-bytes") + 1]
     ctxmgr(
-        "plan", "200000", "--model", str(GLM5_CONFIG_DIR), "-tp", "8", "--gpu-memory", "72GiB", "--gpu-count",
-        "8", "--weights-bytes", "406.72GiB", check_codes=(3,),
+        "plan", "200000", "--model", str(GLM5_CONFIG_DIR), "-tp", "8", "--gpus-from", str(gpus),
+        "--weights-bytes", weights, check_codes=(3,),
     )  # fmt: skip
 
 
 def main() -> int:
-    planner_part()
+    work = REPO / ".cache" / "demo"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    planner_part(work)
     from tests.support.sandbox import Sandbox, sandbox_available
 
     reason = sandbox_available()
@@ -146,9 +186,6 @@ def main() -> int:
         )
         return 0
     real = os.environ.get("CTXMGR_DEMO_VLLM") == "real"
-    work = REPO / ".cache" / "demo"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
     state = work / "state"
     banner("Booting a private systemd (own PID, mount and cgroup namespaces)")
     with Sandbox.start() as sandbox:
@@ -168,11 +205,13 @@ def main() -> int:
         banner(f"The demo service {SERVICE} (vLLM played by the stand-in: vLLM 0.33's own lines and API)")
         print(unit)
         _wait_serving(port)
-        banner("plan 200000 from estimates alone (a model dir, no service): it looks easy")
+        print(STANDIN_TIME)
+        banner("plan 200000 from estimates alone (a model dir, no service)")
         ctxmgr("plan", "200000", "--model", str(GLM5_CONFIG_DIR), "-tp", "8", *offline_gpu_args())
         estimate = ctxmgr_json(
             "plan", "200000", "--model", str(GLM5_CONFIG_DIR), "-tp", "8", *offline_gpu_args()
         )
+        print(textwrap.fill(estimate_verdict(estimate), 110, break_on_hyphens=False))
         change = [*base, "set-context", "200000", "--service", SERVICE, *offline_gpu_args(), "--yes"]
         banner("set-context 200000: first learn from the running instance's journal, then one restart")
         ctxmgr(*change)
@@ -192,6 +231,25 @@ def main() -> int:
         for line in summary(estimate, rows, stored_plans(state, SERVICE)):
             print(textwrap.fill(line, 110, subsequent_indent="  ", break_on_hyphens=False))
     return 0
+
+
+STANDIN_TIME = (
+    "(Time is the stand-in's: it plays vLLM's start compressed to about 5 s and runs it at a fifth of that\n"
+    "(CTXMGR_STANDIN_TIME_SCALE=0.2), so a restart here takes seconds. The downtime set-context expects is\n"
+    "read from those starts in the journal: it is the stand-in's seconds (phases of 0 s), not the minutes a\n"
+    "real GLM-5 start takes.)"
+)
+
+
+def estimate_verdict(estimate: dict) -> str:
+    """What the plan from the model alone said, in its own figures: it fits, with how much to spare."""
+    gpu = estimate["gpus"][0]
+    verdict = "fits" if estimate["feasible"] else "does not fit"
+    return (
+        f"From estimates alone {estimate['max_model_len']:,} tokens {verdict} at gpu_memory_utilization "
+        f"{estimate['gpu_memory_utilization']:g}, with {gib(gpu['headroom']['bytes'])} per GPU to spare "
+        "(headroom): the estimate of vLLM's activation peak decides it, and this deployment's is far larger."
+    )
 
 
 def _wait_serving(port: int, seconds: float = 120) -> None:

@@ -57,6 +57,7 @@ NOT_RUN: dict[str, tuple[str, str]] = {
     "ctxmgr deployment verify --file glm5.toml": ("every node over ssh", "tests/test_multinode.py"),
     "ctxmgr deployment rollback --file glm5.toml": ("every node over ssh", "tests/test_multinode.py"),
     "pipx install": ("installs on the host, from a wheel or an index", "tests/test_package_rules.py"),
+    "scp -r .cache/wheelhouse": ("copies the wheelhouse to a GPU host", "tests/test_wheelhouse.py"),
     "apt-get install": ("the host's packages (root)", "ansible_collections/vllm/ctxmgr/roles/install"),
     "dnf install": ("the host's packages (root)", "ansible_collections/vllm/ctxmgr/roles/install"),
     "python3 -m venv /opt/ctxmgr": ("installs under /opt (root)", "tests/test_package_rules.py"),

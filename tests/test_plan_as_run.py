@@ -38,10 +38,10 @@ def unit_copy(unit: Path, directory: Path) -> Path:
     """The unit as this checkout can read it: /etc paths pointed at the shipped files next to it."""
     text = unit.read_text()
     text = text.replace(
-        "EnvironmentFile=/etc/default/vllm\n", f"EnvironmentFile={REPO}/units/vllm-envfile.default\n"
+        "EnvironmentFile=/etc/default/vllm\n", f"EnvironmentFile={REPO}/units/etc/default/vllm\n"
     )
     if "WorkingDirectory=/etc/vllm" in text:
-        (directory / "qwen3.yaml").write_text((REPO / "units" / "vllm-qwen3-config.yaml").read_text())
+        (directory / "qwen3.yaml").write_text((REPO / "units" / "etc" / "vllm" / "qwen3.yaml").read_text())
         text = text.replace("WorkingDirectory=/etc/vllm", f"WorkingDirectory={directory}")
     copy = directory / unit.name
     copy.write_text(text)
@@ -155,6 +155,49 @@ def test_plan_of_a_unit_is_what_set_context_writes_figure_for_figure(
     assert [g["headroom"] for g in again["gpus"]] == [g["headroom"] for g in data["gpus"]]
 
 
+# the local model each shipped unit serves (its model path is the production host's)
+UNIT_MODELS = {
+    "glm5": "glm-5",
+    "gemma3": "gemma-3-27b",
+    "qwen3": "qwen3-32b",
+    "commented": "qwen3-32b",
+    "llama70b": "llama-3.1-70b",
+    "envfile": "llama-3.1-70b",
+    "demo-vllm-cpu": "llama-3.1-70b",
+}
+# what the files a unit names under /etc (shipped under units/etc/) set, as plan reads them with --root
+FROM_ETC = {
+    "vllm-envfile.service": {"max_model_len": 16384, "gpu_memory_utilization": 0.92},  # /etc/default/vllm
+    "vllm-qwen3-config.service": {"gpu_memory_utilization": 0.85},  # /etc/vllm/qwen3.yaml
+}
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
+def test_every_shipped_unit_plans_as_shipped_on_a_fresh_clone(unit: Path, workdir: Path) -> None:
+    """Issue 33 item 4: each unit under units/ as it is (no copy), a unit's /etc files read from
+    units/etc/ (`--root units`, as README shows): an answer (0, 3, 6), never an error."""
+    model = next(REPO / "examples" / "models" / m for key, m in UNIT_MODELS.items() if key in unit.name)
+    args = ("--state-dir", str(workdir / "state"), "plan", "--unit", str(unit), "--model", str(model))
+    code, out = run(*args, "--root", str(REPO / "units"), *GPUS, "--json")
+    assert code in (0, 3, 6), out
+    data = json.loads(out)
+    for key, value in FROM_ETC.get(unit.name, {}).items():
+        assert data[key] == value, f"{unit.name}: {key} {data[key]}, its file under units/etc says {value}"
+    etc_files = re.findall(
+        r"^EnvironmentFile=(/etc/\S+)$|^WorkingDirectory=(/etc/\S+)$", unit.read_text(), re.M
+    )
+    if unit.name in FROM_ETC:
+        assert etc_files, f"{unit.name} names no file under /etc any more"
+        missing = [p for pair in etc_files for p in pair if p and not Path(p).exists()]
+        if missing:  # this host lacks them, as a fresh clone's does: without --root the unit cannot plan
+            refused = CliRunner().invoke(main, [*args, *GPUS])
+            assert refused.exit_code == 2 and re.search(r" /etc/\S+: no such file", refused.output), (
+                refused.output
+            )
+    else:
+        assert not [p for pair in etc_files for p in pair if p], f"{unit.name} names /etc: add it to FROM_ETC"
+
+
 def test_the_issues_unit_is_told_at_its_own_utilisation() -> None:
     """The issue's command: the story was told at 0.52 while set-context kept 0.92."""
     unit = REPO / "units" / "vllm-llama70b.service"
@@ -242,3 +285,12 @@ def test_set_context_dry_run_writes_what_plan_of_the_service_and_the_unit_told(
     assert forced.data["gpu_memory_utilization"] == 0.9  # what the unit keeps, as the diff says
     forced_text = ctxmgr("set-context", "131072", "--service", name, *small, "--dry-run", "--force")
     assert "-> max_model_len 131,072 / gpu_memory_utilization 0.9." in forced_text.stdout
+
+
+def test_root_without_a_unit_is_refused_in_one_line() -> None:
+    model = str(REPO / "examples" / "models" / "qwen3-32b")
+    refused = CliRunner().invoke(main, ["plan", "--model", model, "--root", str(REPO / "units"), *GPUS])
+    assert (
+        refused.exit_code == 2
+        and refused.output == "ctxmgr: --root reads a unit's files: give it with --unit\n"
+    )

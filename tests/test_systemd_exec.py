@@ -43,7 +43,7 @@ def argv_of(unit: ServiceUnit, root: Path = Path("/")) -> list[str]:
 
 def envfile_root(tmp_path: Path) -> Path:
     (tmp_path / "etc/default").mkdir(parents=True)
-    shutil.copy(UNITS / "vllm-envfile.default", tmp_path / "etc/default/vllm")
+    shutil.copy(UNITS / "etc" / "default" / "vllm", tmp_path / "etc/default/vllm")
     return tmp_path
 
 

@@ -99,7 +99,7 @@ def unit_with(exec_start: str, extra: str = "") -> ServiceUnit:
 def installed_config(root: Path, text: str | None = None, name: str = "qwen3.yaml") -> Path:
     path = root / "etc" / "vllm" / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text if text is not None else (UNITS / "vllm-qwen3-config.yaml").read_text())
+    path.write_text(text if text is not None else (UNITS / "etc" / "vllm" / "qwen3.yaml").read_text())
     return path
 
 

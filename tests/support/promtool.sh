@@ -15,10 +15,14 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 chmod 0755 "$work"
 [[ $(id -u) == 0 ]] && chown _apt "$work" 2>/dev/null || true  # apt's download sandbox writes as _apt
+# apt_get and apt_update wait for another apt's locks (`make promtool` runs after `make host-apt`, the
+# setup's one apt step, so the package lists are there)
+# shellcheck source=tests/support/host-apt.sh
+source "$(dirname "$0")/host-apt.sh"
 cd "$work"
-if ! apt-get download -qq prometheus >/dev/null; then
+if ! apt_get download -qq prometheus >/dev/null; then
   [[ $(id -u) == 0 ]] || skip "apt-get download prometheus failed, and apt-get update needs root"
-  apt-get update -qq && apt-get download -qq prometheus >/dev/null
+  apt_update && apt_get download -qq prometheus >/dev/null
 fi
 dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x ./usr/bin/promtool
 install -m 0755 usr/bin/promtool "$target.tmp"

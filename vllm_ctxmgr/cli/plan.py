@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import fields, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -97,6 +98,10 @@ def vllm_overrides(
 @click.option("--model", "model", default=None, help="HF model dir, cached repo id, or GGUF file.")
 @click.option("--unit", "unit_file", type=click.Path(dir_okay=False), default=None,
               help="Read a unit file (and its FILE.d/*.conf drop-ins).")  # fmt: skip
+@click.option("--root", "root", type=click.Path(file_okay=False, exists=True), default=None,
+              help="With --unit: read the files the unit names (EnvironmentFile=, a vLLM --config) under "
+                   "this directory as the host's root, e.g. a copy of another host's /etc, or units/ for "
+                   "the shipped examples' units/etc/.")  # fmt: skip
 @click.option("--tensor-parallel-size", "-tp", type=PARALLEL, default=None, help="vLLM's -tp.")
 @click.option("--pipeline-parallel-size", "-pp", type=PARALLEL, default=None, help="vLLM's -pp.")
 @click.option("--decode-context-parallel-size", "-dcp", type=PARALLEL, default=None, help="vLLM's -dcp.")
@@ -117,7 +122,8 @@ def vllm_overrides(
 @click.pass_context
 @handle_errors
 def plan(ctx: click.Context, context: int | None, max_model_len: int | None, model: str | None,
-         unit_file: str | None, service: str | None, as_json: bool, **options: Any) -> None:  # fmt: skip
+         unit_file: str | None, root: str | None, service: str | None, as_json: bool,
+         **options: Any) -> None:  # fmt: skip
     """Plan CONTEXT tokens: flags, memory per GPU, or the largest context that fits and what would help.
 
     \b
@@ -140,6 +146,8 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     ]
     if len(chosen) != 1 and chosen != ["--model", "--unit"]:  # --unit --model: the unit on a local copy
         raise UsageError("give exactly one of --model, --unit or --service (--model may go with --unit)")
+    if root and not unit_file:
+        raise UsageError("--root reads a unit's files: give it with --unit")
     # a utilisation given is the one the deployment runs with (as set-context takes it), not a hint
     fixed = explicit["gpu_memory_utilization"]
     unit_args: ServeArgs | None = None
@@ -157,7 +165,7 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
         from vllm_ctxmgr.systemd.service import view_from_unit
         from vllm_ctxmgr.systemd.unit_file import ServiceUnit
 
-        unit_view = view_from_unit(ServiceUnit.load_with_dropins(unit_file))
+        unit_view = view_from_unit(ServiceUnit.load_with_dropins(unit_file), Path(root or "/"))
         unit_args = with_overrides(unit_view.args, {**overrides, **({"model": model} if model else {})})
     if given or unit_args is None:
         target = context_from(context, max_model_len)

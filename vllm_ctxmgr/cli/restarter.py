@@ -26,6 +26,14 @@ def systemd_for(ctx: click.Context) -> Systemd:
     return systemd
 
 
+ECHO_WIDTH = 160  # a vLLM line as the restart follows it; the decisive line is printed whole after
+
+
+def journal_echo(text: str, width: int = ECHO_WIDTH) -> str:
+    """A journal line cut to `width` characters, saying so with "..." (never cut mid-sentence silently)."""
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
+
+
 def restarter_for(ctx: click.Context, service: str, as_json: bool, timeout: float) -> Restarter:
     """The restart path for a service systemd knows, under its canonical name (an alias shares the
     real unit's lock, journal and history); an unknown service stops here, before anything is written."""
@@ -47,7 +55,7 @@ def restarter_for(ctx: click.Context, service: str, as_json: bool, timeout: floa
     def vllm_line(text: str) -> None:
         if not as_json:
             live.clear()
-            echo(f"  | {text[:160]}", err=True)
+            echo(f"  | {journal_echo(text)}", err=True)
 
     return Restarter(
         systemd, store, unit, on_line=vllm_line, on_step=say, start_timeout=timeout, on_tick=live.tick
