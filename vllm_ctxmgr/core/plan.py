@@ -72,6 +72,7 @@ from vllm_ctxmgr.core.budget import (
     requested_bytes,
 )
 from vllm_ctxmgr.core.calibration import NodeObservation, Observed, node_observed, observed_memory
+from vllm_ctxmgr.core.cold_boot import ColdBoot, cold_boot
 from vllm_ctxmgr.core.confidence import Confidence, plan_confidence
 from vllm_ctxmgr.core.deployment import (
     NamedFlag,
@@ -161,6 +162,9 @@ class PlanOptions:
     # the GPUs given are every node's of a multi-node deployment, in rank order (the coordinator): the
     # plan is the whole deployment's, not one node's
     whole_deployment: bool = False
+    # plan a change to a length this host has not compiled for its cold first boot (core/cold_boot.py);
+    # off only to measure what the rule changes (benchmarks/cold_boot_rule.py)
+    cold_boot_rule: bool = True
 
 
 @dataclass(frozen=True)
@@ -270,6 +274,8 @@ class Plan:
     # what sets max_context: "model" (the derived maximum), "target" (no maximum known), "memory"
     max_context_limit: str = "memory"
     confidence: Confidence | None = None  # calibrated from a start, or estimated, with its error band
+    # the boot that applies the change compiles cold: the figures above hold for it (core/cold_boot.py)
+    cold_boot: ColdBoot | None = None
 
     @property
     def result(self) -> str:
@@ -346,6 +352,7 @@ class Plan:
             "notes": list(self.notes),
             "layout": self.layout.summary(self.max_model_len),
             "not_modelled_flags": [named.to_json() for named in self.not_modelled],
+            "cold_boot": self.cold_boot.to_json() if self.cold_boot else None,
         }
 
 
@@ -378,6 +385,7 @@ class _Gpu:
     graphs_in_budget: bool
     observed: Observed | None
     margin: int
+    cold_extra: int = 0  # the first boot compiles cold: its activation peak is this much higher
 
     @property
     def total(self) -> int:
@@ -398,18 +406,20 @@ class _Gpu:
         if self.has_observed_budget:
             assert self.observed is not None and self.observed.utilization is not None
             requested = self.observed.requested_at_start or self.requested(self.observed.utilization)
-            return requested - (self.observed.available_kv or 0)
+            return requested - (self.observed.available_kv or 0) + self.cold_extra
         graphs = (self.cuda_graphs.bytes or 0) if self.graphs_in_budget else 0
-        return (self.weights.bytes or 0) + (self.activation.bytes or 0) + (self.non_torch.bytes or 0) + graphs
+        weights, peak = self.weights.bytes or 0, (self.activation.bytes or 0) + self.cold_extra
+        return weights + peak + (self.non_torch.bytes or 0) + graphs
 
     def budget(self, utilization: float) -> int:
         """The KV budget vLLM would find on this GPU at `utilization`."""
         if self.has_observed_budget:
             assert self.observed is not None and self.observed.utilization is not None
             observed_requested = self.observed.requested_at_start or self.requested(self.observed.utilization)
-            return kv_budget_at_utilization(
+            warm = kv_budget_at_utilization(
                 self.observed.available_kv or 0, observed_requested, self.total, utilization
             )
+            return warm - self.cold_extra
         return self.requested(utilization) - self.non_kv()
 
     def max_utilization(self) -> float:
@@ -487,9 +497,11 @@ def _gpu_models(
     observed: Observed | None,
     warnings: list[str],
     by_rank: dict[int, Observed] | None = None,
+    cold_extra: int = 0,
 ) -> list[_Gpu]:
     """Each GPU's figures; a rank whose own node logged a start (`by_rank`, a multi-node deployment's
-    headless nodes) takes that node's, every other rank the service's own (`observed`)."""
+    headless nodes) takes that node's, every other rank the service's own (`observed`). `cold_extra`:
+    the first boot compiles cold, each GPU's peak that much higher (core/cold_boot.py)."""
     tp, pp, dp = args.tensor_parallel_size, args.pipeline_parallel_size, args.data_parallel_size
     ranks = tp * pp
     if len(gpus.gpus) < ranks:
@@ -533,6 +545,7 @@ def _gpu_models(
                 graphs_in_budget=graphs_counted,
                 observed=observed,
                 margin=margin,
+                cold_extra=cold_extra,
             )
         )
     return models
@@ -608,12 +621,17 @@ def _line(
         weights = gpu.weights
         graphs_counted = (gpu.cuda_graphs.bytes or 0) if gpu.graphs_in_budget else 0
         rest = max(0, gpu.non_kv() - (weights.bytes or 0) - graphs_counted)
-        activation = Figure(rest, f"{logged} (activation + non-torch)")
+        cold = " + the cold compile's peak" if gpu.cold_extra else ""
+        activation = Figure(rest, f"{logged} (activation + non-torch{cold})")
         non_torch = Figure(0, f"{logged} (in activation peak)")
     else:
         known = gpu.weights.bytes is not None
         non_kv = Figure(gpu.non_kv() if known else None, "estimate" if known else "unknown (weights unknown)")
         weights, activation, non_torch = gpu.weights, gpu.activation, gpu.non_torch
+        if gpu.cold_extra and activation.bytes is not None:
+            activation = Figure(
+                activation.bytes + gpu.cold_extra, f"{activation.source} + the cold compile's"
+            )
     headroom = budget - kv_needed - margin
     return GpuMemory(
         index=gpu.info.index,
@@ -942,6 +960,20 @@ class _Context:
     target: int
     # a multi-node deployment's ranks whose own node logged a start: that node's figures (global rank)
     by_rank: dict[int, Observed] = field(default_factory=dict)
+    observations: tuple[Observation, ...] = ()  # this service's starts: which lengths it compiled
+
+    def cold_boot(self, args: ServeArgs, target: int) -> ColdBoot | None:
+        """The cold first boot at `target` on these flags, where the plan is calibrated by a warm start
+        (a budget a cold boot logged is already that boot's)."""
+        observed = self.observed
+        if not self.options.cold_boot_rule or observed is None or observed.available_kv is None:
+            return None
+        if observed.start is not None and observed.start.compile_cache == "miss":
+            return None
+        compiles = not args.enforce_eager and not self.platform.is_cpu
+        return cold_boot(
+            target, self.observations, observed.available_kv, self.options.vllm_version, compiles
+        )
 
 
 def _upper(target: int, derived: int | None, allow_long: bool) -> int:
@@ -973,9 +1005,13 @@ def _run(
     # a node's figures hold for its ranks only on the same GPUs, in the same places
     by_rank = ctx.by_rank if same_ranks and gpu_state is ctx.gpus else {}
     models = None
+    cold = ctx.cold_boot(args, target) if observed is not None else None
     # on the CPU build the "device" is a NUMA node: --gpu-memory-utilization is a fraction of its memory
     if gpu_state is not None and (not ctx.platform.is_cpu or gpu_state.source == "numa"):
-        models = _gpu_models(ctx.facts, args, gpu_state, ctx.options, layout, observed, warnings, by_rank)
+        models = _gpu_models(
+            ctx.facts, args, gpu_state, ctx.options, layout, observed, warnings, by_rank,
+            cold.extra_bytes if cold else 0,
+        )  # fmt: skip
     upper = _upper(target, ctx.derived, allow_long)
     outcome = _evaluate(layout, args, models, ctx.options, ctx.platform, observed, target, upper, same_config)
     return layout, outcome, warnings
@@ -1058,9 +1094,14 @@ def make_plan(
         base_layout, gpus, platform, version, observations, node_observations
     )
     notes.extend(observed_notes)
-    ctx = _Context(facts, args, gpus, options, platform, observed, derived, target, by_rank)
+    ctx = _Context(
+        facts, args, gpus, options, platform, observed, derived, target, by_rank, tuple(observations)
+    )
 
     layout, outcome, run_warnings = _run(ctx, args, target, options.allow_long, same_config=True)
+    cold = ctx.cold_boot(args, target) if outcome.lines else None
+    if cold is not None:
+        notes.append(cold.note())
     warnings.extend(run_warnings)
     feasibility = _Feasibility.of(ctx, outcome, derived_key)
     warnings.extend(feasibility.warnings)
@@ -1083,7 +1124,9 @@ def make_plan(
         )  # fmt: skip
         alternatives = find_alternatives(search, layout, outcome.max_context, feasibility.refused)
     said = _Said(tuple(warnings), tuple(notes), tuple(named))
-    return _assembled_plan(ctx, layout, outcome, feasibility, derived_key, alternatives, said)
+    return replace(
+        _assembled_plan(ctx, layout, outcome, feasibility, derived_key, alternatives, said), cold_boot=cold
+    )
 
 
 def _check_plan_options(options: PlanOptions) -> None:
