@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
 
 from tests.test_plan import OBSERVED, SERVICE, TARGET, eight_gpus, glm5, options
+from vllm_ctxmgr.cli.main import main
+from vllm_ctxmgr.core.budget import MIB
 from vllm_ctxmgr.core.cold_boot import cold_boot
 from vllm_ctxmgr.core.hardware import GIB
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan import Plan, make_plan
+from vllm_ctxmgr.errors import UsageError
 from vllm_ctxmgr.report import plan_text
+
+MODELS = Path(__file__).resolve().parent.parent / "examples" / "models"
 
 UNIT = replace(SERVICE, gpu_memory_utilization=0.9)  # runs at 8192, the length its starts logged
 WARM = replace(OBSERVED, compile_cache="hit", available_kv_gib=24.5)
@@ -100,3 +109,46 @@ def test_the_rule_is_pure_data_in_data_out() -> None:
     other = replace(WARM, gpu_memory_utilization=0.8)
     estimated = cold_boot(200_000, [COLD, other], int(24.5 * GIB), (0, 33, 0), compiles=True)
     assert estimated is not None and estimated.estimate
+
+
+# --- pinning the pool instead: --kv-cache-memory-bytes ------------------------------------------
+
+
+def test_a_cold_boot_plan_offers_to_pin_the_pool_and_says_what_that_gives_up() -> None:
+    p = plan(COLD, WARM, fixed_gpu_memory_utilization=0.9)
+    pool = int(24.5 * GIB) // MIB * MIB  # the warm budget at the unit's 0.9, whole MiB
+    offer = next(n for n in p.notes if n.startswith("or pin the pool"))
+    assert f"--kv-cache-memory-bytes {pool} (`--pin-kv-cache-memory`)" in offer
+    assert "#47356" in offer and "no longer profiles" in offer and "co-tenant that grows" in offer
+
+
+def test_a_pinned_pool_is_the_warm_one_on_the_first_boot_too() -> None:
+    colder = replace(COLD, available_kv_gib=18.0)
+    assert not plan(colder, WARM, fixed_gpu_memory_utilization=0.9).feasible  # the cold boot's pool
+    pinned = plan(colder, WARM, fixed_gpu_memory_utilization=0.9, pin_kv_cache_memory=True)
+    pool = int(24.5 * GIB) // MIB * MIB
+    assert pinned.feasible and pinned.cold_boot is None  # the compile runs before the pool is set
+    assert pinned.flag_changes["--kv-cache-memory-bytes"] == str(pool)
+    assert budget(pinned) == pool
+    assert any("no longer profiles" in n for n in pinned.notes)
+    # the unit's own pin stays: pinning twice writes nothing new
+    again = make_plan(
+        glm5(),
+        replace(UNIT, kv_cache_memory_bytes=pool),
+        eight_gpus(),
+        options(TARGET, pin_kv_cache_memory=True),
+        [colder, WARM],
+    )
+    assert "--kv-cache-memory-bytes" not in again.flag_changes
+
+
+def test_pinning_is_refused_on_a_plan_no_start_calibrated() -> None:
+    with pytest.raises(UsageError, match="needs a plan calibrated by a start of this service"):
+        make_plan(glm5(), UNIT, eight_gpus(), options(TARGET, pin_kv_cache_memory=True), [])
+    result = CliRunner().invoke(
+        main,
+        ["plan", "100000", "--model", str(MODELS / "llama-3.1-70b"), "-tp", "4", "--gpu-name",
+         "NVIDIA H100 80GB HBM3", "--gpu-memory", "80G", "--gpu-count", "4", "--pin-kv-cache-memory"],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert result.output.strip().count("\n") == 0 and "needs a plan calibrated" in result.output

@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vllm_ctxmgr.core.budget import MIB, kv_budget_at_utilization
 from vllm_ctxmgr.core.hardware import GIB
 from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan_record import ColdBootRecord
@@ -104,3 +105,44 @@ def cold_boot(
         return ColdBoot(target, learned[0], learned[1], estimate=False)
     source = ESTIMATE_CITATION.format(release=".".join(map(str, version)))
     return ColdBoot(target, math.ceil(warm_budget * ESTIMATED_COLD_SHARE), source, estimate=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Pinning the pool instead: --kv-cache-memory-bytes
+# --------------------------------------------------------------------------------------------------
+
+# why a pinned pool is the same on every boot, and what it gives up (vLLM 0.33.0)
+PIN_TRADE_OFF = (
+    "vLLM then no longer profiles (v1/worker/gpu_worker.py:L656-L681, 'skipped memory profiling'): a "
+    "co-tenant that grows, or a heavier activation peak, can make a start fail"
+)
+PIN_REASON = (
+    "kv_cache_memory_bytes is not in the compile hash (config/cache.py:L405-L408, vLLM #47356) and the "
+    "compile runs before the pool is set (gpu_worker.py:L656-L662): cold or warm, every boot gets it"
+)
+UNCALIBRATED_PIN = (
+    "pinning the KV pool (--kv-cache-memory-bytes) needs a plan calibrated by a start of this service: "
+    "an estimated pool could be more than the GPU holds next to the model, and vLLM no longer checks it "
+    "(it skips profiling); start the service once (or `ctxmgr observe`) and plan again"
+)
+
+
+def pinned_pool_bytes(
+    available_kv: int, requested_at_start: int, totals: Sequence[int], utilization: float
+) -> int:
+    """The pool a pinned --kv-cache-memory-bytes gives every boot: the calibrated warm budget at the
+    utilisation the unit runs at (the smallest GPU's), in whole MiB, down."""
+    budgets = [
+        kv_budget_at_utilization(available_kv, requested_at_start, total, utilization) for total in totals
+    ]
+    smallest = min(budgets) if budgets else available_kv
+    return max(0, smallest // MIB * MIB)
+
+
+def pin_offer(pool: int, max_model_len: int) -> str:
+    """The plan line that offers pinning where the first boot compiles cold."""
+    return (
+        f"or pin the pool: --kv-cache-memory-bytes {pool} (`--pin-kv-cache-memory`) gives every boot at "
+        f"{max_model_len:,}, the cold first one too, the warm pool of {pool / GIB:.2f} GiB per GPU "
+        f"({PIN_REASON}); {PIN_TRADE_OFF}"
+    )

@@ -72,7 +72,15 @@ from vllm_ctxmgr.core.budget import (
     requested_bytes,
 )
 from vllm_ctxmgr.core.calibration import NodeObservation, Observed, node_observed, observed_memory
-from vllm_ctxmgr.core.cold_boot import ColdBoot, cold_boot
+from vllm_ctxmgr.core.cold_boot import (
+    PIN_REASON,
+    PIN_TRADE_OFF,
+    UNCALIBRATED_PIN,
+    ColdBoot,
+    cold_boot,
+    pin_offer,
+    pinned_pool_bytes,
+)
 from vllm_ctxmgr.core.confidence import Confidence, plan_confidence
 from vllm_ctxmgr.core.deployment import (
     NamedFlag,
@@ -165,6 +173,9 @@ class PlanOptions:
     # plan a change to a length this host has not compiled for its cold first boot (core/cold_boot.py);
     # off only to measure what the rule changes (benchmarks/cold_boot_rule.py)
     cold_boot_rule: bool = True
+    # pin the pool: --kv-cache-memory-bytes at the calibrated warm budget, the same on every boot (cold
+    # or warm); refused on a plan no start calibrated
+    pin_kv_cache_memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -968,6 +979,8 @@ class _Context:
         observed = self.observed
         if not self.options.cold_boot_rule or observed is None or observed.available_kv is None:
             return None
+        if args.kv_cache_memory_bytes is not None:
+            return None  # a pinned pool: the compile runs before it is set, every boot gets it
         if observed.start is not None and observed.start.compile_cache == "miss":
             return None
         compiles = not args.enforce_eager and not self.platform.is_cpu
@@ -1098,10 +1111,15 @@ def make_plan(
         facts, args, gpus, options, platform, observed, derived, target, by_rank, tuple(observations)
     )
 
-    layout, outcome, run_warnings = _run(ctx, args, target, options.allow_long, same_config=True)
-    cold = ctx.cold_boot(args, target) if outcome.lines else None
+    run_args = _pinned(args, gpus, observed, options) if options.pin_kv_cache_memory else args
+    if run_args is not args:
+        notes.append(f"the pool is pinned at the calibrated warm budget ({PIN_REASON}); {PIN_TRADE_OFF}")
+    layout, outcome, run_warnings = _run(ctx, run_args, target, options.allow_long, same_config=True)
+    cold = ctx.cold_boot(run_args, target) if outcome.lines else None
     if cold is not None:
         notes.append(cold.note())
+        if observed is not None and observed.available_kv is not None:
+            notes.append(pin_offer(_pinned(args, gpus, observed, options).kv_cache_memory_bytes or 0, target))
     warnings.extend(run_warnings)
     feasibility = _Feasibility.of(ctx, outcome, derived_key)
     warnings.extend(feasibility.warnings)
@@ -1127,6 +1145,23 @@ def make_plan(
     return replace(
         _assembled_plan(ctx, layout, outcome, feasibility, derived_key, alternatives, said), cold_boot=cold
     )
+
+
+def _pinned(
+    args: ServeArgs, gpus: GpuState | None, observed: Observed | None, options: PlanOptions
+) -> ServeArgs:
+    """The unit's flags with the pool pinned at the calibrated warm budget (core/cold_boot.py), at the
+    utilisation the unit runs at; a pool the unit already pins stays. UsageError on a plan no start
+    calibrated."""
+    if args.kv_cache_memory_bytes is not None:
+        return args
+    if observed is None or observed.available_kv is None or observed.utilization is None:
+        raise UsageError(UNCALIBRATED_PIN)
+    totals = [info.total_bytes for info in gpus.gpus] if gpus is not None else []
+    at_start = observed.requested_at_start or requested_bytes(max(totals or [0]), observed.utilization)
+    u = options.fixed_gpu_memory_utilization or args.gpu_memory_utilization or observed.utilization
+    pool = pinned_pool_bytes(observed.available_kv, at_start, totals, u)
+    return replace(args, kv_cache_memory_bytes=pool)
 
 
 def _check_plan_options(options: PlanOptions) -> None:
