@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tests.support.standin import launch
 from tests.test_plan import OBSERVED, SERVICE, TARGET, eight_gpus, glm5, options
+from tests.test_standin import FAST, TINY
 from vllm_ctxmgr.cli.main import main
 from vllm_ctxmgr.core.budget import MIB
 from vllm_ctxmgr.core.cold_boot import cold_boot
@@ -25,6 +27,7 @@ from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan import Plan, make_plan
 from vllm_ctxmgr.errors import UsageError
 from vllm_ctxmgr.report import plan_text
+from vllm_ctxmgr.vllm_log.watcher import observe_start
 
 MODELS = Path(__file__).resolve().parent.parent / "examples" / "models"
 
@@ -152,3 +155,35 @@ def test_pinning_is_refused_on_a_plan_no_start_calibrated() -> None:
     )  # fmt: skip
     assert result.exit_code == 2
     assert result.output.strip().count("\n") == 0 and "needs a plan calibrated" in result.output
+
+
+# --- the stand-in's cold and warm boots, read as the journal would be ----------------------------
+
+
+def test_the_standins_cold_boot_peaks_higher_and_the_pair_teaches_the_planner(tmp_path: Path) -> None:
+    """The stand-in under VLLM_CACHE_ROOT: the first boot at a length prints vLLM's compile (miss) line
+    and a budget smaller by its cold peak; the same boot again prints the load-from-cache (hit) line and
+    the warm budget. Read by the watcher, the pair gives the planner the learned extra peak."""
+    env = {**FAST, "VLLM_CACHE_ROOT": str(tmp_path), "CTXMGR_STANDIN_COLD_PEAK_GIB": "2.5"}
+
+    def boot() -> Observation:
+        with launch([TINY, "--max-model-len", "1024"], env=env) as standin:
+            assert standin.wait_ready(30), standin.lines[-5:]
+            return observe_start(standin.lines)
+
+    cold, warm = boot(), boot()
+    assert (cold.compile_cache, warm.compile_cache) == ("miss", "hit")
+    assert cold.available_kv_gib is not None and warm.available_kv_gib is not None
+    assert round(warm.available_kv_gib - cold.available_kv_gib, 2) == 2.5
+    learned = cold_boot(200_000, [cold, warm], int(warm.available_kv_gib * GIB), (0, 33, 0), compiles=True)
+    assert learned is not None and not learned.estimate
+    assert abs(learned.extra_bytes - 2.5 * GIB) <= 0.01 * GIB  # the logged figures' two decimals
+    # pinned: the pool is the same on the cold and the warm boot (the compile runs before it is set)
+    pinned = [TINY, "--max-model-len", "4096", "--kv-cache-memory-bytes", "20G"]
+    starts = []
+    for _ in range(2):
+        with launch(pinned, env=env) as standin:
+            assert standin.wait_ready(30), standin.lines[-5:]
+            starts.append(observe_start(standin.lines))
+    assert [s.compile_cache for s in starts] == ["miss", "hit"]
+    assert starts[0].kv_cache_tokens == starts[1].kv_cache_tokens is not None
