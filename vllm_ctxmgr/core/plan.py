@@ -109,6 +109,7 @@ from vllm_ctxmgr.core.vllm_versions import (
     rule,
     rules_in_force,
 )
+from vllm_ctxmgr.core.weight_cache import holds_external_weights, unchanged_key_note, weight_cache_mode
 from vllm_ctxmgr.errors import UsageError
 
 DEFAULT_MAX_GPU_MEMORY_UTILIZATION = 0.95
@@ -397,6 +398,9 @@ class _Gpu:
     observed: Observed | None
     margin: int
     cold_extra: int = 0  # the first boot compiles cold: its activation peak is this much higher
+    # a `vllm preload` daemon's weights (zero_copy): in `others` as NVML sees them, external to vLLM's
+    # free-memory check (core/weight_cache.py)
+    external_weights: int = 0
 
     @property
     def total(self) -> int:
@@ -405,6 +409,12 @@ class _Gpu:
     @property
     def free_at_start(self) -> int:
         return self.total - (self.others.bytes or 0) - self.overhead
+
+    @property
+    def free_for_requested(self) -> int:
+        """What vLLM's startup check holds the requested memory against: the free memory, plus the weights
+        a preload daemon holds, which request_memory takes off the request (v1/worker/utils.py:L716-L772)."""
+        return self.free_at_start + self.external_weights
 
     @property
     def has_observed_budget(self) -> bool:
@@ -435,7 +445,7 @@ class _Gpu:
 
     def max_utilization(self) -> float:
         """The largest utilisation (0.01 steps) vLLM's startup free-memory check accepts here."""
-        room = self.free_at_start
+        room = self.free_for_requested
         if not self.graphs_in_budget:
             room -= self.cuda_graphs.bytes or 0  # graphs are captured in the memory above `requested`
         best = 0.0
@@ -542,12 +552,16 @@ def _gpu_models(
         if observed is None or observed.available_kv is None:
             margin += margin_widening(memory, graphs_counted and not graphs.source.startswith("vllm log"))
         peak = memory.activation_peak
+        others = _used_by_others(info, options.service_pids, source, warnings)
+        external = min(weights.bytes or 0, others.bytes or 0) if holds_external_weights(args) else 0
+        if external:
+            others = Figure(others.bytes, f"{others.source} (the preload daemon's weights among them)")
         models.append(
             _Gpu(
                 info=info,
                 stage=stage,
                 total_source=source,
-                others=_used_by_others(info, options.service_pids, source, warnings),
+                others=others,
                 overhead=memory.startup_overhead.bytes,
                 weights=weights,
                 activation=Figure(peak.bytes, peak.source),
@@ -557,6 +571,7 @@ def _gpu_models(
                 observed=observed,
                 margin=margin,
                 cold_extra=cold_extra,
+                external_weights=external,
             )
         )
     return models
@@ -919,7 +934,7 @@ def _evaluate_explicit(
     requests = options.concurrency
     needed = max(kv_needed_bytes(layout, target, s, requests) for s in range(layout.pipeline_parallel_size))
     kv_bytes = explicit if layout.fits(target, explicit, requests) else round_up(needed, MIB)
-    room = [g.free_at_start - g.non_kv() - g.margin for g in gpus]
+    room = [g.free_for_requested - g.non_kv() - g.margin for g in gpus]
     fits_physically = all(kv_bytes <= r for r in room)
     u_max = min(g.max_utilization() for g in gpus)
     u = min(current_u, u_max)
@@ -1111,6 +1126,8 @@ def make_plan(
         facts, args, gpus, options, platform, observed, derived, target, by_rank, tuple(observations)
     )
 
+    if weight_cache_mode(args):
+        notes.append(unchanged_key_note(args))
     run_args = _pinned(args, gpus, observed, options) if options.pin_kv_cache_memory else args
     if run_args is not args:
         notes.append(f"the pool is pinned at the calibrated warm budget ({PIN_REASON}); {PIN_TRADE_OFF}")
