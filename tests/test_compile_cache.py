@@ -51,9 +51,10 @@ COLD = replace(OBSERVED, compile_cache="miss", available_kv_gib=21.0)  # the hig
 
 
 def budget(*starts: object) -> tuple[int | None, list[str]]:
-    """The plan's KV budget per GPU at the starts' own utilisation (0.9): the budget a start logged."""
+    """The plan's KV budget per GPU at the starts' own utilisation (0.9): the budget a start logged, at
+    the length they started at (compiled here: no cold first boot, tests/test_cold_boot.py)."""
     unit = replace(SERVICE, gpu_memory_utilization=0.9)
-    at_09 = options(fixed_gpu_memory_utilization=0.9)
+    at_09 = options(SERVICE.max_model_len, fixed_gpu_memory_utilization=0.9)
     plan = make_plan(glm5(), unit, eight_gpus(), at_09, list(starts))  # type: ignore[arg-type]
     return plan.gpus[0].kv_budget.bytes, list(plan.notes)
 

@@ -855,3 +855,56 @@ def test_a_change_whose_unit_another_file_overrides_during_the_restart_is_not_ap
 
 def operators_path(unit: str) -> str:
     return f"/run/systemd/system/{unit}.d/60-operator.conf"
+
+
+def test_a_new_length_whose_cold_boot_would_not_fit_is_planned_for_it_and_the_first_restart_succeeds(  # type: ignore[no-untyped-def]
+    sandbox, install_unit, workdir
+) -> None:
+    """Issue 34 §1, done means: the unit runs at 0.83, where the warm boot at 200,000 fits with the
+    margin but the cold first boot there (a 4 GiB compile peak, in the stand-in's vLLM accounting) does
+    not. The journal holds a cold and a warm boot of the running config (ctxmgr observe after each), so
+    the plan learns the cold peak, plans the first boot at 200,000 as the cold one it is (a higher
+    utilisation), and that one restart succeeds."""
+    from tests.support.demo import SEED_GPU_GIB, SEED_WEIGHTS_GIB_PER_GPU
+    from tests.support.standin import plan_kv, settings_from
+
+    name, cold_peak = "vllm-it-cold-boot", "4"
+    env = {"VLLM_CACHE_ROOT": str(workdir / "vllm-cache"), "CTXMGR_STANDIN_COLD_PEAK_GIB": cold_peak}
+    accounting = {
+        "CTXMGR_STANDIN_GPU_TOTAL_GIB": str(SEED_GPU_GIB),
+        "CTXMGR_STANDIN_WEIGHTS_GIB": str(SEED_WEIGHTS_GIB_PER_GPU),
+        **env,
+    }
+    argv = ["glm-5", "-tp", "8", "--max-model-len", "200000", "--gpu-memory-utilization", "0.83"]
+    warm, cold = settings_from(argv, accounting), settings_from(argv, accounting)
+    cold.compiled_cold = True
+    margin = 0.02 * SEED_GPU_GIB * (1 << 30)  # the plan's margin: 2% of the GPU
+    assert plan_kv(warm, 200_000).available_bytes - plan_kv(warm, 200_000).needed_bytes > margin
+    assert not plan_kv(cold, 200_000).fits  # the precondition: only the warm boot would fit at 0.83
+
+    unit, port, _path = start_service(
+        sandbox, install_unit, workdir, name, environment=env, gpu_memory_utilization=0.83
+    )
+    state = workdir / "state"
+    code, first, err = ctxmgr(sandbox, state, "observe", "--service", name, "--json")
+    assert code == 0 and first["observation"]["compile_cache"] == "miss", err
+    sandbox.systemd.restart(unit, no_block=False)
+    from vllm_ctxmgr.probe import wait_until_serving
+
+    assert wait_until_serving(f"http://127.0.0.1:{port}", time.monotonic() + 60)
+    code, again, err = ctxmgr(sandbox, state, "observe", "--service", name, "--json")
+    assert code == 0 and again["observation"]["compile_cache"] == "hit", err
+
+    code, data, err = ctxmgr(
+        sandbox, state, "set-context", "200000", "--service", name, *offline_gpu_args(), "--yes", "--json"
+    )
+    assert code == 0, err
+    cold_boot = data["plan"]["cold_boot"]
+    assert cold_boot["estimate"] is False and cold_boot["source"].startswith("learned")
+    assert abs(cold_boot["extra_bytes"] - 4 * (1 << 30)) <= 0.01 * (1 << 30)
+    assert any(n.startswith("first boot at 200,000 compiles cold") for n in data["plan"]["notes"])
+    assert data["gpu_memory_utilization"] > 0.83  # what the cold boot needs, not the warm one's 0.83
+    assert data["result"] == "applied" and data["observation"]["compile_cache"] == "miss"
+    assert served_max_model_len(port) == 200_000
+    _code, hist, _ = ctxmgr(sandbox, state, "history", "--service", name, "--json")
+    assert [r["state"] for r in hist["revisions"] if r["action"] == "set-context"] == ["final"]  # one restart

@@ -42,8 +42,13 @@ Environment (all optional):
   VLLM_CACHE_ROOT                   where vLLM keeps its torch.compile cache: set, the stand-in keeps one
                                      there too, keyed by the config (max_model_len in it, as in vLLM's
                                      compute_hash): a config compiled before loads from it (vLLM's cache
-                                     hit line), a new one compiles cold (its miss lines, a longer phase).
+                                     hit line), a new one compiles cold (its miss lines, a longer phase,
+                                     and a higher profiling peak: CTXMGR_STANDIN_COLD_PEAK_GIB).
                                      Unset: no cache and no cache lines (every start compiles alike)
+  CTXMGR_STANDIN_COLD_PEAK_GIB      a cold compile's extra activation peak, charged as vLLM 0.33.0 charges
+                                     it (the compile runs inside memory_profiling, gpu_worker.py:L685-L700;
+                                     vLLM #54122, #54383): that boot's KV budget is this much smaller
+                                     (default 1.64: ~5% of the default warm budget, as #54383 measured)
   VLLM_API_KEY                      the API key when --api-key is absent, as in vLLM
   CTXMGR_STANDIN_ENGINE_SURVIVES    1: a real child "VLLM::EngineCore" that outlives the API server (vLLM
                                      #55510), so a stop under KillMode=process leaves it behind
@@ -191,6 +196,8 @@ class Settings:
     # None: torch's default process-group timeout (30 min), as in vLLM
     distributed_timeout_s: int | None = None
     cache_root: str | None = None  # VLLM_CACHE_ROOT: where the torch.compile cache is kept
+    cold_peak_gib: float = 1.64  # a cold compile's extra profiling peak (CTXMGR_STANDIN_COLD_PEAK_GIB)
+    compiled_cold: bool = False  # this start's compile missed the cache: its peak is the higher one
 
     @property
     def max_model_len(self) -> int:
@@ -301,6 +308,7 @@ def settings_from(argv: list[str], environ: dict[str, str]) -> Settings:
         headless=args.headless,
         distributed_timeout_s=args.distributed_timeout_seconds,
         cache_root=env("VLLM_CACHE_ROOT") or None,
+        cold_peak_gib=float(env("CTXMGR_STANDIN_COLD_PEAK_GIB", "1.64")),
     )
 
 
@@ -370,8 +378,14 @@ def requested_bytes(settings: Settings) -> float:
     return math.ceil(settings.gpu_total_gib * GIB * settings.gpu_memory_utilization)
 
 
+def activation_peak_gib(settings: Settings) -> float:
+    """The profiling pass's peak: a cold compile's temporaries are in it (gpu_worker.py:L685-L700: the
+    compile runs inside memory_profiling; mem_utils.py transient_peak_headroom counts them)."""
+    return settings.activation_gib + (settings.cold_peak_gib if settings.compiled_cold else 0.0)
+
+
 def non_kv_bytes(settings: Settings) -> float:
-    return (settings.weights_gib + 0.83 + settings.activation_gib + settings.cuda_graph_gib) * GIB
+    return (settings.weights_gib + 0.83 + activation_peak_gib(settings) + settings.cuda_graph_gib) * GIB
 
 
 # ---------------------------------------------------------------- log lines
@@ -676,7 +690,9 @@ WARM_COMPILE_S = 0.2
 
 def _torch_compile(settings: Settings, log: VllmLog) -> None:
     """torch.compile's end: with VLLM_CACHE_ROOT, from the cache where this config compiled before (a
-    warm start), else compiled and then kept there (a cold one; backends.py's lines, 0.32's wording)."""
+    warm start), else compiled and then kept there (a cold one, whose profiling peak is higher:
+    Settings.compiled_cold). The lines are vLLM 0.33.0's: compilation/backends.py:L310 (loaded from the
+    cache), L417 (compiled), compilation/monitor.py:L62 (the total)."""
     if settings.cache_root is None:
         log.workers("monitor.py:62", "torch.compile took 38.21 s in total")
         return
@@ -688,13 +704,14 @@ def _torch_compile(settings: Settings, log: VllmLog) -> None:
     if os.path.isdir(entry):
         log.sleep(WARM_COMPILE_S)
         log.workers(
-            "backends.py:295",
+            "backends.py:310",
             "Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 9.150 s",
         )
         log.workers("monitor.py:62", "torch.compile took 12.34 s in total")
         return
     log.sleep(COLD_COMPILE_S)
-    log.workers("backends.py:925", "Compiling a graph for compile range (1, 8192) takes 20.51 s")
+    settings.compiled_cold = True
+    log.workers("backends.py:417", "Compiling a graph for compile range (1, 8192) takes 20.51 s")
     log.workers("monitor.py:62", "torch.compile took 38.21 s in total")
     os.makedirs(entry, exist_ok=True)
 
@@ -1045,7 +1062,7 @@ def _suggestion(settings: Settings, log: VllmLog, kv: KvPlan, graph_taken: float
     total = settings.gpu_total_gib * GIB
     free = total - 0.55 * GIB
     consumed = (settings.weights_gib + 0.83) * GIB
-    peak = settings.activation_gib * GIB
+    peak = activation_peak_gib(settings) * GIB
     non_kv = consumed + peak + graph_taken * GIB
     buffer = 150 * (1 << 20)
     to_requested = int(requested_bytes(settings) - non_kv - buffer)

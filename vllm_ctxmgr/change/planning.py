@@ -250,6 +250,8 @@ class PlanRequest:
     max_gpu_memory_utilization: float = 0.95
     fixed_gpu_memory_utilization: float | None = None  # the operator's choice, not the planner's
     concurrency: int = 1  # requests of the full context the KV cache must hold at once
+    # --pin-kv-cache-memory: the pool pinned at the calibrated warm budget (core/cold_boot.py)
+    pin_kv_cache_memory: bool = False
     cuda_version: str | None = None  # CUDA runtime of the unit's vLLM ("12.8"); None: unknown
     # every node's GPUs of a multi-node deployment in rank order (core.topology.world_gpus), instead of
     # this host's: the coordinator gathered them from each node
@@ -315,6 +317,7 @@ def plan_for(
         fixed_gpu_memory_utilization=request.fixed_gpu_memory_utilization,
         fixed_gpu_memory_utilization_is=whose,
         concurrency=request.concurrency,
+        pin_kv_cache_memory=request.pin_kv_cache_memory,
         service_pids=service_pids,
         cpu=cpu,
         whole_deployment=request.world_gpus is not None,

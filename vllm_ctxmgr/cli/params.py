@@ -333,6 +333,7 @@ class PlanningFlags(TypedDict):
     cuda_version: str | None
     allow_long: bool
     max_gpu_memory_utilization: float
+    pin_kv_cache_memory: bool
 
 
 # the planning options of `plan` and `set-context`: where the GPUs' memory comes from when NVML is not
@@ -377,5 +378,12 @@ gpu_options = options(
         default=0.95,
         show_default=True,
         help="Never pick a utilisation above this.",
+    ),
+    shared(
+        "--pin-kv-cache-memory",
+        is_flag=True,
+        help="Write --kv-cache-memory-bytes at the calibrated warm KV budget: the same pool on every boot, "
+        "the cold first one at a new length too; vLLM then skips profiling (a co-tenant that grows can "
+        "make a start fail). Refused where no start calibrated the plan.",
     ),
 )

@@ -28,6 +28,7 @@ from vllm_ctxmgr.core.kv.layout import KVCacheLayout
 from vllm_ctxmgr.core.kv.specs import cdiv, round_up
 from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.core.vllm_versions import VllmVersion
+from vllm_ctxmgr.core.weight_cache import key_changes, reload_warning, weight_cache_mode
 from vllm_ctxmgr.errors import UsageError
 
 SMALL_BATCH_TOKENS = 2048
@@ -137,6 +138,9 @@ def _alternative(
     if search.derived is not None and target > search.derived and allow:
         env[ALLOW_LONG_ENV] = "1"
     flags = {**extra_flags, **trial.flag_changes}
+    changed = key_changes(search.args, args) if weight_cache_mode(search.args) else []
+    if changed:  # the weight-cache daemon's copy no longer matches: it must reload (core/weight_cache.py)
+        description = f"{description}; {reload_warning(changed)}"
     return Alternative(
         name=name,
         description=description,

@@ -72,6 +72,15 @@ from vllm_ctxmgr.core.budget import (
     requested_bytes,
 )
 from vllm_ctxmgr.core.calibration import NodeObservation, Observed, node_observed, observed_memory
+from vllm_ctxmgr.core.cold_boot import (
+    PIN_REASON,
+    PIN_TRADE_OFF,
+    UNCALIBRATED_PIN,
+    ColdBoot,
+    cold_boot,
+    pin_offer,
+    pinned_pool_bytes,
+)
 from vllm_ctxmgr.core.confidence import Confidence, plan_confidence
 from vllm_ctxmgr.core.deployment import (
     NamedFlag,
@@ -100,6 +109,7 @@ from vllm_ctxmgr.core.vllm_versions import (
     rule,
     rules_in_force,
 )
+from vllm_ctxmgr.core.weight_cache import holds_external_weights, unchanged_key_note, weight_cache_mode
 from vllm_ctxmgr.errors import UsageError
 
 DEFAULT_MAX_GPU_MEMORY_UTILIZATION = 0.95
@@ -161,6 +171,12 @@ class PlanOptions:
     # the GPUs given are every node's of a multi-node deployment, in rank order (the coordinator): the
     # plan is the whole deployment's, not one node's
     whole_deployment: bool = False
+    # plan a change to a length this host has not compiled for its cold first boot (core/cold_boot.py);
+    # off only to measure what the rule changes (benchmarks/cold_boot_rule.py)
+    cold_boot_rule: bool = True
+    # pin the pool: --kv-cache-memory-bytes at the calibrated warm budget, the same on every boot (cold
+    # or warm); refused on a plan no start calibrated
+    pin_kv_cache_memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -270,6 +286,8 @@ class Plan:
     # what sets max_context: "model" (the derived maximum), "target" (no maximum known), "memory"
     max_context_limit: str = "memory"
     confidence: Confidence | None = None  # calibrated from a start, or estimated, with its error band
+    # the boot that applies the change compiles cold: the figures above hold for it (core/cold_boot.py)
+    cold_boot: ColdBoot | None = None
 
     @property
     def result(self) -> str:
@@ -346,6 +364,7 @@ class Plan:
             "notes": list(self.notes),
             "layout": self.layout.summary(self.max_model_len),
             "not_modelled_flags": [named.to_json() for named in self.not_modelled],
+            "cold_boot": self.cold_boot.to_json() if self.cold_boot else None,
         }
 
 
@@ -378,6 +397,10 @@ class _Gpu:
     graphs_in_budget: bool
     observed: Observed | None
     margin: int
+    cold_extra: int = 0  # the first boot compiles cold: its activation peak is this much higher
+    # a `vllm preload` daemon's weights (zero_copy): in `others` as NVML sees them, external to vLLM's
+    # free-memory check (core/weight_cache.py)
+    external_weights: int = 0
 
     @property
     def total(self) -> int:
@@ -386,6 +409,12 @@ class _Gpu:
     @property
     def free_at_start(self) -> int:
         return self.total - (self.others.bytes or 0) - self.overhead
+
+    @property
+    def free_for_requested(self) -> int:
+        """What vLLM's startup check holds the requested memory against: the free memory, plus the weights
+        a preload daemon holds, which request_memory takes off the request (v1/worker/utils.py:L716-L772)."""
+        return self.free_at_start + self.external_weights
 
     @property
     def has_observed_budget(self) -> bool:
@@ -398,23 +427,25 @@ class _Gpu:
         if self.has_observed_budget:
             assert self.observed is not None and self.observed.utilization is not None
             requested = self.observed.requested_at_start or self.requested(self.observed.utilization)
-            return requested - (self.observed.available_kv or 0)
+            return requested - (self.observed.available_kv or 0) + self.cold_extra
         graphs = (self.cuda_graphs.bytes or 0) if self.graphs_in_budget else 0
-        return (self.weights.bytes or 0) + (self.activation.bytes or 0) + (self.non_torch.bytes or 0) + graphs
+        weights, peak = self.weights.bytes or 0, (self.activation.bytes or 0) + self.cold_extra
+        return weights + peak + (self.non_torch.bytes or 0) + graphs
 
     def budget(self, utilization: float) -> int:
         """The KV budget vLLM would find on this GPU at `utilization`."""
         if self.has_observed_budget:
             assert self.observed is not None and self.observed.utilization is not None
             observed_requested = self.observed.requested_at_start or self.requested(self.observed.utilization)
-            return kv_budget_at_utilization(
+            warm = kv_budget_at_utilization(
                 self.observed.available_kv or 0, observed_requested, self.total, utilization
             )
+            return warm - self.cold_extra
         return self.requested(utilization) - self.non_kv()
 
     def max_utilization(self) -> float:
         """The largest utilisation (0.01 steps) vLLM's startup free-memory check accepts here."""
-        room = self.free_at_start
+        room = self.free_for_requested
         if not self.graphs_in_budget:
             room -= self.cuda_graphs.bytes or 0  # graphs are captured in the memory above `requested`
         best = 0.0
@@ -487,9 +518,11 @@ def _gpu_models(
     observed: Observed | None,
     warnings: list[str],
     by_rank: dict[int, Observed] | None = None,
+    cold_extra: int = 0,
 ) -> list[_Gpu]:
     """Each GPU's figures; a rank whose own node logged a start (`by_rank`, a multi-node deployment's
-    headless nodes) takes that node's, every other rank the service's own (`observed`)."""
+    headless nodes) takes that node's, every other rank the service's own (`observed`). `cold_extra`:
+    the first boot compiles cold, each GPU's peak that much higher (core/cold_boot.py)."""
     tp, pp, dp = args.tensor_parallel_size, args.pipeline_parallel_size, args.data_parallel_size
     ranks = tp * pp
     if len(gpus.gpus) < ranks:
@@ -519,12 +552,16 @@ def _gpu_models(
         if observed is None or observed.available_kv is None:
             margin += margin_widening(memory, graphs_counted and not graphs.source.startswith("vllm log"))
         peak = memory.activation_peak
+        others = _used_by_others(info, options.service_pids, source, warnings)
+        external = min(weights.bytes or 0, others.bytes or 0) if holds_external_weights(args) else 0
+        if external:
+            others = Figure(others.bytes, f"{others.source} (the preload daemon's weights among them)")
         models.append(
             _Gpu(
                 info=info,
                 stage=stage,
                 total_source=source,
-                others=_used_by_others(info, options.service_pids, source, warnings),
+                others=others,
                 overhead=memory.startup_overhead.bytes,
                 weights=weights,
                 activation=Figure(peak.bytes, peak.source),
@@ -533,6 +570,8 @@ def _gpu_models(
                 graphs_in_budget=graphs_counted,
                 observed=observed,
                 margin=margin,
+                cold_extra=cold_extra,
+                external_weights=external,
             )
         )
     return models
@@ -608,12 +647,17 @@ def _line(
         weights = gpu.weights
         graphs_counted = (gpu.cuda_graphs.bytes or 0) if gpu.graphs_in_budget else 0
         rest = max(0, gpu.non_kv() - (weights.bytes or 0) - graphs_counted)
-        activation = Figure(rest, f"{logged} (activation + non-torch)")
+        cold = " + the cold compile's peak" if gpu.cold_extra else ""
+        activation = Figure(rest, f"{logged} (activation + non-torch{cold})")
         non_torch = Figure(0, f"{logged} (in activation peak)")
     else:
         known = gpu.weights.bytes is not None
         non_kv = Figure(gpu.non_kv() if known else None, "estimate" if known else "unknown (weights unknown)")
         weights, activation, non_torch = gpu.weights, gpu.activation, gpu.non_torch
+        if gpu.cold_extra and activation.bytes is not None:
+            activation = Figure(
+                activation.bytes + gpu.cold_extra, f"{activation.source} + the cold compile's"
+            )
     headroom = budget - kv_needed - margin
     return GpuMemory(
         index=gpu.info.index,
@@ -890,7 +934,7 @@ def _evaluate_explicit(
     requests = options.concurrency
     needed = max(kv_needed_bytes(layout, target, s, requests) for s in range(layout.pipeline_parallel_size))
     kv_bytes = explicit if layout.fits(target, explicit, requests) else round_up(needed, MIB)
-    room = [g.free_at_start - g.non_kv() - g.margin for g in gpus]
+    room = [g.free_for_requested - g.non_kv() - g.margin for g in gpus]
     fits_physically = all(kv_bytes <= r for r in room)
     u_max = min(g.max_utilization() for g in gpus)
     u = min(current_u, u_max)
@@ -942,6 +986,22 @@ class _Context:
     target: int
     # a multi-node deployment's ranks whose own node logged a start: that node's figures (global rank)
     by_rank: dict[int, Observed] = field(default_factory=dict)
+    observations: tuple[Observation, ...] = ()  # this service's starts: which lengths it compiled
+
+    def cold_boot(self, args: ServeArgs, target: int) -> ColdBoot | None:
+        """The cold first boot at `target` on these flags, where the plan is calibrated by a warm start
+        (a budget a cold boot logged is already that boot's)."""
+        observed = self.observed
+        if not self.options.cold_boot_rule or observed is None or observed.available_kv is None:
+            return None
+        if args.kv_cache_memory_bytes is not None:
+            return None  # a pinned pool: the compile runs before it is set, every boot gets it
+        if observed.start is not None and observed.start.compile_cache == "miss":
+            return None
+        compiles = not args.enforce_eager and not self.platform.is_cpu
+        return cold_boot(
+            target, self.observations, observed.available_kv, self.options.vllm_version, compiles
+        )
 
 
 def _upper(target: int, derived: int | None, allow_long: bool) -> int:
@@ -973,9 +1033,13 @@ def _run(
     # a node's figures hold for its ranks only on the same GPUs, in the same places
     by_rank = ctx.by_rank if same_ranks and gpu_state is ctx.gpus else {}
     models = None
+    cold = ctx.cold_boot(args, target) if observed is not None else None
     # on the CPU build the "device" is a NUMA node: --gpu-memory-utilization is a fraction of its memory
     if gpu_state is not None and (not ctx.platform.is_cpu or gpu_state.source == "numa"):
-        models = _gpu_models(ctx.facts, args, gpu_state, ctx.options, layout, observed, warnings, by_rank)
+        models = _gpu_models(
+            ctx.facts, args, gpu_state, ctx.options, layout, observed, warnings, by_rank,
+            cold.extra_bytes if cold else 0,
+        )  # fmt: skip
     upper = _upper(target, ctx.derived, allow_long)
     outcome = _evaluate(layout, args, models, ctx.options, ctx.platform, observed, target, upper, same_config)
     return layout, outcome, warnings
@@ -1058,9 +1122,21 @@ def make_plan(
         base_layout, gpus, platform, version, observations, node_observations
     )
     notes.extend(observed_notes)
-    ctx = _Context(facts, args, gpus, options, platform, observed, derived, target, by_rank)
+    ctx = _Context(
+        facts, args, gpus, options, platform, observed, derived, target, by_rank, tuple(observations)
+    )
 
-    layout, outcome, run_warnings = _run(ctx, args, target, options.allow_long, same_config=True)
+    if weight_cache_mode(args):
+        notes.append(unchanged_key_note(args))
+    run_args = _pinned(args, gpus, observed, options) if options.pin_kv_cache_memory else args
+    if run_args is not args:
+        notes.append(f"the pool is pinned at the calibrated warm budget ({PIN_REASON}); {PIN_TRADE_OFF}")
+    layout, outcome, run_warnings = _run(ctx, run_args, target, options.allow_long, same_config=True)
+    cold = ctx.cold_boot(run_args, target) if outcome.lines else None
+    if cold is not None:
+        notes.append(cold.note())
+        if observed is not None and observed.available_kv is not None:
+            notes.append(pin_offer(_pinned(args, gpus, observed, options).kv_cache_memory_bytes or 0, target))
     warnings.extend(run_warnings)
     feasibility = _Feasibility.of(ctx, outcome, derived_key)
     warnings.extend(feasibility.warnings)
@@ -1083,7 +1159,26 @@ def make_plan(
         )  # fmt: skip
         alternatives = find_alternatives(search, layout, outcome.max_context, feasibility.refused)
     said = _Said(tuple(warnings), tuple(notes), tuple(named))
-    return _assembled_plan(ctx, layout, outcome, feasibility, derived_key, alternatives, said)
+    return replace(
+        _assembled_plan(ctx, layout, outcome, feasibility, derived_key, alternatives, said), cold_boot=cold
+    )
+
+
+def _pinned(
+    args: ServeArgs, gpus: GpuState | None, observed: Observed | None, options: PlanOptions
+) -> ServeArgs:
+    """The unit's flags with the pool pinned at the calibrated warm budget (core/cold_boot.py), at the
+    utilisation the unit runs at; a pool the unit already pins stays. UsageError on a plan no start
+    calibrated."""
+    if args.kv_cache_memory_bytes is not None:
+        return args
+    if observed is None or observed.available_kv is None or observed.utilization is None:
+        raise UsageError(UNCALIBRATED_PIN)
+    totals = [info.total_bytes for info in gpus.gpus] if gpus is not None else []
+    at_start = observed.requested_at_start or requested_bytes(max(totals or [0]), observed.utilization)
+    u = options.fixed_gpu_memory_utilization or args.gpu_memory_utilization or observed.utilization
+    pool = pinned_pool_bytes(observed.available_kv, at_start, totals, u)
+    return replace(args, kv_cache_memory_bytes=pool)
 
 
 def _check_plan_options(options: PlanOptions) -> None:

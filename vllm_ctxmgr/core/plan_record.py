@@ -65,6 +65,15 @@ class NotModelledFlagRecord(TypedDict):
     why: str
 
 
+class ColdBootRecord(TypedDict):
+    """`ColdBoot.to_json()`: the boot that applies the plan compiles cold (core/cold_boot.py)."""
+
+    max_model_len: int
+    extra_bytes: int  # per GPU: how much less KV that boot gets than a warm one
+    source: str
+    estimate: bool
+
+
 class PlatformRecord(TypedDict):
     """The platform a stored plan was made for: Platform without its batch-default inputs."""
 
@@ -131,6 +140,8 @@ class PlanRecord(TypedDict):
     # the unit's flags that change GPU memory and were not counted (core/deployment.py NamedFlag);
     # absent from plans stored before it existed
     not_modelled_flags: NotRequired[list[NotModelledFlagRecord]]
+    # None: the boot that applies it is warm (or not known to compile); absent from older plans
+    cold_boot: NotRequired[ColdBootRecord | None]
 
 
 def _record_bytes(entry: Mapping[str, object], name: str) -> int | None:

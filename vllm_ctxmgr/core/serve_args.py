@@ -74,6 +74,8 @@ class ServeArgs:
     cpu_offload_gb: float = 0.0  # --cpu-offload-gb: GiB of weights per GPU kept in host memory
     quantization: str | None = None  # --quantization / -q
     load_format: str | None = None  # --load-format (bitsandbytes quantizes the weights)
+    # --load-format ipc_cache: --model-loader-extra-config's "mode" (zero_copy, vLLM's default, or copy)
+    weight_cache_mode: str | None = None
     speculative_method: str | None = None  # as SpeculativeConfig.__post_init__ resolves it
     speculative_model: str | None = None  # a draft model or its path
     kv_transfer_config: JSONObject | None = None  # --kv-transfer-config
@@ -498,6 +500,16 @@ def _hf_overrides(read: _FlagReader) -> JSONObject | None:
     return hf_overrides
 
 
+def _weight_cache_mode(read: _FlagReader) -> str | None:
+    """The IPC loader's mode (model_loader/weight_cache/ipc_loader.py:L86, L114: "mode" in
+    --model-loader-extra-config, zero_copy by default); None for every other load format."""
+    if read.text("--load-format") != "ipc_cache":
+        return None
+    extra = read.json_object("--model-loader-extra-config", "--model-loader-extra-config") or {}
+    mode = extra.get("mode", "zero_copy")
+    return mode if isinstance(mode, str) else "zero_copy"
+
+
 @dataclass(frozen=True)
 class _CombinedFlags:
     """The flags vLLM checks or combines beyond converting one word, read in the order vLLM's parser and
@@ -571,6 +583,7 @@ def _serve_args(
         cpu_offload_gb=combined.cpu_offload_gb,
         quantization=read.text("--quantization"),
         load_format=read.text("--load-format"),
+        weight_cache_mode=_weight_cache_mode(read),
         speculative_method=speculative.method,
         speculative_model=speculative.model,
         kv_transfer_config=combined.kv_transfer_config,

@@ -1,0 +1,77 @@
+"""Weights from a `vllm preload` daemon: the engine's `--load-format ipc_cache` (vLLM 0.33.0).
+
+`vllm preload` starts one weight-cache daemon per GPU that holds its rank's post-quantized weights
+(entrypoints/cli/preload.py:L1-L18); the engine maps them over CUDA IPC. In the default "zero_copy"
+mode the weights stay the daemon's: vLLM counts them as external (model_loader/weight_cache/
+ipc_loader.py:L138-L154, get_external_weight_memory) and its startup check asks for
+ceil(total x utilisation) minus them in free memory (v1/worker/utils.py:L716-L772, request_memory;
+gpu_worker.py:L535-L544); "copy" mode clones them into the engine (nothing external). The daemon's
+key (WeightCacheKey, weight_cache/protocol.py:L308-L340) holds the checkpoint, dtype, quantization,
+rope parameters, KV cache dtype, TP/PP/DP sizes and ranks, expert parallelism, MoE/linear backends
+and the vLLM version, not max_model_len, gpu_memory_utilization or max_num_seqs. A mismatch makes
+the engine load from disk (fallback on by default, ipc_loader.py:L87-L88) while the daemon keeps its
+own copy on the GPU: a change to a key flag needs the daemon restarted with it first."""
+
+from __future__ import annotations
+
+from vllm_ctxmgr.core.serve_args import ServeArgs
+
+IPC_CACHE = "ipc_cache"
+ZERO_COPY = "zero_copy"
+# ctxmgr's ServeArgs fields that are in the daemon's WeightCacheKey, with the flag that sets each
+KEY_FLAGS = {
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "pipeline_parallel_size": "--pipeline-parallel-size",
+    "data_parallel_size": "--data-parallel-size",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "quantization": "--quantization",
+    "dtype": "--dtype",
+}
+KEY_CITATION = "model_loader/weight_cache/protocol.py:L308-L340"
+
+
+def weight_cache_mode(args: ServeArgs) -> str | None:
+    """ "zero_copy" or "copy" where the engine maps a daemon's weights, else None."""
+    if args.load_format != IPC_CACHE:
+        return None
+    return args.weight_cache_mode or ZERO_COPY
+
+
+def holds_external_weights(args: ServeArgs) -> bool:
+    """The daemon's weights stay on the GPU as its memory, which vLLM counts as external."""
+    return weight_cache_mode(args) == ZERO_COPY
+
+
+def _rope(args: ServeArgs) -> dict[str, object]:
+    return {k: v for k, v in (args.hf_overrides or {}).items() if "rope" in k}
+
+
+def key_changes(before: ServeArgs, after: ServeArgs) -> list[str]:
+    """The flags whose change alters the daemon's key: the daemon must reload with them."""
+    changed = [flag for name, flag in KEY_FLAGS.items() if getattr(before, name) != getattr(after, name)]
+    if _rope(before) != _rope(after):
+        changed.append("--hf-overrides (rope)")
+    return changed
+
+
+def reload_warning(changed: list[str]) -> str:
+    """What an alternative that changes a key flag must say on a weight-cache deployment."""
+    return (
+        f"the `vllm preload` daemon must be restarted with {', '.join(changed)} first: its weight-cache key "
+        f"holds them ({KEY_CITATION}); else the engine loads from disk next to the daemon's copy"
+    )
+
+
+def unchanged_key_note(args: ServeArgs) -> str:
+    """The plan line of a weight-cache deployment: a context change keeps the daemon's weights."""
+    external = (
+        "its weights on each GPU are external to the engine: vLLM's startup check asks for the requested "
+        "memory less them (v1/worker/utils.py:L716-L772), as the plan does"
+        if holds_external_weights(args)
+        else "copy mode: the engine clones the weights, nothing is external"
+    )
+    return (
+        "weights from the `vllm preload` daemon (--load-format ipc_cache): max_model_len, "
+        f"gpu_memory_utilization and max_num_seqs are not in its key ({KEY_CITATION}), so it keeps serving "
+        f"them across this change; {external}"
+    )
