@@ -90,7 +90,7 @@ def _walk(restarter: Restarter, change: Change, probe_tokens: int | None, long_p
             result.stopped_before_restart(stopped)
             return result
         except st.StoreError as exc:
-            if result.revision is None:  # the revision itself could not be written
+            if rev.state is State.PLANNED:  # the revision itself could not be written
                 raise st.StoreError(f"{exc.message}; nothing was changed") from None
             failure = (f"the change's record could not be written: {exc.message}", "")
         except Interrupted as exc:
@@ -119,9 +119,9 @@ def _forward(
     restarter.on_step(f"installing {change.paths()} (revision {rev.number})")
     try:
         view = change.install_checked(restarter)
+        _enter_restarting(restarter, change)
     except InstallError as exc:  # a file could not be put back: the way back restores it
         return exc.message, ""
-    change.enter(State.RESTARTING, f"daemon-reload; restart {restarter.unit}; following its journal")
     started = time.monotonic()
     try:
         verdict = restarter.restart_and_watch(view)
@@ -158,6 +158,23 @@ def _forward(
     result.reason = "vLLM started, reports the new max_model_len and served the context-sized probe"
     change.finalise("served and passed the context-sized probe")
     return None
+
+
+def _enter_restarting(restarter: Restarter, change: Change) -> None:
+    """restarting is recorded before the restart; where that record cannot be written (a full state
+    directory), nothing has restarted yet: the files are put back and the change ends there, with no
+    restart for nothing (issue 36 item 4). A file that cannot be put back is InstallError: the way
+    back restores it."""
+    try:
+        change.enter(State.RESTARTING, f"daemon-reload; restart {restarter.unit}; following its journal")
+    except st.StoreError as exc:
+        try:
+            restarter.put_back(change.files)
+        except InstallError as put_back:
+            raise InstallError(f"{exc.message}; and {put_back.message}") from None
+        change.stop_before_restart(
+            f"nothing was restarted: the record could not be written: {exc.message}", exc.exit_code
+        )
 
 
 def _applied_utilization(rev: Revision) -> float | None:
