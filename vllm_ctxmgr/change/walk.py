@@ -270,6 +270,10 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
         return result
     problems, inherited = verify_candidate(systemd, view, edit.path, edit.new_text)
     result.warnings = verify_warnings(inherited)
+    if problems and verify_did_not_run(problems[0]):
+        raise UnitError(
+            f"systemd-analyze verify could not check the new unit, so it is not installed: {problems[0]}"
+        )
     if problems:
         raise UnitError(f"the new unit does not pass systemd-analyze verify: {problems[0]}")
     cache: CompileCache | None = "miss" if context != view.args.max_model_len else None
@@ -502,6 +506,12 @@ def verify_candidate(
     found = systemd.analyze_verify_text(merged(pieces), view.name)
     if not found:
         return [], []
+    unchecked = [p for p in found if verify_did_not_run(p)]
+    if unchecked:
+        # verify did not check the candidate at all (a capability it lacks, a crash): that it failed the
+        # same way for the current unit proves nothing about the new one, so it is never "inherited" and
+        # a warning, which let every change go on unchecked (issue 26, issue 36 item 3): it refuses
+        return unchecked, []
     current = systemd.analyze_verify_text(merged([f.text for f in view.unit.files]), view.name)
     added = new_problems(found, current)
     return added, [p for p in found if p not in added]

@@ -1,0 +1,83 @@
+"""Issue 36: hostile or failing inputs that must end in one clear line, never in a change that goes on
+unchecked or an exit 70. Quick tier: real parsers and real subprocesses, no sandbox."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_ctxmgr.errors import CtxmgrError
+from vllm_ctxmgr.systemd.features import FLOOR, parse_version
+from vllm_ctxmgr.systemd.service import view_from_unit
+from vllm_ctxmgr.systemd.systemctl import Systemd, _verify_problems
+from vllm_ctxmgr.systemd.unit_file import ServiceUnit
+
+REPO = Path(__file__).resolve().parent.parent
+UNITS = REPO / "units"
+
+# systemd 247's systemd-analyze given an option it does not have (the text 247 prints; see
+# tests/test_systemd_features.py VERIFY_247_RECURSIVE_ERRORS)
+VERIFY_247_UNRECOGNIZED = "systemd-analyze: unrecognized option '--recursive-errors=no'\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# item 3: systemd's Version is not trusted
+
+
+def manager_saying(version: str) -> Systemd:
+    """A manager whose `systemctl show -p Version` prints `version` (a real subprocess: sh stands in for
+    the nsenter wrapper and prints the property as systemctl does)."""
+    return Systemd(wrapper=("sh", "-c", 'printf "Version=%s\\n" "$CTXMGR_TEST_VERSION"', "sh"))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["251junk", "9" * 5000, "25x", "v", "247" + "." * 300],
+    ids=["junk", "5000-digits", "25x", "v", "long"],
+)
+def test_a_version_that_is_not_a_systemd_release_is_refused(text: str) -> None:
+    assert parse_version(text) is None
+
+
+@pytest.mark.parametrize(
+    ("version", "words"),
+    [
+        ("251junk", "not a systemd release"),
+        ("9" * 5000, "not a systemd release"),
+        ("25", f"older than systemd {FLOOR}"),
+    ],
+    ids=["junk", "5000-digits", "below-floor"],
+)
+def test_the_managers_version_is_checked_when_it_is_read(
+    monkeypatch: pytest.MonkeyPatch, version: str, words: str
+) -> None:
+    monkeypatch.setenv("CTXMGR_TEST_VERSION", version)
+    with pytest.raises(CtxmgrError) as caught:
+        _ = manager_saying(version).version
+    assert words in caught.value.message
+    assert "\n" not in caught.value.message and len(caught.value.message) < 300
+
+
+def test_the_floor_itself_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTXMGR_TEST_VERSION", "247.3-7+deb11u4")
+    assert manager_saying("").version == 247
+
+
+class VerifyFailsToRun:
+    """A manager whose systemd-analyze cannot run the check at all (247 given --recursive-errors=no
+    because its Version claimed 999): every unit, the current one and the candidate, gets the same
+    failure, parsed by the real _verify_problems."""
+
+    def analyze_verify_text(self, text: bytes, name: str) -> list[str]:
+        return _verify_problems(VERIFY_247_UNRECOGNIZED, name, f"/run/x/{name}", 1)
+
+
+def test_a_verify_that_could_not_run_refuses_the_change_even_where_the_unit_failed_it_too() -> None:
+    from vllm_ctxmgr.change.walk import verify_candidate
+
+    view = view_from_unit(ServiceUnit.load_with_dropins(UNITS / "vllm-glm5.service"))
+    text = view.unit.files[0].text.replace("--max-model-len", "--max-model-len 4096 --x-unused")
+    added, inherited = verify_candidate(VerifyFailsToRun(), view, view.unit.files[0].path, text)  # type: ignore[arg-type]
+    assert added and "systemd-analyze verify failed" in added[0]
+    assert inherited == []
