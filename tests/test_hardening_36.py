@@ -81,3 +81,28 @@ def test_a_verify_that_could_not_run_refuses_the_change_even_where_the_unit_fail
     added, inherited = verify_candidate(VerifyFailsToRun(), view, view.unit.files[0].path, text)  # type: ignore[arg-type]
     assert added and "systemd-analyze verify failed" in added[0]
     assert inherited == []
+
+
+# ---------------------------------------------------------------------------------------------------------
+# item 6: a string length of 2^64-1 inside a string array that is stepped over, not decoded
+
+
+@pytest.mark.parametrize("which", [0, 1, 4999], ids=["first", "second", "last"])
+def test_a_huge_string_length_in_a_skipped_string_array_is_one_line(tmp_path: Path, which: int) -> None:
+    import struct
+
+    from tests import gguf_builders
+    from vllm_ctxmgr.model_files.load import load_model_facts
+
+    path = tmp_path / "m.gguf"
+    tokens = [f"t{i:05d}" for i in range(5000)]  # more than the 4096 kept: walked with skip_strings
+    base = {"block_count": 4, "attention.head_count": 8, "embedding_length": 512, "context_length": 4096}
+    tensors = gguf_builders.block_tensors(2, 64, kv_width=64, ggml_type="F16")
+    gguf_builders.write_gguf(path, "llama", base | {"vocab.tokens": tokens}, tensors)
+    data = bytearray(path.read_bytes())
+    at = data.index(struct.pack("<Q", 6) + tokens[which].encode())
+    data[at : at + 8] = struct.pack("<Q", 2**64 - 1)
+    path.write_bytes(bytes(data))
+    with pytest.raises(CtxmgrError) as caught:
+        load_model_facts(str(path))
+    assert str(path) in caught.value.message and "\n" not in caught.value.message
