@@ -201,6 +201,8 @@ def stand_in_node(workdir: Path, answers: dict[str, dict[str, Any]]) -> tuple[tu
         "key = step + ' ' + service\n"
         "if step == 'prepare' and '--dry-run' not in args and 'write ' + service in answers:\n"
         "    key = 'write ' + service\n"  # the write itself, where its dry run answered otherwise
+        "if '--back' in args and 'back ' + key in answers:\n"
+        "    key = 'back ' + key\n"  # the way back's step, where it answers otherwise
         "answer = answers[key]\n"
         "if answer.pop('signal', None):\n"  # the operator's SIGTERM to the coordinator, during this step
         "    import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); time.sleep(0.5)\n"
@@ -625,3 +627,33 @@ def test_recover_settles_a_record_its_dead_coordinator_left_under_way(
     again = Coordinator(request, workdir / "state").recover()
     assert again.reason == "no node has a deployment change in progress: nothing to recover"
     assert (Coordinator(request, workdir / "state").store.read_json("last-change.json") or {}) == record
+
+
+@pytest.mark.parametrize("step", ["restore", "settle"])
+def test_a_node_that_refuses_its_restore_or_settle_is_not_reported_rolled_back(
+    workdir: Path, step: str
+) -> None:
+    """Issue 36 item 10: node 1 answers `ok: false` to the way back's restore (or settle): the
+    deployment is not reported rolled back as if it had put its unit back (or recorded it)."""
+    failing = {"wire": WIRE_VERSION, "service": "vllm-n0.service", "ok": False, "reason": "the probe failed"}
+    refused = {
+        "wire": WIRE_VERSION,
+        "service": "vllm-n1.service",
+        "ok": False,
+        "reason": "lock held by pid 7",
+    }
+    answers = walk_answers(
+        **{
+            "start vllm-n0.service": failing,  # the change fails at the head's start; its way back starts
+            "back start vllm-n0.service": walk_answers()["start vllm-n0.service"],
+            f"{step} vllm-n1.service": refused,
+        }
+    )
+    request, _log = two_node_request(workdir, answers)
+    result = Coordinator(request, workdir / "state").set_context()
+    assert "lock held by pid 7" in result.reason and "local:vllm-n1.service" in result.reason, result.reason
+    assert result.exit_code != 0
+    if step == "restore":
+        assert str(result.result) == "rollback-failed", result.reason
+        assert "deployment recover" in result.reason
+    assert [(n.service, n.ok) for n in result.nodes][1] == ("vllm-n1.service", False)

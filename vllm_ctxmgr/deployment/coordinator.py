@@ -185,6 +185,15 @@ class _Node:
         return self.shown
 
 
+def _refused(node: _Node, step: str, answer: StepAnswer) -> StepAnswer:
+    """A restore or settle answer that says `ok: false` is that node's failure (issue 36 item 10): its
+    previous unit is not back (or not recorded), never counted as rolled back."""
+    if answer.ok:
+        return answer
+    said = answer.reason[:200] or f"its revision is {answer.state[:40] or 'in no state'}"
+    raise NodeError(f"{node.address}: `node {step}` failed: {said}")
+
+
 class Coordinator:
     """One deployment change, walked over its nodes (see the module docstring for the steps)."""
 
@@ -845,8 +854,10 @@ class Coordinator:
         verdict = "--ok" if ok else "--failed"
         stdin = ReasonStdin(reason)
         settled = self._each(
-            nodes, lambda n: self._call(n, StepAnswer, "settle", "--change", change, verdict, stdin=stdin)
-        )
+            nodes,
+            lambda n: _refused(n, "settle", self._call(n, StepAnswer, "settle", "--change", change, verdict,
+                                                        stdin=stdin)),
+        )  # fmt: skip
         for node, answer in zip(nodes, settled, strict=True):
             if isinstance(answer, NodeError):
                 self.result.reason += f"; the rollback is not recorded on {answer.message}"
@@ -856,8 +867,10 @@ class Coordinator:
     def _restore_all(self, nodes: list[_Node], reason: str) -> list[StepAnswer | NodeError]:
         change, stdin = str(self.result.change_id), ReasonStdin(reason)
         return self._each(
-            nodes, lambda n: self._call(n, StepAnswer, "restore", "--change", change, stdin=stdin)
-        )
+            nodes,
+            lambda n: _refused(n, "restore", self._call(n, StepAnswer, "restore", "--change", change,
+                                                         stdin=stdin)),
+        )  # fmt: skip
 
     def _undo_unanswered(self, node: _Node, reason: str) -> None:
         """A node whose write failed may have recorded and written it all the same (its ctxmgr killed
@@ -1006,6 +1019,9 @@ class Coordinator:
         # a node whose restore did not answer may not have its previous unit back: its revision stays
         # in progress there, for `deployment recover` to put back, not settled as if it had
         unanswered = [n for n, r in zip(self.changing, restored, strict=True) if isinstance(r, NodeError)]
+        for node, answer in zip(self.changing, restored, strict=True):
+            if isinstance(answer, NodeError) and node.outcome is not None:
+                node.outcome.ok, node.outcome.reason = False, answer.message
         self._settle_all([n for n in self.changing if n not in unanswered], ok, settle_reason)
         result.settled(ok, settle_reason)
         if unanswered:
