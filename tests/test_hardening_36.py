@@ -106,3 +106,36 @@ def test_a_huge_string_length_in_a_skipped_string_array_is_one_line(tmp_path: Pa
     with pytest.raises(CtxmgrError) as caught:
         load_model_facts(str(path))
     assert str(path) in caught.value.message and "\n" not in caught.value.message
+
+
+# ---------------------------------------------------------------------------------------------------------
+# item 11: the world size is bounded, not only each parallel size
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-tp", "1024", "-pp", "1024", "--prefill-context-parallel-size", "1024", "--nnodes", "2"],
+        ["-tp", "8", "--nnodes", "1099511627776", "--node-rank", "0"],
+        ["-tp", "1024", "-dp", "1024"],
+    ],
+    ids=["tp-pp-pcp", "nnodes", "tp-dp"],
+)
+def test_a_world_size_beyond_any_deployment_is_one_line(argv: list[str]) -> None:
+    from vllm_ctxmgr.core.bounds import MAX_WORLD_SIZE
+    from vllm_ctxmgr.core.serve_args import parse_serve_argv
+    from vllm_ctxmgr.errors import UsageError
+
+    with pytest.raises(UsageError) as caught:
+        parse_serve_argv(["Qwen/Qwen3-8B", *argv, "--master-addr", "10.0.0.1"])
+    assert f"{MAX_WORLD_SIZE:,}" in caught.value.message or "--nnodes" in caught.value.message
+    assert "\n" not in caught.value.message and len(caught.value.message) < 300
+
+
+def test_the_largest_real_layouts_still_read() -> None:
+    from vllm_ctxmgr.core.serve_args import parse_serve_argv
+
+    args = parse_serve_argv(
+        ["m", "-tp", "8", "-pp", "4", "-dp", "64", "--nnodes", "256", "--master-addr", "a"]
+    )
+    assert args.tensor_parallel_size * args.pipeline_parallel_size * args.data_parallel_size == 2048
