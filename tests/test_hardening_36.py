@@ -139,3 +139,54 @@ def test_the_largest_real_layouts_still_read() -> None:
         ["m", "-tp", "8", "-pp", "4", "-dp", "64", "--nnodes", "256", "--master-addr", "a"]
     )
     assert args.tensor_parallel_size * args.pipeline_parallel_size * args.data_parallel_size == 2048
+
+
+# ---------------------------------------------------------------------------------------------------------
+# item 13: the wire's version, a node's answer that is not JSON, a node's GPU count, a service with `:`
+
+
+@pytest.mark.parametrize("version", [3.0, "3", True, None])
+def test_only_the_wires_own_version_passes(version: object) -> None:
+    from vllm_ctxmgr.deployment.wire import WIRE_VERSION, StepAnswer, WireError
+
+    assert WIRE_VERSION == 3
+    with pytest.raises(WireError, match="speaks wire version"):
+        StepAnswer.from_json({"wire": version, "service": "vllm.service", "ok": True})
+
+
+def test_a_node_answer_that_is_not_json_says_so(workdir: Path) -> None:
+    import sys
+
+    from vllm_ctxmgr.deployment.remote import Link, NodeError
+
+    script = workdir / "not-json-ctxmgr.py"
+    script.write_text("print('Welcome to gpu-b! (a login banner)')\n")
+    with pytest.raises(NodeError) as caught:
+        Link(local_ctxmgr=(sys.executable, str(script))).call("local", ["node", "show", "u"], timeout=30)
+    assert caught.value.message == "local: its answer is not JSON (exit status 0)"
+
+
+def test_a_node_that_reports_more_gpus_than_any_deployment_has_is_refused() -> None:
+    from vllm_ctxmgr.core.bounds import MAX_WORLD_SIZE
+    from vllm_ctxmgr.errors import UsageError
+    from vllm_ctxmgr.nvml import gpus_from_json
+
+    gpu = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "total_bytes": 85_899_345_920,
+           "free_bytes": 85_000_000_000, "used_bytes": 899_345_920}  # fmt: skip
+    with pytest.raises(UsageError, match=f"more than {MAX_WORLD_SIZE:,} GPUs"):
+        gpus_from_json({"gpus": [dict(gpu, index=i) for i in range(60_000)]}, "gpu-b: `node show` answer")
+    assert len(gpus_from_json({"gpus": [gpu] * 8}, "x").gpus) == 8
+
+
+def test_a_deployment_files_service_with_a_colon_is_refused_not_split(workdir: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from vllm_ctxmgr.cli.main import main
+
+    path = workdir / "d.toml"
+    path.write_text('[[node]]\nhost = "gpu-b"\nservice = "evil:vllm-glm5"\n')
+    result = CliRunner().invoke(main, ["deployment", "plan", "4096", "--file", str(path), "--json"])
+    error = json.loads(result.stdout)["error"]
+    assert result.exit_code == 2 and "evil:vllm-glm5" in error and "gpu-b:evil" not in error, error

@@ -180,7 +180,7 @@ def _request(
     node_gpus = {}
     per_host: dict[str, tuple[str, ...]] = {}
     for entry in data.nodes:
-        address = NodeAddress.parse(f"{entry.host}:{entry.service}", f"{deployment_file}: [[node]]")
+        address = NodeAddress.of(entry.host, entry.service, f"{deployment_file}: [[node]]")
         if not nodes:
             addresses.append(address)
         if entry.ctxmgr:
