@@ -190,3 +190,26 @@ def test_a_deployment_files_service_with_a_colon_is_refused_not_split(workdir: P
     result = CliRunner().invoke(main, ["deployment", "plan", "4096", "--file", str(path), "--json"])
     error = json.loads(result.stdout)["error"]
     assert result.exit_code == 2 and "evil:vllm-glm5" in error and "gpu-b:evil" not in error, error
+
+
+# ---------------------------------------------------------------------------------------------------------
+# item 18: a `show stat` count of '²', and a 5,000-digit --speculative-config echoed whole
+
+
+@pytest.mark.parametrize(
+    "value", ["²", "٣", "1²", "１２"], ids=["superscript", "arabic-indic", "mixed", "fullwidth"]
+)
+def test_a_count_that_is_a_digit_only_to_unicode_is_the_clients_own_error(value: str) -> None:
+    from ansible_collections.vllm.ctxmgr.plugins.module_utils.haproxy_runtime import HaproxyError, _count
+
+    with pytest.raises(HaproxyError, match="not a count"):
+        _count({"scur": value}, "scur", "vllm", "h1")
+    assert _count({"scur": "12"}, "scur", "vllm", "h1") == 12
+
+
+def test_a_huge_speculative_config_is_not_echoed_whole() -> None:
+    from vllm_ctxmgr.core.serve_args import parse_serve_argv
+
+    for value in ('{"num_speculative_tokens": ' + "9" * 5000 + "}", "[" + "1," * 3000 + "1]"):
+        args = parse_serve_argv(["m", "--speculative-config", value])
+        assert args.refusals and all(len(r) < 400 for r in args.refusals), [len(r) for r in args.refusals]

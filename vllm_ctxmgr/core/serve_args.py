@@ -363,6 +363,12 @@ def _refuse_unreadable_config_values(flags: Mapping[str, str | bool]) -> None:
             raise UsageError(f"{name} {shown!r}: {problem} (as ctxmgr's own {name} takes it)")
 
 
+def _clipped(value: str, keep: int = 80) -> str:
+    """A value quoted in a one-line refusal: its first `keep` characters (a 5,000-digit value is not
+    echoed whole)."""
+    return value if len(value) <= keep else f"{value[:keep]}... ({len(value):,} characters)"
+
+
 def _refuse_world_beyond_bound(flags: Mapping[str, str | bool]) -> None:
     """The product of the parallel sizes (the deployment's world) and --nnodes are bounded as a whole,
     not only each factor: a world of 2^30 ranks is laid out rank by rank (MemoryError)."""
@@ -435,12 +441,14 @@ class _FlagReader:
             raise UsageError(f"argument {label}: {exc}{_DEEP}") from None
         except ValueError:
             self.refusals.append(
-                f"argument {label}: Value {value} cannot be converted to json.loads "
+                f"argument {label}: Value {_clipped(value)} cannot be converted to json.loads "
                 "(vLLM's parser refuses it: engine/arg_utils.py parse_type)"
             )
             return None
         if not isinstance(parsed, dict):
-            self.refusals.append(f"argument {label}: {value} is not a JSON object (vLLM's config refuses it)")
+            self.refusals.append(
+                f"argument {label}: {_clipped(value)} is not a JSON object (vLLM's config refuses it)"
+            )
             return None
         return parsed
 
