@@ -213,3 +213,33 @@ def test_a_huge_speculative_config_is_not_echoed_whole() -> None:
     for value in ('{"num_speculative_tokens": ' + "9" * 5000 + "}", "[" + "1," * 3000 + "1]"):
         args = parse_serve_argv(["m", "--speculative-config", value])
         assert args.refusals and all(len(r) < 400 for r in args.refusals), [len(r) for r in args.refusals]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# item 14: the Ansible module creates only the directories it needs and changes none it did not make
+
+
+def test_the_module_leaves_an_existing_directory_as_it_is(workdir: Path) -> None:
+    import json
+    import stat
+
+    from ansible_collections.vllm.ctxmgr.plugins.modules import ctxmgr as module
+
+    shared = workdir / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # /tmp-like: its sticky bit keeps others' files safe
+    module.write_observation(str(shared / "obs.json"), {"observation": {"gpu_name": "H100"}})
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert json.loads((shared / "obs.json").read_text()) == {"observation": {"gpu_name": "H100"}}
+    assert stat.S_IMODE((shared / "obs.json").stat().st_mode) == 0o600
+
+    elsewhere = workdir / "elsewhere"
+    elsewhere.mkdir()
+    elsewhere.chmod(0o755)
+    (workdir / "link").symlink_to(elsewhere)
+    module.write_observation(str(workdir / "link" / "obs.json"), {"observation": {}})
+    assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o755  # never through the link either
+
+    made = workdir / "new" / "deeper"
+    module.write_observation(str(made / "obs.json"), {"observation": {}})
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700 and stat.S_IMODE(made.parent.stat().st_mode) == 0o700

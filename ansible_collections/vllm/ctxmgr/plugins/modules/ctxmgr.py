@@ -70,8 +70,9 @@ options:
   observation:
     description:
       - The handed-over observation itself (another host's C(ctxmgr observe --json) output), for
-        O(import_observation) to hold. It is written there first (the file mode 0600, its directory
-        made mode 0700), so one task hands it over and imports it.
+        O(import_observation) to hold. It is written there first (the file mode 0600; a directory the
+        module makes for it mode 0700, one that exists left as it is), so one task hands it over and
+        imports it.
     type: dict
   observe_first:
     description:
@@ -401,11 +402,21 @@ def summary(params: dict, data: dict, check_mode: bool) -> dict:
 
 
 def write_observation(path: str, observation: dict) -> None:
-    """Another host's observation where `observe --import` reads it: its directory 0700, the file 0600,
-    replaced whole (a reader never sees half of it)."""
+    """Another host's observation where `observe --import` reads it: the file 0600, replaced whole (a
+    reader never sees half of it). The directories it has to make are made 0700; one that exists is the
+    operator's and is left as it is (a 1777 /tmp keeps its sticky bit; a link is not followed to chmod
+    what it points at)."""
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    os.chmod(directory, 0o700)
+    missing = []
+    while not os.path.lexists(directory):
+        missing.append(directory)
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    for made in reversed(missing):
+        os.mkdir(made, 0o700)  # its own: only its owner enters it (mkdir's mode is cut by the umask)
+    directory = os.path.dirname(path) or "."
     fd, temporary = tempfile.mkstemp(dir=directory, prefix=".observation-")
     try:
         with os.fdopen(fd, "w") as handle:
