@@ -243,3 +243,25 @@ def test_the_module_leaves_an_existing_directory_as_it_is(workdir: Path) -> None
     made = workdir / "new" / "deeper"
     module.write_observation(str(made / "obs.json"), {"observation": {}})
     assert stat.S_IMODE(made.stat().st_mode) == 0o700 and stat.S_IMODE(made.parent.stat().st_mode) == 0o700
+
+
+# ---------------------------------------------------------------------------------------------------------
+# item 15: check mode (declared `support: full`) writes nothing on the host: observe reads only
+
+
+def test_in_check_mode_the_module_observes_read_only() -> None:
+    from ansible_collections.vllm.ctxmgr.plugins.modules import ctxmgr as module
+    from vllm_ctxmgr.cli.main import main
+
+    params = {"command": "observe", "service": "vllm-glm5", "nodes": [], "ctxmgr_bin": "ctxmgr",
+              "state_dir": None, "systemd_pid": None}  # fmt: skip
+    assert "--dry-run" in module.command_argv(params, True) and "--dry-run" in module.observe_argv(
+        params, True
+    )
+    assert "--dry-run" not in module.command_argv(params, False)
+    assert "--dry-run" not in module.observe_argv(params, False)
+    # and the ctxmgr it runs takes the flag (its parser, not a guess)
+    observe = main.get_command(None, "observe")  # type: ignore[arg-type]
+    argv = module.observe_argv(params, True)
+    parsed = observe.make_context("observe", argv[argv.index("observe") + 1 :]).params  # type: ignore[union-attr]
+    assert parsed["dry_run"] is True and parsed["service"] == "vllm-glm5.service"

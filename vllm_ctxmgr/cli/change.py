@@ -164,16 +164,30 @@ def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
     help="Store an observation that `ctxmgr observe --json` wrote on another host of the same GPU model "
     "and vLLM version, so this host plans from that real start.",
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Read (and with --import, check) the observation; store nothing, take no lock.",
+)
 @json_option.but(help="Print one JSON object (its `record` is what --import takes).")
 @click.pass_context
 @handle_errors
-def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_json: bool) -> None:
+def observe_cmd(
+    ctx: click.Context, service: str, import_file: str | None, dry_run: bool, as_json: bool
+) -> None:
     """Read vLLM's facts from the service's last start (made by ctxmgr or not) to calibrate plans."""
     if import_file:
         # read first, through the bounded door: a FIFO or /dev/zero is refused before anything else
         raw = files.read_regular(import_file, MAX_IMPORT_BYTES, what="observation", error=UsageError)
         restarter = restarter_for(ctx, service, True, 60.0)
         record = imported_observation(raw.decode(errors="replace"), import_file, **import_match(restarter))
+        if dry_run:  # Ansible's check mode: checked as a real import checks it, nothing stored
+            if as_json:
+                emit_json({"command": "observe", "result": "dry-run", "changed": False, "dry_run": True,
+                           "service": restarter.unit, "record": record})  # fmt: skip
+            else:
+                echo(f"{restarter.unit}: dry run: would store the observation from {record['imported_from']}")
+            return
         with restarter.store.lock(0.0):
             restarter.store.add_observation(record)
         if as_json:
@@ -183,10 +197,14 @@ def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_js
             echo(f"{restarter.unit}: stored the observation from {record['imported_from']}")
         return
     restarter = restarter_for(ctx, service, True, 60.0)
-    with restarter.store.lock(0.0):
+    if dry_run:  # read only: no lock file, no line appended to observations.jsonl (issue 36 item 15)
         observed, obs, lines = observe_last_start(restarter.systemd, restarter.service)
-        restarter.store.add_observation(observed.to_json())
-        stored = restarter.store.observations()
+        stored: list[StoredObservation] = [observed.to_json()]
+    else:
+        with restarter.store.lock(0.0):
+            observed, obs, lines = observe_last_start(restarter.systemd, restarter.service)
+            restarter.store.add_observation(observed.to_json())
+            stored = restarter.store.observations()
     last: StoredObservation | dict[str, object] = stored[-1] if stored else {}
     if as_json:
         emit_json({"command": "observe", "result": "ok", "changed": False, "service": restarter.service,

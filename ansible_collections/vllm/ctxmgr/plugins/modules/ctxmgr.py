@@ -285,6 +285,8 @@ def command_argv(params: dict, check_mode: bool) -> list:
         argv += [str(params["context"]), "--service", service]
     else:
         argv += ["--service", service]
+    if command == "observe" and check_mode:
+        argv.append("--dry-run")  # check mode writes nothing: no observation stored, no lock taken
     if command == "set-context":
         argv.insert(len(base_argv(params)) + 1, str(params["context"]))
         if params.get("gpu_memory_utilization") is not None:
@@ -401,6 +403,12 @@ def summary(params: dict, data: dict, check_mode: bool) -> dict:
     return result
 
 
+def observe_argv(params: dict, check_mode: bool) -> list:
+    """observe_first's `ctxmgr observe`: read only in check mode (--dry-run stores nothing)."""
+    argv = [*base_argv(params), "observe", "--service", params["service"], "--json"]
+    return [*argv, "--dry-run"] if check_mode else argv
+
+
 def write_observation(path: str, observation: dict) -> None:
     """Another host's observation where `observe --import` reads it: the file 0600, replaced whole (a
     reader never sees half of it). The directories it has to make are made 0700; one that exists is the
@@ -484,7 +492,7 @@ def main() -> None:
         module.fail_json(msg="observation is written to import_observation: name that file", changed=False)
 
     if params["observe_first"]:
-        observed = run_json(module, [*base_argv(params), "observe", "--service", params["service"], "--json"])
+        observed = run_json(module, observe_argv(params, check_mode))
         extra["last_start"] = last_start(params, observed)
 
     if params["import_observation"] and params["command"] == "set-context":
