@@ -221,6 +221,7 @@ class ImportMatch(TypedDict):
     service: str
     vllm_version: str | None
     gpu_names: list[str]
+    gpu_total_bytes: float | None  # this host's largest GPU (NVML): what a figure may not pass
 
 
 def import_match(restarter: Restarter) -> ImportMatch:
@@ -230,6 +231,14 @@ def import_match(restarter: Restarter) -> ImportMatch:
     with contextlib.suppress(CtxmgrError):
         version = read_service(restarter.systemd, restarter.unit).args.vllm_version
     gpu_names: list[str] = []
+    total: float | None = None
     with contextlib.suppress(CtxmgrError, OSError):
-        gpu_names = [gpu.name for gpu in read_nvml().gpus]
-    return {"service": restarter.unit, "vllm_version": version, "gpu_names": gpu_names}
+        gpus = read_nvml().gpus
+        gpu_names = [gpu.name for gpu in gpus]
+        total = max((gpu.total_bytes for gpu in gpus), default=None)
+    return {
+        "service": restarter.unit,
+        "vllm_version": version,
+        "gpu_names": gpu_names,
+        "gpu_total_bytes": total,
+    }
