@@ -657,3 +657,26 @@ def test_a_node_that_refuses_its_restore_or_settle_is_not_reported_rolled_back(
         assert str(result.result) == "rollback-failed", result.reason
         assert "deployment recover" in result.reason
     assert [(n.service, n.ok) for n in result.nodes][1] == ("vllm-n1.service", False)
+
+
+def test_the_operators_timeout_reaches_the_heads_start(workdir: Path) -> None:
+    """Issue 36 item 7: `deployment set-context --timeout 7min` bounds the head's `node start` (its own
+    --timeout), not only the coordinator's wait for its answer: before, the head watched its start for
+    its default 30 minutes whatever the operator gave."""
+    request, log = two_node_request(workdir, walk_answers())
+    request.start_timeout = 420.0
+    result = Coordinator(request, workdir / "state").set_context()
+    assert str(result.result) == "applied", result.reason
+    head = [
+        line.split()
+        for line in log.read_text().splitlines()
+        if line.split()[1] == "start" and "vllm-n0.service" in line
+    ]
+    assert head and all(words[words.index("--timeout") + 1] == "420" for words in head), head
+    # and the node's own parser takes what is sent
+    from vllm_ctxmgr.cli.main import main
+
+    node = main.get_command(None, "node").get_command(None, "start")  # type: ignore[arg-type, union-attr]
+    words = head[0][2:]
+    parsed = node.make_context("start", [w for w in words if w != "--json"]).params  # type: ignore[union-attr]
+    assert parsed["timeout"] == 420.0

@@ -970,6 +970,10 @@ class Coordinator:
                 change,
                 "--head",
                 *extra,
+                # the head's own watch is bounded by the operator's --timeout (issue 36 item 7), the wait
+                # for its answer by that and a step's time on top
+                "--timeout",
+                f"{request.start_timeout:g}",
                 timeout=request.start_timeout + STEP_TIMEOUT,
                 stdin=probe,
             )
