@@ -201,6 +201,10 @@ def stand_in_node(workdir: Path, answers: dict[str, dict[str, Any]]) -> tuple[tu
         "key = step + ' ' + service\n"
         "if step == 'prepare' and '--dry-run' not in args and 'write ' + service in answers:\n"
         "    key = 'write ' + service\n"  # the write itself, where its dry run answered otherwise
+        f"calls = [c.split() for c in open({str(log)!r}).read().splitlines()]\n"
+        "nth = sum(1 for c in calls if c[1] == step and service in c)\n"
+        "if f'{nth} {key}' in answers:\n"
+        "    key = f'{nth} {key}'\n"  # this step's nth call on this node, where it answers otherwise
         "if '--back' in args and 'back ' + key in answers:\n"
         "    key = 'back ' + key\n"  # the way back's step, where it answers otherwise
         "answer = answers[key]\n"
@@ -680,3 +684,29 @@ def test_the_operators_timeout_reaches_the_heads_start(workdir: Path) -> None:
     words = head[0][2:]
     parsed = node.make_context("start", [w for w in words if w != "--json"]).params  # type: ignore[union-attr]
     assert parsed["timeout"] == 420.0
+
+
+@pytest.mark.parametrize("step", ["stop", "start"])
+def test_one_node_that_fails_on_the_way_back_does_not_leave_every_node_stopped(
+    workdir: Path, step: str
+) -> None:
+    """Issue 36 item 8: the change fails at the head's start; on the way back node 1's stop (or start)
+    fails. Before, the way back ended there with every node stopped; now every node that can start is
+    started (the head included), and the deployment is rollback-failed with node 1 named."""
+    failing = {"wire": WIRE_VERSION, "service": "vllm-n0.service", "ok": False, "reason": "the probe failed"}
+    answers = walk_answers(
+        **{
+            "start vllm-n0.service": failing,
+            "back start vllm-n0.service": walk_answers()["start vllm-n0.service"],
+            f"2 {step} vllm-n1.service": {"wire": WIRE_VERSION},  # an answer the wire refuses
+        }
+    )
+    request, log = two_node_request(workdir, answers)
+    result = Coordinator(request, workdir / "state").set_context()
+    assert str(result.result) == "rollback-failed", result.reason
+    assert f"local:vllm-n1.service did not {step}" in result.reason, result.reason
+    assert "deployment recover" in result.reason, result.reason
+    calls = [line.split() for line in log.read_text().splitlines()]
+    back_starts = [c for c in calls if c[1] == "start" and "--back" in c]
+    assert any("vllm-n0.service" in c for c in back_starts), calls  # the head started again
+    assert [(n.service, n.ok) for n in result.nodes][1] == ("vllm-n1.service", False)
