@@ -1049,8 +1049,8 @@ class Coordinator:
         result.settled(ok, settle_reason)
         if unanswered:
             result.reason += (
-                f"; {', '.join(str(n.address) for n in unanswered)} may still hold the new unit, or not run the previous one: "
-                "run `ctxmgr deployment recover` with the same nodes"
+                f"; {', '.join(str(n.address) for n in unanswered)} may still hold the new unit, or not run "
+                "the previous one: run `ctxmgr deployment recover` with the same nodes"
             )
         if ok:
             self.say("every node runs its previous unit again; the head passed its probe")
