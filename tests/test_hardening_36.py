@@ -265,3 +265,53 @@ def test_in_check_mode_the_module_observes_read_only() -> None:
     argv = module.observe_argv(params, True)
     parsed = observe.make_context("observe", argv[argv.index("observe") + 1 :]).params  # type: ignore[union-attr]
     assert parsed["dry_run"] is True and parsed["service"] == "vllm-glm5.service"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# item 7: a unit stopped under a start that is being waited for is a failure at once, not a 30 min wait
+
+
+@pytest.mark.parametrize("headless", [False, True])
+def test_a_unit_stopped_while_its_start_is_awaited_fails_within_seconds(headless: bool) -> None:
+    """systemd's own lines of a stop (as tests/data/vllm-logs/systemd_vllm-ok_journal.log has them)
+    come before any `Started` of the new process, so the watcher, awaiting that line, ignored them; the
+    unit then sits inactive (Result=success, what a restart also passes through) and the start was
+    waited for until its timeout."""
+    from vllm_ctxmgr.vllm_log.watcher import StartWatcher
+
+    now = [1000.0]
+    watcher = StartWatcher(timeout_s=1800, await_start=True, headless=headless, clock=lambda: now[0])
+    for line in (
+        "Stopping vllm-ok.service - vLLM tiny model (good config)...",
+        "vllm-ok.service: Deactivated successfully.",
+        "Stopped vllm-ok.service - vLLM tiny model (good config).",
+    ):
+        watcher.feed(line)
+    inactive = {"ActiveState": "inactive", "SubState": "dead", "Result": "success", "NRestarts": "0"}
+    watcher.feed_unit_state(inactive)
+    assert watcher.poll() is None  # a restart passes through inactive: not at once
+    for step in range(1, 21):
+        now[0] = 1000.0 + step * 0.5
+        watcher.feed_unit_state(inactive)
+        if watcher.poll() is not None:
+            break
+    verdict = watcher.poll()
+    assert verdict is not None and not verdict.ok, "still waiting after 10 s of an inactive unit"
+    assert "stopped" in verdict.reason and now[0] - 1000.0 <= 10.0
+    # a start job still waiting for its dependencies is inactive too, but no stop was logged: no verdict
+    waiting = StartWatcher(timeout_s=1800, await_start=True, clock=lambda: now[0])
+    for step in range(20):
+        now[0] = 1500.0 + step
+        waiting.feed_unit_state(inactive)
+    assert waiting.poll() is None
+    # a restart's moment of inactive, then activating: no verdict
+    other = StartWatcher(timeout_s=1800, await_start=True, clock=lambda: now[0])
+    for line in ("Stopping vllm-ok.service - vLLM.", "Stopped vllm-ok.service - vLLM."):
+        other.feed(line)
+    now[0] = 2000.0
+    other.feed_unit_state(inactive)
+    now[0] = 2000.5
+    other.feed_unit_state({"ActiveState": "activating", "SubState": "start", "Result": "success"})
+    now[0] = 2030.0
+    other.feed_unit_state({"ActiveState": "activating", "SubState": "start", "Result": "success"})
+    assert other.poll() is None
