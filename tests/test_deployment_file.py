@@ -128,3 +128,49 @@ def test_the_deployment_file_itself_is_a_bounded_regular_file(workdir: Path) -> 
     assert code == ExitCode.USAGE and "FIFO" in data["error"], data
     code, data = run_bounded(["deployment", "plan", "4096", "--file", "/dev/zero", "--json"])
     assert code == ExitCode.USAGE and "regular file" in data["error"], data
+
+
+# ---- issue 36 item 12: a deployment file is command input: StrictModes, as the state dir's ----------
+
+GOOD_FILE = (
+    '[[node]]\nhost = "local"\nservice = "a.service"\n[[node]]\nhost = "local"\nservice = "b.service"\n'
+)
+HOSTILE_FILE = 'ssh = ["sh", "-c", "id > OUT; exit 255", "x"]\n' + GOOD_FILE.replace("local", "gpu-b")
+
+
+@pytest.mark.parametrize("case", ["file-0666", "dir-0777", "file-of-nobody", "dir-of-nobody"])
+def test_a_deployment_file_another_user_could_write_is_refused_before_it_is_read(
+    workdir: Path, case: str
+) -> None:
+    if "nobody" in case and os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    directory = workdir / "deploy"
+    directory.mkdir(mode=0o755)
+    path = directory / "d.toml"
+    out = workdir / "OUT"
+    path.write_text(HOSTILE_FILE.replace("OUT", str(out)))
+    path.chmod(0o644)
+    if case == "file-0666":
+        path.chmod(0o666)
+    elif case == "dir-0777":
+        directory.chmod(0o777)
+    elif case == "file-of-nobody":
+        os.chown(path, 65534, 65534)
+    else:
+        os.chown(directory, 65534, 65534)
+    result = CliRunner().invoke(main, ["deployment", "plan", "4096", "--file", str(path), "--json"])
+    data = json.loads(result.stdout)
+    assert result.exit_code == ExitCode.USAGE, data
+    assert not out.exists(), "the file's ssh command ran"
+    assert "owned by uid 65534" in data["error"] or "writable by group or others" in data["error"], data
+    assert "\n" not in data["error"]
+
+
+def test_a_deployment_file_of_its_own_user_in_a_private_directory_is_read(workdir: Path) -> None:
+    directory = workdir / "deploy-ok"
+    directory.mkdir(mode=0o755)
+    path = directory / "d.toml"
+    path.write_text(GOOD_FILE)
+    path.chmod(0o644)
+    result = CliRunner().invoke(main, ["deployment", "plan", "4096", "--file", str(path), "--json"])
+    assert "writable" not in result.stdout and "owned by" not in result.stdout, result.stdout

@@ -307,3 +307,55 @@ def test_a_change_back_to_a_context_compiled_before_is_counted_warm() -> None:
     # a context never served: still the last cold compile
     assert {p.phase: p.seconds for p in to_32768.phases}[COMPILING] == 280.0
     assert to_32768.compile_cache_misses is True
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 36 item 5: the real CPU start's journal with its stamps moved as a clock step moves them: the
+# estimate never reads 0 s or hours, and says that the journal's clock cannot be trusted.
+
+OK_JOURNAL = DATA / "vllm-logs" / "systemd_vllm-ok_journal.log"
+HOURS = 3 * 3600.0
+
+
+def _moved(lines: list[TimedLine], where: str, by: float) -> list[TimedLine]:
+    """The lines from the first one containing `where` on, stamped `by` seconds later."""
+    at = next(i for i, (_, _, message) in enumerate(lines) if where in message)
+    return [*lines[:at], *((stamp + by, inv, message) for stamp, inv, message in lines[at:])]
+
+
+def test_a_stopped_line_stamped_before_its_stopping_line_is_no_stop_and_is_said() -> None:
+    lines = _moved(short_iso(OK_JOURNAL), "Deactivated successfully", -HOURS)  # the clock stepped back
+    (start,) = start_timings(lines)
+    assert start.clock_stepped and start.stop_s is None
+    estimate = estimate_downtime([start], compile_cache="miss")
+    assert estimate is not None and not estimate.phases  # no figure from it, and why
+    text = downtime_text(estimate.to_json())
+    assert text[0] == "expected downtime: not known" and "clock" in text[1], text
+
+
+def test_a_journal_whose_stamps_run_backwards_gives_no_figure_from_that_start() -> None:
+    lines = _moved(short_iso(OK_JOURNAL), "Loading weights took", -HOURS)
+    (start,) = start_timings(lines)
+    assert start.clock_stepped
+    text = " ".join(downtime_text(_json(estimate_downtime([start], compile_cache="miss"))))
+    assert "0s" not in text.split(";")[0] and "clock" in text, text
+    good = start_timings(short_iso(OK_JOURNAL))[0]
+    both = estimate_downtime([good, start], compile_cache="miss")
+    assert both is not None and both.total_s == 37.0  # the trusted start alone
+    assert any("clock" in note for note in both.notes)
+
+
+def test_a_phase_line_and_a_second_ready_line_hours_later_do_not_count() -> None:
+    lines = short_iso(OK_JOURNAL)
+    ready = next(i for i, (_, _, m) in enumerate(lines) if "Application startup complete" in m)
+    kv = next(line for line in lines if "CPU KV cache size" in line[2])
+    late = lines[ready][0] + HOURS
+    after = [(stamp + HOURS + 2, inv, message) for stamp, inv, message in lines[ready + 1 :]]
+    lines = [*lines[: ready + 1], (late, None, kv[2]), (late + 1, None, lines[ready][2]), *after]
+    (start,) = start_timings(lines)
+    assert not start.clock_stepped
+    assert start.phases == ((STARTING, 34.0), (LOADING, 0.0), (PROFILING, 1.0), (SERVING, 2.0))
+
+
+def _json(estimate: DowntimeEstimate | None) -> dict[str, object]:
+    return dict(estimate.to_json()) if estimate else {}

@@ -188,3 +188,31 @@ def test_an_ordinary_write_is_0644_whatever_the_umask(tmp_path: Path) -> None:
         os.umask(old)
     assert path.stat().st_mode & 0o7777 == 0o644
     assert samples(path)[("ctxmgr_verify_success", None)][0] == 1.0
+
+
+# ---- issue 36 item 17: every component of the textfile directory's path, as sshd's StrictModes ------
+
+
+@pytest.mark.parametrize("case", ["parent-of-nobody", "parent-0777", "grandparent-0777"])
+def test_a_textfile_directory_under_a_parent_another_user_may_change_is_refused(
+    tmp_path: Path, case: str
+) -> None:
+    if "nobody" in case and os.geteuid() != 0:
+        pytest.skip("gives a directory to another uid")
+    grandparent = tmp_path / "srv"
+    parent = grandparent / "node_exporter"
+    directory = parent / "textfile"
+    directory.mkdir(parents=True, mode=0o755)
+    for d in (grandparent, parent, directory):
+        d.chmod(0o755)
+    weak = grandparent if case.startswith("grandparent") else parent
+    if "nobody" in case:
+        os.chown(weak, NOBODY, NOBODY)  # they may rename textfile away and put a link in its place
+    else:
+        weak.chmod(0o777)
+    with pytest.raises(UnsafePathError, match=f"^{weak}: "):
+        write_textfile(directory / "F.prom", verification())
+    assert not (directory / "F.prom").exists()
+    weak.chmod(0o1777)  # sticky: nobody else may rename what is in it
+    if "nobody" not in case:
+        assert write_textfile(directory / "F.prom", verification()).exists()

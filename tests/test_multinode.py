@@ -580,6 +580,13 @@ def test_a_drifted_deployment_fails_verify_and_set_context_reconciles_it(
         assert "--max-model-len 8192" in path.read_text()
     assert sandbox.systemd.show(f"{HEAD}.service", "MainPID")["MainPID"] != pid  # restarted, once
     assert served(port) == 8192
+    # issue 36 item 9: the head, whose unit already said 8192, records the change as every node does
+    for service in (HEAD, RANK1):
+        rows = run_ctxmgr(sandbox.pid, state, "history", "--service", service, "--json").data["revisions"]
+        assert rows[-1]["state"] == "final" and fixed.data["change_id"] in json.dumps(rows[-1]), (
+            service,
+            rows,
+        )
     again = run_ctxmgr(sandbox.pid, state, "deployment", "verify", *nodes_args(), "--json", timeout=300)
     assert again.code in (0, 1) and again.data["result"] in ("ok", "degraded"), again.stdout
 

@@ -114,3 +114,32 @@ def test_the_record_type_is_the_one_door_for_stored_lines_too() -> None:
         ObservationRecord.from_json(poisoned, "observations.jsonl")
     planned = observations_from_store([poisoned, {**GOOD, "time": 1e308}, GOOD])
     assert len(planned) == 1 and planned[0].available_kv_gib == GOOD["available_kv_gib"]
+
+
+# Issue 36 item 16: an imported observation is bounded by the GPU it claims, as a watched start is
+H100 = 95.6 * (1 << 30)  # NVIDIA H100 NVL as NVML reports it
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"available_kv_gib": 4000.0, "total_memory_gib": 4090.0},  # its own total says it fits
+        {"available_kv_gib": 4000.0, "total_memory_gib": None},  # no total of its own
+        {"model_loading_gib": 60.0, "available_kv_gib": 60.0},  # each fits, both together do not
+        {"total_memory_gib": 4000.0},
+    ],
+    ids=["kv-with-its-own-total", "kv-without-total", "weights-and-kv", "total"],
+)
+def test_an_imported_figure_above_this_hosts_gpu_of_that_name_is_refused(changes: dict[str, object]) -> None:
+    record = {**GOOD, "gpu_name": "NVIDIA H100 NVL", **changes}
+    with pytest.raises(UsageError, match=r"more than the 95\.60 GiB of this host's NVIDIA H100 NVL"):
+        imported_observation(json.dumps(record), "obs.json", service="vllm-glm5", vllm_version="0.33.0",
+                             gpu_names=["NVIDIA H100 NVL"], gpu_total_bytes=H100)  # fmt: skip
+
+
+def test_an_imported_record_within_this_hosts_gpu_is_taken() -> None:
+    record = {**GOOD, "gpu_name": "NVIDIA H100 NVL", "total_memory_gib": 93.1, "model_loading_gib": 30.0,
+              "available_kv_gib": 50.0}  # fmt: skip
+    taken = imported_observation(json.dumps(record), "obs.json", service="vllm-glm5", vllm_version="0.33.0",
+                                 gpu_names=["NVIDIA H100 NVL"], gpu_total_bytes=H100)  # fmt: skip
+    assert taken["available_kv_gib"] == 50.0

@@ -64,7 +64,7 @@ def test_a_node_answer_is_its_json_object_and_its_failure_names_the_host(workdir
         failing.call("local", ["node", "show", "u"], timeout=30)
     assert caught.value.exit_code == 2
     garbage = Link(local_ctxmgr=_script(workdir, "print('not json')"))
-    with pytest.raises(NodeError, match="local: exit status 0"):
+    with pytest.raises(NodeError, match=r"^local: its answer is not JSON \(exit status 0\)$"):
         garbage.call("local", ["node", "show", "u"], timeout=30)
     # a step that dies before it can answer: the last line it wrote to stderr, as text
     crashed = Link(

@@ -105,3 +105,58 @@ def test_a_full_state_directory_is_one_line_and_the_way_back_still_runs(  # type
     states = [r["state"] for r in json.loads(history.stdout)["revisions"]]
     assert states[-1] in ("rolled-back", "final", "baseline"), states
     assert path.read_bytes() == before
+
+
+# Each step the walk records, with what a state directory that fills right after it must leave: before
+# the restart, the service keeps running untouched (no restart for nothing, issue 36 item 4); after it,
+# the previous unit is put back and serves again.
+BEFORE_RESTART = ("revision-staged", "set-context:recorded", "unit-file-written", "set-context:installed")
+AFTER_RESTART = ("set-context:restarting", "set-context:serving", "set-context:probed")
+
+
+def test_a_state_directory_that_fills_at_any_step_never_restarts_for_nothing(  # type: ignore[no-untyped-def]
+    sandbox, install_unit, workdir
+) -> None:
+    name = "vllm-it-fill-each"
+    port = free_port()
+    unit = install_unit(f"{name}.service", standin_unit(make_vllm_wrapper(workdir), port=port))
+    path = sandbox.systemd.host_unit_dir / unit
+    sandbox.systemd.start(unit)
+    import time
+
+    assert wait_until_serving(f"http://127.0.0.1:{port}", time.monotonic() + 60)
+    before = path.read_bytes()
+    state = workdir / "state"
+    change = ("set-context", "16384", "--service", name, *offline_gpu_args(), "--yes", "--json")
+    script: list[list[str]] = []
+    invocation = sandbox.systemd.command("systemctl", "show", unit, "-p", "InvocationID", "--value")
+    for step in (*BEFORE_RESTART, *AFTER_RESTART):
+        script += [
+            invocation,
+            ctxmgr_at(sandbox, state, step, *change),
+            ["rm", "-f", str(state / "filler")],
+            ctxmgr_at(sandbox, state, "-", "recover", "--service", name, "--json"),
+            ["cat", str(path)],
+            invocation,
+        ]
+    # the first run's baseline is written whole; the filler fills the disk as revision 1 is staged
+    runs = in_full_namespace(workdir, script)
+    for index, step in enumerate((*BEFORE_RESTART, *AFTER_RESTART)):
+        ran_before, run, _, recovered, unit_after, ran_after = runs[6 * index : 6 * index + 6]
+        assert ran_before.stdout.strip(), ran_before
+        data = json.loads(run.stdout)
+        assert run.returncode == 1, (step, run.stdout, run.stderr)
+        assert "Traceback" not in run.stderr and "unexpected" not in run.stdout, (step, run.stderr)
+        words = data.get("error") or data["reason"]
+        assert "No space left on device" in words, (step, data)
+        assert "revision 0" not in words and "FAILED" not in words, (step, data)
+        assert recovered.returncode == 0, (step, recovered.stdout, recovered.stderr)
+        assert unit_after.stdout == before.decode(), (step, words)
+        if step in BEFORE_RESTART:
+            assert "nothing was" in words, (step, words)
+            assert data["result"] in ("rolled-back", "error"), (step, data)
+            assert ran_after.stdout == ran_before.stdout, (step, words)  # the same run of vLLM
+        else:
+            assert ran_after.stdout != ran_before.stdout, (step, words)  # restarted twice, back again
+    models = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
+    assert models["data"][0]["max_model_len"] == 8192

@@ -201,6 +201,12 @@ def stand_in_node(workdir: Path, answers: dict[str, dict[str, Any]]) -> tuple[tu
         "key = step + ' ' + service\n"
         "if step == 'prepare' and '--dry-run' not in args and 'write ' + service in answers:\n"
         "    key = 'write ' + service\n"  # the write itself, where its dry run answered otherwise
+        f"calls = [c.split() for c in open({str(log)!r}).read().splitlines()]\n"
+        "nth = sum(1 for c in calls if c[1] == step and service in c)\n"
+        "if f'{nth} {key}' in answers:\n"
+        "    key = f'{nth} {key}'\n"  # this step's nth call on this node, where it answers otherwise
+        "if '--back' in args and 'back ' + key in answers:\n"
+        "    key = 'back ' + key\n"  # the way back's step, where it answers otherwise
         "answer = answers[key]\n"
         "if answer.pop('signal', None):\n"  # the operator's SIGTERM to the coordinator, during this step
         "    import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); time.sleep(0.5)\n"
@@ -625,3 +631,82 @@ def test_recover_settles_a_record_its_dead_coordinator_left_under_way(
     again = Coordinator(request, workdir / "state").recover()
     assert again.reason == "no node has a deployment change in progress: nothing to recover"
     assert (Coordinator(request, workdir / "state").store.read_json("last-change.json") or {}) == record
+
+
+@pytest.mark.parametrize("step", ["restore", "settle"])
+def test_a_node_that_refuses_its_restore_or_settle_is_not_reported_rolled_back(
+    workdir: Path, step: str
+) -> None:
+    """Issue 36 item 10: node 1 answers `ok: false` to the way back's restore (or settle): the
+    deployment is not reported rolled back as if it had put its unit back (or recorded it)."""
+    failing = {"wire": WIRE_VERSION, "service": "vllm-n0.service", "ok": False, "reason": "the probe failed"}
+    refused = {
+        "wire": WIRE_VERSION,
+        "service": "vllm-n1.service",
+        "ok": False,
+        "reason": "lock held by pid 7",
+    }
+    answers = walk_answers(
+        **{
+            "start vllm-n0.service": failing,  # the change fails at the head's start; its way back starts
+            "back start vllm-n0.service": walk_answers()["start vllm-n0.service"],
+            f"{step} vllm-n1.service": refused,
+        }
+    )
+    request, _log = two_node_request(workdir, answers)
+    result = Coordinator(request, workdir / "state").set_context()
+    assert "lock held by pid 7" in result.reason and "local:vllm-n1.service" in result.reason, result.reason
+    assert result.exit_code != 0
+    if step == "restore":
+        assert str(result.result) == "rollback-failed", result.reason
+        assert "deployment recover" in result.reason
+    assert [(n.service, n.ok) for n in result.nodes][1] == ("vllm-n1.service", False)
+
+
+def test_the_operators_timeout_reaches_the_heads_start(workdir: Path) -> None:
+    """Issue 36 item 7: `deployment set-context --timeout 7min` bounds the head's `node start` (its own
+    --timeout), not only the coordinator's wait for its answer: before, the head watched its start for
+    its default 30 minutes whatever the operator gave."""
+    request, log = two_node_request(workdir, walk_answers())
+    request.start_timeout = 420.0
+    result = Coordinator(request, workdir / "state").set_context()
+    assert str(result.result) == "applied", result.reason
+    head = [
+        line.split()
+        for line in log.read_text().splitlines()
+        if line.split()[1] == "start" and "vllm-n0.service" in line
+    ]
+    assert head and all(words[words.index("--timeout") + 1] == "420" for words in head), head
+    # and the node's own parser takes what is sent
+    from vllm_ctxmgr.cli.main import main
+
+    node = main.get_command(None, "node").get_command(None, "start")  # type: ignore[arg-type, union-attr]
+    words = head[0][2:]
+    parsed = node.make_context("start", [w for w in words if w != "--json"]).params  # type: ignore[union-attr]
+    assert parsed["timeout"] == 420.0
+
+
+@pytest.mark.parametrize("step", ["stop", "start"])
+def test_one_node_that_fails_on_the_way_back_does_not_leave_every_node_stopped(
+    workdir: Path, step: str
+) -> None:
+    """Issue 36 item 8: the change fails at the head's start; on the way back node 1's stop (or start)
+    fails. Before, the way back ended there with every node stopped; now every node that can start is
+    started (the head included), and the deployment is rollback-failed with node 1 named."""
+    failing = {"wire": WIRE_VERSION, "service": "vllm-n0.service", "ok": False, "reason": "the probe failed"}
+    answers = walk_answers(
+        **{
+            "start vllm-n0.service": failing,
+            "back start vllm-n0.service": walk_answers()["start vllm-n0.service"],
+            f"2 {step} vllm-n1.service": {"wire": WIRE_VERSION},  # an answer the wire refuses
+        }
+    )
+    request, log = two_node_request(workdir, answers)
+    result = Coordinator(request, workdir / "state").set_context()
+    assert str(result.result) == "rollback-failed", result.reason
+    assert f"local:vllm-n1.service did not {step}" in result.reason, result.reason
+    assert "deployment recover" in result.reason, result.reason
+    calls = [line.split() for line in log.read_text().splitlines()]
+    back_starts = [c for c in calls if c[1] == "start" and "--back" in c]
+    assert any("vllm-n0.service" in c for c in back_starts), calls  # the head started again
+    assert [(n.service, n.ok) for n in result.nodes][1] == ("vllm-n1.service", False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from vllm_ctxmgr.core.bounds import MAX_WORLD_SIZE
 from vllm_ctxmgr.core.hardware import GpuInfo, GpuProcess, GpuState
 from vllm_ctxmgr.errors import CtxmgrError, UsageError
 from vllm_ctxmgr.files import read_regular
@@ -39,6 +40,11 @@ def gpus_from_json(data: object, source: str) -> GpuState:
             raise ValueError(f"{key} {str(value)[:40]!r} is not a whole number of bytes")
         return value
 
+    listed = data.get("gpus")
+    if isinstance(listed, list) and len(listed) > MAX_WORLD_SIZE:  # before any is read (issue 36 item 13)
+        raise UsageError(
+            f"{source}: lists {len(listed):,} GPUs, more than {MAX_WORLD_SIZE:,} GPUs ctxmgr reads"
+        )
     try:
         gpus = tuple(
             GpuInfo(

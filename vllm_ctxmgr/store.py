@@ -314,11 +314,31 @@ def open_checked_dir(directory: Path, sticky_ok: bool = False) -> int:
     except OSError as exc:
         raise _os_error(directory, exc) from None
     try:
-        check_trusted(os.fstat(fd), directory, sticky_ok)
+        st = os.fstat(fd)
+        check_trusted(st, directory, sticky_ok)
+        _check_ancestors(directory, st)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _check_ancestors(directory: Path, opened: os.stat_result) -> None:
+    """Every directory above `directory` (its real path), as sshd's StrictModes checks each component:
+    one another user owns, or may write without the sticky bit, could rename `directory` away and
+    put a link in its place (issue 36 item 17). The real path must still be the directory opened."""
+    real = Path(os.path.realpath(directory))
+    try:
+        now = os.stat(real)
+    except OSError as exc:
+        raise _os_error(directory, exc) from None
+    if (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
+        raise UnsafePathError(f"{directory}: moved while it was checked; run again")
+    for parent in reversed(real.parents):
+        try:
+            check_trusted(os.stat(parent), parent, sticky_ok=True)
+        except OSError as exc:
+            raise _os_error(parent, exc) from None
 
 
 def check_ours_at(parent_fd: int, name: str, path: Path) -> None:

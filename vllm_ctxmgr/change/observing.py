@@ -128,7 +128,7 @@ def watch_start(
             now = time.monotonic()
             if on_tick is not None and now >= next_tick:
                 elapsed = now - started
-                left = expected.time_left(elapsed, done) if expected is not None else None
+                left = expected.time_left(elapsed, done) if expected is not None and expected.phases else None
                 on_tick(StartProgress(unit, watcher.phase, elapsed, timeout - elapsed, *fraction, left))
                 next_tick = now + tick_interval
             if now >= next_state:

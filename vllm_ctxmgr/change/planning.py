@@ -16,6 +16,7 @@ from vllm_ctxmgr.core.budget import effective_args, is_cpu_deployment
 from vllm_ctxmgr.core.calibration import NodeObservation
 from vllm_ctxmgr.core.change_policy import kept_utilization
 from vllm_ctxmgr.core.hardware import (
+    GIB,
     GpuInfo,
     GpuState,
     capability_for_name,
@@ -25,7 +26,12 @@ from vllm_ctxmgr.core.hardware import (
     unknown_gpu_name,
 )
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
-from vllm_ctxmgr.core.observations import Observation, ObservationError, ObservationRecord
+from vllm_ctxmgr.core.observations import (
+    Observation,
+    ObservationError,
+    ObservationRecord,
+    figure_above_the_device,
+)
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, ServeArgs, with_overrides
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
@@ -149,6 +155,7 @@ def imported_observation(
     service: str | None = None,
     vllm_version: str | None = None,
     gpu_names: Iterable[str] | None = None,
+    gpu_total_bytes: float | None = None,
 ) -> dict[str, object]:
     """An observation exported by `ctxmgr observe --json` on another host, checked before it is stored.
 
@@ -191,8 +198,25 @@ def imported_observation(
     names = sorted(set(gpu_names or ()))
     if names and obs.gpu_name and obs.gpu_name not in names:
         raise UsageError(f"{source}: its start ran on {obs.gpu_name}, this host has {', '.join(names)}")
+    if gpu_total_bytes and obs.platform != "CPU":
+        _within_this_hosts_gpu(obs, gpu_total_bytes, obs.gpu_name or (names[0] if names else "GPU"), source)
     imported = replace(record, imported_from=str(record.host or source))
     return {k: v for k, v in imported.to_json().items() if v is not None}
+
+
+def _within_this_hosts_gpu(obs: Observation, total_bytes: float, gpu: str, source: str) -> None:
+    """An imported start's figures against the GPU it claims, as this host's NVML gives it (issue 36
+    item 16): as a watched start's are (observing.within_the_gpu), not only against the record's own
+    total_memory_gib, which the same record sets. vLLM's total (torch's) is NVML's, give or take 1%."""
+    found = figure_above_the_device(obs, total_bytes)
+    if found is None and obs.total_memory_gib is not None and obs.total_memory_gib * GIB > total_bytes * 1.01:
+        found = ("total_memory_gib", obs.total_memory_gib)
+    if found is not None:
+        name, gib = found
+        raise UsageError(
+            f"{source}: {name} {gib:,.2f} GiB is more than the {total_bytes / GIB:.2f} GiB of this host's "
+            f"{gpu[:60]} (NVML): not imported"
+        )
 
 
 MAX_NODES = 1024  # more nodes than any deployment has: a request above it is not one

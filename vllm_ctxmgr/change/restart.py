@@ -32,7 +32,7 @@ from vllm_ctxmgr.core.stop_path import gpu_holders, holders_text
 from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.masking import mask
 from vllm_ctxmgr.probe import ProbeResult, cache_config_info, probe, wait_until_serving
-from vllm_ctxmgr.store import FileChange, ServiceStore, atomic_write, atomic_write_at, crash_point
+from vllm_ctxmgr.store import FileChange, ServiceStore, StoreError, atomic_write, atomic_write_at, crash_point
 from vllm_ctxmgr.systemd.names import unit_name
 from vllm_ctxmgr.systemd.service import ServiceView, read_service, read_stop_path
 from vllm_ctxmgr.systemd.systemctl import Systemd
@@ -206,7 +206,7 @@ class Restarter:
         try:
             # as `observe` keeps a start: no figure above the GPU it was measured on (issue 29 item 1)
             self.keep_observation(within_the_gpu(record, visible_gpus(view.env), self.unit))
-        except ObservationError as exc:
+        except (ObservationError, StoreError) as exc:  # a full state directory must not fail a start
             self.unkept_observations.append(exc.message)
             self.on_step(exc.message)
         return verdict

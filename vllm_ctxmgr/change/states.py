@@ -116,7 +116,7 @@ def result_for(rev: Revision, action: str) -> ChangeResult:
         action,
         Result.APPLIED,
         True,
-        revision=rev.number,
+        revision=None if rev.state is State.PLANNED else rev.number,  # recording numbers it
         max_model_len=rev.max_model_len,
         previous_max_model_len=rev.previous_max_model_len,
         gpu_memory_utilization=rev.gpu_memory_utilization,
@@ -140,26 +140,39 @@ class Change:
         """What the forward walk writes, in order."""
         return [(f.path, f.unit) for f in self.files]
 
-    def enter(self, state: State, note: str = "") -> None:
-        """The one way into a state: check the table, write the record, then (test hook) maybe die."""
+    def enter(self, state: State, note: str = "", *, unwritten_too: bool = False) -> None:
+        """The one way into a state: check the table, write the record, then (test hook) maybe die. A
+        record that cannot be written leaves the revision in its state before (`unwritten_too`: the
+        way back goes on in memory all the same, and says so at the end)."""
         if state not in st.TRANSITIONS[self.rev.state]:
             raise RuntimeError(f"revision {self.rev.number}: no transition {self.rev.state} -> {state}")
         now = time.time()
+        was, finished = self.rev.state, self.rev.finished
         self.rev.state = state
         self.rev.steps.append(Step(state, now, note))
         if state in st.FINISHED:
             self.rev.finished = now
-        if state is State.RECORDED:
-            self.store.new_revision(self.rev, files=self.files)
-        else:
-            self.store.save(self.rev)
+        try:
+            if state is State.RECORDED:
+                self.store.new_revision(self.rev, files=self.files)
+            else:
+                self.store.save(self.rev)
+        except st.StoreError:
+            if unwritten_too:
+                raise
+            # not written (a full state directory): the revision is still in the state its record says,
+            # so the way back starts from there, and a revision never recorded is still planned: nothing
+            # was changed (issue 36 item 4)
+            self.rev.state, self.rev.finished = was, finished
+            self.rev.steps.pop()
+            raise
         crash_point(str(state), self.command)
 
     def enter_or_note(self, state: State, note: str = "") -> None:
         """`enter` on the way back: a record that cannot be written (a full state directory) must not
         stop the previous unit from being put back; what was not written is said at the end."""
         try:
-            self.enter(state, note)
+            self.enter(state, note, unwritten_too=True)
         except st.StoreError as exc:
             self.unwritten.append(exc.message)
 

@@ -97,7 +97,7 @@ def _walk(restarter: Restarter, change: Change, probe_tokens: int | None, long_p
             result.timings["total_s"] = round(time.monotonic() - t0, 3)
             return result
         except st.StoreError as exc:
-            if result.revision is None:  # the revision itself could not be written
+            if rev.state is State.PLANNED:  # the revision itself could not be written
                 raise st.StoreError(f"{exc.message}; nothing was changed") from None
             failure = (f"the change's record could not be written: {exc.message}", "")
         except Interrupted as exc:
@@ -126,9 +126,9 @@ def _forward(
     restarter.on_step(f"installing {change.paths()} (revision {rev.number})")
     try:
         view = change.install_checked(restarter)
+        _enter_restarting(restarter, change)
     except InstallError as exc:  # a file could not be put back: the way back restores it
         return exc.message, ""
-    change.enter(State.RESTARTING, f"daemon-reload; restart {restarter.unit}; following its journal")
     started = time.monotonic()
     try:
         verdict = restarter.restart_and_watch(view)
@@ -192,6 +192,23 @@ def _restored_utilization(rev: Revision) -> float | None:
         return rev.previous_gpu_memory_utilization
     version = parse_vllm_version(rev.vllm_version or (rev.plan or {}).get("vllm_version"))
     return default_gpu_memory_utilization(version) if version else None
+
+
+def _enter_restarting(restarter: Restarter, change: Change) -> None:
+    """restarting is recorded before the restart; where that record cannot be written (a full state
+    directory), nothing has restarted yet: the files are put back and the change ends there, with no
+    restart for nothing (issue 36 item 4). A file that cannot be put back is InstallError: the way
+    back restores it."""
+    try:
+        change.enter(State.RESTARTING, f"daemon-reload; restart {restarter.unit}; following its journal")
+    except st.StoreError as exc:
+        try:
+            restarter.put_back(change.files)
+        except InstallError as put_back:
+            raise InstallError(f"{exc.message}; and {put_back.message}") from None
+        change.stop_before_restart(
+            f"nothing was restarted: the record could not be written: {exc.message}", exc.exit_code
+        )
 
 
 def _applied_utilization(rev: Revision) -> float | None:
@@ -286,6 +303,10 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
         return result
     problems, inherited = verify_candidate(systemd, view, edit.path, edit.new_text)
     result.warnings = [*verify_warnings(inherited), *restarter.stop_risks(view)]
+    if problems and verify_did_not_run(problems[0]):
+        raise UnitError(
+            f"systemd-analyze verify could not check the new unit, so it is not installed: {problems[0]}"
+        )
     if problems:
         raise UnitError(f"the new unit does not pass systemd-analyze verify: {problems[0]}")
     cache: CompileCache | None = "miss" if context != view.args.max_model_len else None
@@ -530,6 +551,12 @@ def verify_candidate(
     found = systemd.analyze_verify_text(merged(pieces), view.name)
     if not found:
         return [], []
+    unchecked = [p for p in found if verify_did_not_run(p)]
+    if unchecked:
+        # verify did not check the candidate at all (a capability it lacks, a crash): that it failed the
+        # same way for the current unit proves nothing about the new one, so it is never "inherited" and
+        # a warning, which let every change go on unchecked (issue 26, issue 36 item 3): it refuses
+        return unchecked, []
     current = systemd.analyze_verify_text(merged([f.text for f in view.unit.files]), view.name)
     added = new_problems(found, current)
     return added, [p for p in found if p not in added]

@@ -177,16 +177,30 @@ def history_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
     help="Store an observation that `ctxmgr observe --json` wrote on another host of the same GPU model "
     "and vLLM version, so this host plans from that real start.",
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Read (and with --import, check) the observation; store nothing, take no lock.",
+)
 @json_option.but(help="Print one JSON object (its `record` is what --import takes).")
 @click.pass_context
 @handle_errors
-def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_json: bool) -> None:
+def observe_cmd(
+    ctx: click.Context, service: str, import_file: str | None, dry_run: bool, as_json: bool
+) -> None:
     """Read vLLM's facts from the service's last start (made by ctxmgr or not) to calibrate plans."""
     if import_file:
         # read first, through the bounded door: a FIFO or /dev/zero is refused before anything else
         raw = files.read_regular(import_file, MAX_IMPORT_BYTES, what="observation", error=UsageError)
         restarter = restarter_for(ctx, service, True, 60.0)
         record = imported_observation(raw.decode(errors="replace"), import_file, **import_match(restarter))
+        if dry_run:  # Ansible's check mode: checked as a real import checks it, nothing stored
+            if as_json:
+                emit_json({"command": "observe", "result": "dry-run", "changed": False, "dry_run": True,
+                           "service": restarter.unit, "record": record})  # fmt: skip
+            else:
+                echo(f"{restarter.unit}: dry run: would store the observation from {record['imported_from']}")
+            return
         with restarter.store.lock(0.0):
             restarter.store.add_observation(record)
         if as_json:
@@ -196,10 +210,14 @@ def observe_cmd(ctx: click.Context, service: str, import_file: str | None, as_js
             echo(f"{restarter.unit}: stored the observation from {record['imported_from']}")
         return
     restarter = restarter_for(ctx, service, True, 60.0)
-    with restarter.store.lock(0.0):
+    if dry_run:  # read only: no lock file, no line appended to observations.jsonl (issue 36 item 15)
         observed, obs, lines = observe_last_start(restarter.systemd, restarter.service)
-        restarter.store.add_observation(observed.to_json())
-        stored = restarter.store.observations()
+        stored: list[StoredObservation] = [observed.to_json()]
+    else:
+        with restarter.store.lock(0.0):
+            observed, obs, lines = observe_last_start(restarter.systemd, restarter.service)
+            restarter.store.add_observation(observed.to_json())
+            stored = restarter.store.observations()
     last: StoredObservation | dict[str, object] = stored[-1] if stored else {}
     if as_json:
         emit_json({"command": "observe", "result": "ok", "changed": False, "service": restarter.service,
@@ -216,6 +234,7 @@ class ImportMatch(TypedDict):
     service: str
     vllm_version: str | None
     gpu_names: list[str]
+    gpu_total_bytes: float | None  # this host's largest GPU (NVML): what a figure may not pass
 
 
 def import_match(restarter: Restarter) -> ImportMatch:
@@ -225,6 +244,14 @@ def import_match(restarter: Restarter) -> ImportMatch:
     with contextlib.suppress(CtxmgrError):
         version = read_service(restarter.systemd, restarter.unit).args.vllm_version
     gpu_names: list[str] = []
+    total: float | None = None
     with contextlib.suppress(CtxmgrError, OSError):
-        gpu_names = [gpu.name for gpu in read_nvml().gpus]
-    return {"service": restarter.unit, "vllm_version": version, "gpu_names": gpu_names}
+        gpus = read_nvml().gpus
+        gpu_names = [gpu.name for gpu in gpus]
+        total = max((gpu.total_bytes for gpu in gpus), default=None)
+    return {
+        "service": restarter.unit,
+        "vllm_version": version,
+        "gpu_names": gpu_names,
+        "gpu_total_bytes": total,
+    }

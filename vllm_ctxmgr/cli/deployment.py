@@ -4,6 +4,7 @@ the coordinator runs on each of them over ssh). Thin: multinode.py walks the cha
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import tomllib
@@ -180,7 +181,7 @@ def _request(
     node_gpus = {}
     per_host: dict[str, tuple[str, ...]] = {}
     for entry in data.nodes:
-        address = NodeAddress.parse(f"{entry.host}:{entry.service}", f"{deployment_file}: [[node]]")
+        address = NodeAddress.of(entry.host, entry.service, f"{deployment_file}: [[node]]")
         if not nodes:
             addresses.append(address)
         if entry.ctxmgr:
@@ -249,9 +250,15 @@ class DeploymentFile:
 
 
 def _read_deployment_file(path: Path) -> DeploymentFile:
-    """A small TOML file: name, ssh, remote_ctxmgr, and [[node]] host / service / gpus_from."""
+    """A small TOML file: name, ssh, remote_ctxmgr, and [[node]] host / service / gpus_from. Its
+    commands (ssh, ctxmgr) run as the operator, root included: the file and its directory are trusted
+    only as the state directory is (sshd's StrictModes, issue 36 item 12)."""
+    from vllm_ctxmgr.store import check_trusted
+
     try:
-        raw = read_regular(path, MAX_DEPLOYMENT_FILE_BYTES, what="deployment file")
+        check_trusted(os.stat(path.parent), path.parent, sticky_ok=True)  # nobody else swaps the file
+        raw = read_regular(path, MAX_DEPLOYMENT_FILE_BYTES, what="deployment file")  # a regular file
+        check_trusted(os.stat(path), path)
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file") from None
     try:

@@ -6,6 +6,10 @@ import and still start in a fraction of a second."""
 from __future__ import annotations
 
 MAX_PARALLEL = 1024  # ranks of one kind: more GPUs than any one deployment has
+# every worker of one deployment (DP x PP x PCP x TP) and its nodes: each factor within MAX_PARALLEL
+# still multiplies to 2^40 ranks, which ctxmgr would lay out one by one (issue 36 item 11)
+MAX_WORLD_SIZE = 8 * MAX_PARALLEL
+MAX_NODES = MAX_PARALLEL
 MAX_COUNT = 1 << 24  # sequences, tokens per batch, KV blocks
 MAX_BYTES = 1 << 50  # 1 PiB
 MAX_CONTEXT = 1 << 32  # tokens

@@ -45,6 +45,7 @@ class StartTiming:
     compile_cache: CompileCache | None = None  # what vLLM's compile lines said; None: they said nothing
     max_model_len: int | None = None
     stop_s: float | None = None  # this instance's own stop (`Stopping` to `Stopped`), where it stopped
+    clock_stepped: bool = False  # its journal stamps run backwards: its seconds are not to be trusted
 
     @property
     def start_s(self) -> float:
@@ -109,6 +110,8 @@ class DowntimeEstimate:
         return max(current_ends_at - elapsed_s, 0.0) + sum(ahead[1:])
 
     def to_json(self) -> DowntimeRecord:
+        if not self.phases:  # not known: no figure, only why (never a total of 0 s)
+            return {"phases": [], "starts": 0, "notes": list(self.notes)}
         return {
             "total_s": round(self.total_s, 1),
             "phases": [
@@ -136,12 +139,16 @@ def estimate_downtime(
     of the last warm compiles, not of the recent starts (the failed change's cold one among them).
     `max_model_len`, the context the restart will serve: one a start in the journal compiled and served
     before is a hit (vLLM keeps that compile in its cache), not a miss."""
+    untrusted = sum(1 for s in starts if s.clock_stepped)
+    starts = [s for s in starts if not s.clock_stepped]
     served = [s for s in starts if s.ready]
     if not served:
+        if untrusted:  # said, never timed as 0 s or hours from a stepped clock
+            return DowntimeEstimate((), 0.0, 0, None, (_untrusted(untrusted),))
         return None
     recent = served[-RECENT_STARTS:]
     last = recent[-1]
-    notes: list[str] = []
+    notes: list[str] = [_untrusted(untrusted)] if untrusted else []
     if compile_cache == "miss" and max_model_len is not None:
         compile_cache = _served_before(served, max_model_len, notes)
     phases: list[PhaseEstimate] = []
@@ -225,6 +232,14 @@ def _warm_compile_estimate(served: list[StartTiming], notes: list[str]) -> Phase
     return None
 
 
+def _untrusted(count: int) -> str:
+    starts = "start" if count == 1 else "starts"
+    return (
+        f"the journal's clock cannot be trusted: its stamps run backwards in {count} {starts} of this "
+        f"service (a clock step), so {'it is' if count == 1 else 'they are'} not counted"
+    )
+
+
 def _median(values: Sequence[float]) -> float:
     ordered = sorted(values)
     middle = len(ordered) // 2
@@ -250,6 +265,8 @@ def downtime_text(data: DowntimeRecord) -> list[str]:
     the journal held no start to time it by)."""
     if not data:
         return ["expected downtime: not known (the journal holds no start of this service that served)"]
+    if not data.get("phases"):
+        return ["expected downtime: not known", *(f"  note: {note}" for note in data.get("notes", []))]
     phases = ", ".join(f"{p['phase']} {span(p['seconds'])}" for p in data["phases"])
     starts = data["starts"]
     lines = [

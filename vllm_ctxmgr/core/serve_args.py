@@ -18,7 +18,9 @@ from vllm_ctxmgr.core.bounds import (
     MAX_BYTES,
     MAX_CONTEXT,
     MAX_COUNT,
+    MAX_NODES,
     MAX_PARALLEL,
+    MAX_WORLD_SIZE,
     block_size_ok,
 )
 from vllm_ctxmgr.core.json_types import JSONObject, JSONValue
@@ -342,6 +344,7 @@ def parse_serve_argv(args: list[str], env: dict[str, str] | None = None) -> Serv
     refusals: list[str] = []
     positionals, flags = split_flags(args, refusals)
     _refuse_unreadable_config_values(flags)
+    _refuse_world_beyond_bound(flags)
     model = flags.get("--model")
     if positionals:
         model = positionals[0]  # `vllm serve MODEL` (the positional wins, as in vLLM's serve command)
@@ -360,6 +363,32 @@ def _refuse_unreadable_config_values(flags: Mapping[str, str | bool]) -> None:
         if problem and isinstance(value, str):
             shown = value if len(value) <= 40 else value[:40] + "..."
             raise UsageError(f"{name} {shown!r}: {problem} (as ctxmgr's own {name} takes it)")
+
+
+def _clipped(value: str, keep: int = 80) -> str:
+    """A value quoted in a one-line refusal: its first `keep` characters (a 5,000-digit value is not
+    echoed whole)."""
+    return value if len(value) <= keep else f"{value[:keep]}... ({len(value):,} characters)"
+
+
+def _refuse_world_beyond_bound(flags: Mapping[str, str | bool]) -> None:
+    """The product of the parallel sizes (the deployment's world) and --nnodes are bounded as a whole,
+    not only each factor: a world of 2^30 ranks is laid out rank by rank (MemoryError)."""
+    world = 1
+    for name in ("--tensor-parallel-size", "--pipeline-parallel-size", "--prefill-context-parallel-size",
+                 "--data-parallel-size"):  # fmt: skip
+        world *= max(_whole(flags.get(name, 1)) or 1, 1)
+    if world > MAX_WORLD_SIZE:
+        raise UsageError(
+            f"a world of {world:,} GPUs (data x pipeline x prefill context x tensor parallel sizes) is more "
+            f"than ctxmgr reads: at most {MAX_WORLD_SIZE:,}"
+        )
+    nnodes = flags.get("--nnodes")
+    if nnodes is not None and not isinstance(nnodes, bool):
+        number = _whole(nnodes)
+        if number is None or not 1 <= number <= MAX_NODES:
+            shown = str(nnodes)[:20]
+            raise UsageError(f"--nnodes {shown!r}: must be a whole number from 1 to {MAX_NODES}")
 
 
 @dataclass
@@ -414,12 +443,14 @@ class _FlagReader:
             raise UsageError(f"argument {label}: {exc}{_DEEP}") from None
         except ValueError:
             self.refusals.append(
-                f"argument {label}: Value {value} cannot be converted to json.loads "
+                f"argument {label}: Value {_clipped(value)} cannot be converted to json.loads "
                 "(vLLM's parser refuses it: engine/arg_utils.py parse_type)"
             )
             return None
         if not isinstance(parsed, dict):
-            self.refusals.append(f"argument {label}: {value} is not a JSON object (vLLM's config refuses it)")
+            self.refusals.append(
+                f"argument {label}: {_clipped(value)} is not a JSON object (vLLM's config refuses it)"
+            )
             return None
         return parsed
 

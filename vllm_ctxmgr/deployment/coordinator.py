@@ -185,6 +185,15 @@ class _Node:
         return self.shown
 
 
+def _refused(node: _Node, step: str, answer: StepAnswer) -> StepAnswer:
+    """A restore or settle answer that says `ok: false` is that node's failure (issue 36 item 10): its
+    previous unit is not back (or not recorded), never counted as rolled back."""
+    if answer.ok:
+        return answer
+    said = answer.reason[:200] or f"its revision is {answer.state[:40] or 'in no state'}"
+    raise NodeError(f"{node.address}: `node {step}` failed: {said}")
+
+
 class Coordinator:
     """One deployment change, walked over its nodes (see the module docstring for the steps)."""
 
@@ -203,6 +212,7 @@ class Coordinator:
         self.undo: str | None = None  # a rollback: the change whose previous units go back
         self.back_to: str | None = None  # a rollback --to: the change whose units go back
         self.drift = ""  # what was found where the nodes' units give different max_model_len
+        self.not_back: list[_Node] = []  # nodes that did not stop or start on the way back
 
     # ---- talking to nodes --------------------------------------------------------------------
 
@@ -845,8 +855,10 @@ class Coordinator:
         verdict = "--ok" if ok else "--failed"
         stdin = ReasonStdin(reason)
         settled = self._each(
-            nodes, lambda n: self._call(n, StepAnswer, "settle", "--change", change, verdict, stdin=stdin)
-        )
+            nodes,
+            lambda n: _refused(n, "settle", self._call(n, StepAnswer, "settle", "--change", change, verdict,
+                                                        stdin=stdin)),
+        )  # fmt: skip
         for node, answer in zip(nodes, settled, strict=True):
             if isinstance(answer, NodeError):
                 self.result.reason += f"; the rollback is not recorded on {answer.message}"
@@ -856,8 +868,10 @@ class Coordinator:
     def _restore_all(self, nodes: list[_Node], reason: str) -> list[StepAnswer | NodeError]:
         change, stdin = str(self.result.change_id), ReasonStdin(reason)
         return self._each(
-            nodes, lambda n: self._call(n, StepAnswer, "restore", "--change", change, stdin=stdin)
-        )
+            nodes,
+            lambda n: _refused(n, "restore", self._call(n, StepAnswer, "restore", "--change", change,
+                                                         stdin=stdin)),
+        )  # fmt: skip
 
     def _undo_unanswered(self, node: _Node, reason: str) -> None:
         """A node whose write failed may have recorded and written it all the same (its ctxmgr killed
@@ -886,10 +900,18 @@ class Coordinator:
         self.say("stopping every node: " + ", ".join(str(n.address) for n in self.changing))
         stopped = self._each([head], lambda n: self._call(n, StopAnswer, "stop"))
         stopped += self._each(workers, lambda n: self._call(n, StopAnswer, "stop"))
+        # on the way back one node that fails must not leave every other node stopped (issue 36 item 8):
+        # each node that can start is started, and what failed is said with the rest
+        early: list[tuple[str, str]] = []
         for node, answer in zip([head, *workers], stopped, strict=True):
-            if isinstance(answer, NodeError):
-                return f"{node.address} did not stop: {answer.message}", ""
             assert node.outcome is not None
+            if isinstance(answer, NodeError):
+                if not back:
+                    return f"{node.address} did not stop: {answer.message}", ""
+                node.outcome.ok, node.outcome.reason = False, answer.message
+                early.append((f"{node.address} did not stop: {answer.message}", ""))
+                self.not_back.append(node)
+                continue
             node.outcome.step = "stopped"
         extra = ["--back"] if back else []
         cursors: dict[NodeAddress, str] = {}
@@ -897,11 +919,17 @@ class Coordinator:
             workers, lambda n: self._call(n, StartAnswer, "start", "--change", change, *extra)
         )
         for node, answer in zip(workers, started, strict=True):
-            if isinstance(answer, NodeError):
-                return f"{node.address} did not start: {answer.message}", ""
-            cursors[node.address] = answer.cursor
             assert node.outcome is not None
+            if isinstance(answer, NodeError):
+                if not back:
+                    return f"{node.address} did not start: {answer.message}", ""
+                node.outcome.ok, node.outcome.reason = False, answer.message
+                early.append((f"{node.address} did not start: {answer.message}", ""))
+                self.not_back.append(node)
+                continue
+            cursors[node.address] = answer.cursor
             node.outcome.step = "started"
+        workers = [n for n in workers if n.address in cursors]
         self.say(f"starting the head {head.address}; following its journal and every node's unit")
         expected = str(self._expected(back))
 
@@ -920,7 +948,9 @@ class Coordinator:
         assert head.outcome is not None
         head.outcome.step = "started"
         checks = self._each(workers, check)
-        failures: list[tuple[str, str]] = []  # (node: reason, vLLM's decisive line), the first failed first
+        failures: list[tuple[str, str]] = list(
+            early
+        )  # (node: reason, vLLM's decisive line), first failed first
         if first is not None:
             failures.append((first[0], first[1]))
         if not answer.ok:
@@ -957,6 +987,10 @@ class Coordinator:
                 change,
                 "--head",
                 *extra,
+                # the head's own watch is bounded by the operator's --timeout (issue 36 item 7), the wait
+                # for its answer by that and a step's time on top
+                "--timeout",
+                f"{request.start_timeout:g}",
                 timeout=request.start_timeout + STEP_TIMEOUT,
                 stdin=probe,
             )
@@ -1006,12 +1040,17 @@ class Coordinator:
         # a node whose restore did not answer may not have its previous unit back: its revision stays
         # in progress there, for `deployment recover` to put back, not settled as if it had
         unanswered = [n for n, r in zip(self.changing, restored, strict=True) if isinstance(r, NodeError)]
+        for node, answer in zip(self.changing, restored, strict=True):
+            if isinstance(answer, NodeError) and node.outcome is not None:
+                node.outcome.ok, node.outcome.reason = False, answer.message
+        # a node that did not stop or start on the way back is left in progress too, for `recover`
+        unanswered += [n for n in self.not_back if n not in unanswered]
         self._settle_all([n for n in self.changing if n not in unanswered], ok, settle_reason)
         result.settled(ok, settle_reason)
         if unanswered:
             result.reason += (
-                f"; {', '.join(str(n.address) for n in unanswered)} may still hold the new unit: "
-                "run `ctxmgr deployment recover` with the same nodes"
+                f"; {', '.join(str(n.address) for n in unanswered)} may still hold the new unit, or not run "
+                "the previous one: run `ctxmgr deployment recover` with the same nodes"
             )
         if ok:
             self.say("every node runs its previous unit again; the head passed its probe")

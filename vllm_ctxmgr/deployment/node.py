@@ -223,10 +223,12 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> PrepareAnswer:
             changed=edit.changed,
             diff=unified_diff(edit.old_text, edit.new_text, str(edit.path), view.secrets),
         )
-        if request.dry_run or not edit.changed:
+        if request.dry_run:
             return answer
         old = edit.old_text.encode() if edit.existed else None
-        files = [FileChange(Path(edit.path), old, new)]
+        # a node whose unit the change leaves as it is records it all the same (issue 36 item 9): every
+        # node restarts with the deployment, and `deployment rollback` finds the change on each of them
+        files = [FileChange(Path(edit.path), old, new if edit.changed else old)]
         ensure_baseline(store, view, files)
         rev = Revision(
             number=0,

@@ -46,9 +46,20 @@ class NodeAddress:
         reach ssh as an option (a leading `-`), split into two words, or carry a control is refused.
         `source` names where it was written, for the message."""
         host, sep, service = text.rpartition(":")
+        return cls._checked(host if sep else "", service, text, source)
+
+    @classmethod
+    def of(cls, host: str, service: str, source: str) -> NodeAddress:
+        """A node from its host and unit given apart (a deployment file's [[node]]): the same checks,
+        and a unit with `:` is refused, since HOST:UNIT would split it elsewhere (issue 36 item 13)."""
+        if ":" in service:
+            raise UsageError(f"{source} service {service[:80]!r}: a unit name with ':' cannot be a node's")
+        return cls._checked(host, service, f"{host}:{service}", source)
+
+    @classmethod
+    def _checked(cls, host: str, service: str, text: str, source: str) -> NodeAddress:
         if (
-            not sep
-            or not host
+            not host
             or not service
             or any(c.isspace() or not c.isprintable() for c in text)
             or host.startswith("-")
@@ -102,6 +113,8 @@ class Link:
         except _TooLarge:
             raise NodeError(f"{label}: its answer is larger than {MAX_ANSWER_BYTES} bytes") from None
         answer, fault = _answer(stdout)
+        if answer is None and code == 0 and not fault:  # a login banner, a shell's words: never "exit 0"
+            fault = "its answer is not JSON (exit status 0)"
         if code != 0 or answer is None:
             error = ErrorAnswer.from_json(answer)
             why = (error.error if error else "") or _last_line(stderr) or fault or f"exit status {code}"

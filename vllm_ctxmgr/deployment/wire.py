@@ -65,7 +65,7 @@ class Message:
         if not isinstance(data, dict):
             raise WireError(f"{what} is not a JSON object")
         version = data.get("wire")
-        if version != WIRE_VERSION:
+        if type(version) is not int or version != WIRE_VERSION:  # 3.0 == 3, True == 1: neither is it
             raise WireError(
                 f"{what} speaks wire version {version!r}, this ctxmgr {WIRE_VERSION}: "
                 "install the same ctxmgr on every node"

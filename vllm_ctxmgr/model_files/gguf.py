@@ -262,12 +262,14 @@ class _Cursor:
         self.check_count(count, 8)
         self.visit(count)
         unpack = struct.Struct(self.endian + "Q").unpack_from
-        buffer, offset = self.buffer, self.offset
+        buffer, offset, size = self.buffer, self.offset, self.size
         try:
             for _ in range(count):
                 offset += 8 + unpack(buffer, offset)[0]
+                if offset > size:  # a length past the file (2^64-1): stop before the next read overflows
+                    break
         except struct.error:
-            offset = self.size + 1
+            offset = size + 1
         if offset > self.size:
             raise ModelFactsError(f"{self.path}: truncated GGUF header (ends at byte {self.size})")
         self.offset = offset

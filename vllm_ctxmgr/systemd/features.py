@@ -170,12 +170,17 @@ def option_known(tool: str, option: str) -> bool:
     return (tool, option) in BY_KEY or (tool, option.split("=", 1)[0]) in BY_KEY
 
 
-_VERSION = re.compile(r"v?(\d+)")
+# a release number, then at most a distribution's suffix ("247.3-7+deb11u4", "v256~rc3") and, in
+# `systemctl --version`'s first line, the build in parentheses: nothing else, and never a long run
+_VERSION = re.compile(r"v?(\d{1,6})(?:[.~+\-][0-9A-Za-z.~+\-]*)?(?: \([0-9A-Za-z.~+\-]*\))?")
+MAX_VERSION_TEXT = 128
 
 
 def parse_version(text: str) -> int | None:
     """The release number in systemd's Version property or `systemctl --version`'s first line:
-    "247.3-7+deb11u4" -> 247, "systemd 252 (252.38-1~deb12u1)" -> 252, "v256~rc3" -> 256."""
+    "247.3-7+deb11u4" -> 247, "systemd 252 (252.38-1~deb12u1)" -> 252, "v256~rc3" -> 256.
+    Strict (issue 36 item 3): "251junk" or 5,000 digits are no release (None), never a number that
+    enables features the manager lacks."""
     text = text.strip().removeprefix("systemd").strip()
-    match = _VERSION.match(text)
+    match = _VERSION.fullmatch(text) if len(text) <= MAX_VERSION_TEXT else None
     return int(match[1]) if match else None

@@ -27,6 +27,7 @@ from vllm_ctxmgr import files
 from vllm_ctxmgr.errors import SystemdError
 from vllm_ctxmgr.systemd.features import (
     ANALYZE,
+    FLOOR,
     RECURSIVE_ERRORS_NO,
     SYSTEMCTL,
     TIMESTAMP_UNIX,
@@ -277,7 +278,12 @@ class Systemd:
             text = done.stdout.strip().partition("=")[2]
             number = parse_version(text)
             if number is None:
-                raise SystemdError(f"systemctl show -p Version: not a systemd release: {text!r}")
+                raise SystemdError(f"systemctl show -p Version: not a systemd release: {text[:64]!r}")
+            if number < FLOOR:  # checked as it runs: below the floor, no use in features.USES is known
+                raise SystemdError(
+                    f"the manager runs systemd {number}, older than systemd {FLOOR}, the oldest ctxmgr "
+                    "supports"
+                )
             self._version = number
         return self._version
 

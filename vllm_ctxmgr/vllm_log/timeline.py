@@ -3,8 +3,10 @@
 The lines are the table's (patterns.py); this module says which line ends which phase of
 core.downtime.START_PHASES, and turns a journal, cut into starts as the watcher cuts it (one start per
 systemd invocation, or at systemd's `Started` and vLLM's banner), into one `StartTiming` each.
-A phase ends at the last of its lines (every TP worker prints its own); a phase with no line in a start
-(no torch.compile under --enforce-eager, no CUDA graphs on the CPU build) is counted in the next one.
+A phase ends at the last of its lines (every TP worker prints its own) up to the ready lines; a
+phase with no line in a start (no torch.compile under --enforce-eager, no CUDA graphs on the CPU build)
+is counted in the next one. A start whose stamps run backwards (the clock stepped) is marked as such:
+its seconds are not to be trusted.
 """
 
 from __future__ import annotations
@@ -86,7 +88,14 @@ def _timing(chunk: list[TimedLine]) -> StartTiming | None:
     cache: CompileCache | None = None
     max_model_len: int | None = None
     previous: str | None = None
+    latest = None  # the latest stamp so far: a line stamped before it is a clock step
+    stepped = False
+    ready_lines: set[str] = (
+        set()
+    )  # each ready line counts once: a second one (hours later) is not this start's
     for at, _, message in chunk:
+        stepped = stepped or (latest is not None and at < latest)
+        latest = at if latest is None else max(latest, at)
         event = classify(message, previous)
         previous = message
         if event is None:
@@ -100,6 +109,8 @@ def _timing(chunk: list[TimedLine]) -> StartTiming | None:
             stopped_at = at
         if began is None or stopping_at is not None:
             continue  # before the start, or the instance's shutdown
+        if ready_at is not None and (event.kind != "ready" or name in ready_lines):
+            continue  # past the ready lines (vLLM's, then uvicorn's): nothing later is this start's
         compiled = compiled or name in _COMPILE_LINES
         cache = _cache_state(event, cache)
         if name == "using_max_model_len":
@@ -108,6 +119,7 @@ def _timing(chunk: list[TimedLine]) -> StartTiming | None:
             if name in names:
                 ends[phase] = at
         if event.kind == "ready":
+            ready_lines.add(name)
             ready_at = at if ready_at is None else max(ready_at, at)
     if began is None:
         return None
@@ -119,6 +131,8 @@ def _timing(chunk: list[TimedLine]) -> StartTiming | None:
             phases.append((phase, end - mark))
             mark = end
     stop_s = stopped_at - stopping_at if stopping_at is not None and stopped_at is not None else None
+    if stepped:
+        stop_s = None  # stamps that run backwards time nothing (issue 36 item 5)
     return StartTiming(
         began_at=began,
         phases=tuple(phases),
@@ -127,6 +141,7 @@ def _timing(chunk: list[TimedLine]) -> StartTiming | None:
         compile_cache=cache,
         max_model_len=max_model_len,
         stop_s=stop_s,
+        clock_stepped=stepped,
     )
 
 

@@ -265,6 +265,11 @@ class StartWatcher:
     _exit_event: LogEvent | None = field(default=None, init=False)
     _exit_line: str | None = field(default=None, init=False)
     _exited_at: float | None = field(default=None, init=False)
+    # since when the unit has been inactive (dead) without a start: a restart passes through that state
+    # for a moment, a unit stopped under its start stays there (issue 36 item 7)
+    stopped_grace_s: float = 5.0
+    _inactive_since: float | None = field(default=None, init=False)
+    _saw_stop: bool = field(default=False, init=False)  # systemd logged a stop since the last `Started`
 
     def __post_init__(self) -> None:
         self._started_at = self.clock()
@@ -276,6 +281,10 @@ class StartWatcher:
             return []
         event = classify(message, self._previous)
         self._previous = message
+        if event is not None and event.name in _UNIT_STOPS:
+            self._saw_stop = True
+        elif event is not None and event.name in _PROCESS_STARTS:
+            self._saw_stop = False
         if self.await_start:
             if event is None or event.name not in _PROCESS_STARTS:
                 self._decide()
@@ -325,6 +334,14 @@ class StartWatcher:
                 and restarts > self.baseline_nrestarts
             )
         )
+        now = self.clock()
+        # a start job that waits for its dependencies is inactive too, but logged no stop
+        if active == "inactive" and sub == "dead" and self._saw_stop:
+            self._inactive_since = now if self._inactive_since is None else self._inactive_since
+            if now - self._inactive_since >= self.stopped_grace_s:
+                return self._finish_stopped(now - self._inactive_since)
+        else:
+            self._inactive_since = None
         if exited and self._exited_at is None:
             self._exited_at = self.clock()
             self._exit_line = "unit state: " + " ".join(
@@ -454,6 +471,18 @@ class StartWatcher:
             observation=_observation(self.events, "process_exited"),
         )
 
+    def _finish_stopped(self, seconds: float) -> None:
+        """The unit is inactive and stays so: it was stopped (or never started) under the start being
+        waited for, which is a failed start, said at once rather than after the whole start timeout."""
+        self.verdict = StartVerdict(
+            ok=False,
+            reason=f"the unit was stopped before vLLM was ready (inactive for {seconds:.0f} s, no start)",
+            decisive_line="unit state: ActiveState=inactive SubState=dead",
+            failure="unit_stopped",
+            estimated_max_model_len=None,
+            observation=_observation(self.events, "unit_stopped"),
+        )
+
     def _finish_incomplete(self, reason: str, failure: str = "no_verdict") -> None:
         line = (
             self.last_progress.line if self.last_progress else (self.events[-1].line if self.events else "")
@@ -470,6 +499,7 @@ class StartWatcher:
 
 # A new vLLM process announces itself: systemd's `Started`, the banner, a headless node's first line.
 _PROCESS_STARTS = frozenset({"unit_started", "version_banner", "headless_launch"})
+_UNIT_STOPS = frozenset({"unit_stopping", "unit_deactivated", "unit_stopped"})
 # On a headless node, lines its ranks log only after node 0 accepted the KV-cache configuration and
 # asked every rank to warm up (vllm/v1/worker/gpu_worker.py compile_or_warm_up_model, L933-L1066):
 # the node's part of the start is done. The CPU build logs none of them after its KV-cache line.

@@ -193,7 +193,8 @@ def _count(row: dict[str, str], column: str, backend: str, server: str) -> int:
     if raw is None:  # a short row: the column is missing, not zero
         raise HaproxyError(f"HAProxy's 'show stat' row of {backend}/{server} has no {column} column")
     value = raw.strip() or "0"
-    if not value.isdigit() or len(value) > 12:
+    # ASCII digits only: str.isdigit() takes '²' (int() then raises ValueError) and int() takes '١٢'
+    if not (value.isascii() and value.isdigit()) or len(value) > 12:
         raise HaproxyError(
             f"HAProxy's 'show stat' gives {backend}/{server} {column} {value[:20]!r}, not a count"
         )

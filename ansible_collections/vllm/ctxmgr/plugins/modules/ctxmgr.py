@@ -72,8 +72,9 @@ options:
   observation:
     description:
       - The handed-over observation itself (another host's C(ctxmgr observe --json) output), for
-        O(import_observation) to hold. It is written there first (the file mode 0600, its directory
-        made mode 0700), so one task hands it over and imports it.
+        O(import_observation) to hold. It is written there first (the file mode 0600; a directory the
+        module makes for it mode 0700, one that exists left as it is), so one task hands it over and
+        imports it.
     type: dict
   observe_first:
     description:
@@ -286,6 +287,8 @@ def command_argv(params: dict, check_mode: bool) -> list:
         argv += [str(params["context"]), "--service", service]
     else:
         argv += ["--service", service]
+    if command == "observe" and check_mode:
+        argv.append("--dry-run")  # check mode writes nothing: no observation stored, no lock taken
     if command == "set-context":
         argv.insert(len(base_argv(params)) + 1, str(params["context"]))
         if params.get("gpu_memory_utilization") is not None:
@@ -402,12 +405,28 @@ def summary(params: dict, data: dict, check_mode: bool) -> dict:
     return result
 
 
+def observe_argv(params: dict, check_mode: bool) -> list:
+    """observe_first's `ctxmgr observe`: read only in check mode (--dry-run stores nothing)."""
+    argv = [*base_argv(params), "observe", "--service", params["service"], "--json"]
+    return [*argv, "--dry-run"] if check_mode else argv
+
+
 def write_observation(path: str, observation: dict) -> None:
-    """Another host's observation where `observe --import` reads it: its directory 0700, the file 0600,
-    replaced whole (a reader never sees half of it)."""
+    """Another host's observation where `observe --import` reads it: the file 0600, replaced whole (a
+    reader never sees half of it). The directories it has to make are made 0700; one that exists is the
+    operator's and is left as it is (a 1777 /tmp keeps its sticky bit; a link is not followed to chmod
+    what it points at)."""
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    os.chmod(directory, 0o700)
+    missing = []
+    while not os.path.lexists(directory):
+        missing.append(directory)
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    for made in reversed(missing):
+        os.mkdir(made, 0o700)  # its own: only its owner enters it (mkdir's mode is cut by the umask)
+    directory = os.path.dirname(path) or "."
     fd, temporary = tempfile.mkstemp(dir=directory, prefix=".observation-")
     try:
         with os.fdopen(fd, "w") as handle:
@@ -475,7 +494,7 @@ def main() -> None:
         module.fail_json(msg="observation is written to import_observation: name that file", changed=False)
 
     if params["observe_first"]:
-        observed = run_json(module, [*base_argv(params), "observe", "--service", params["service"], "--json"])
+        observed = run_json(module, observe_argv(params, check_mode))
         extra["last_start"] = last_start(params, observed)
 
     if params["import_observation"] and params["command"] == "set-context":
