@@ -40,6 +40,8 @@ L4_TOTAL = int(22.03 * GIB)
 A100_40GB_TOTAL = int(39.39 * GIB)
 # printed by the Qwen3-Next start itself ("Free memory on device (139.21/139.81 GiB)")
 H200_TOTAL = int(139.81 * GIB)
+# printed by the Qwen3-235B start on eight L40S ("Free memory on device (43.93/44.42 GiB)")
+L40S_TOTAL = int(44.42 * GIB)
 # NVML's total for an RTX 5090 is 32607 MiB (club-3090 rig reports); CUDA's is that less the driver's
 # reserve, which the excerpt does not state: only the calibrated pool of that start is checked
 RTX_5090_TOTAL = int(31.36 * GIB)
@@ -191,6 +193,21 @@ def cases() -> list[Case]:
             weights_bytes=int(2 * 74.2812 * GIB),  # this log's own: the checkpoint's size is not here
             gpu_name="NVIDIA H200",
             gpu_count=2,
+            flashinfer_installed=False,  # "FlashInfer is not available" in the log
+        ),
+        Case(
+            "Qwen3-235B-A22B-FP8 8xL40S TP8 EP 0.10.2",
+            PUBLIC / "qwen3-235b-a22b-fp8-8xl40s-0.10.2.log",
+            PUBLIC / "config-qwen3-235b-a22b-fp8.json",
+            ["Qwen/Qwen3-235B-A22B-Instruct-2507-FP8", "--tensor-parallel-size", "8",
+             "--enable-expert-parallel", "--gpu-memory-utilization", "0.90", "--swap-space", "0",
+             "--max-model-len", "32768"],
+            {},
+            (0, 10, 2),
+            L40S_TOTAL,
+            weights_bytes=int(8 * 27.7183 * GIB),  # this log's own: the checkpoint's size is not here
+            gpu_name="NVIDIA L40S",
+            gpu_count=8,
             flashinfer_installed=False,  # "FlashInfer is not available" in the log
         ),
         Case(
