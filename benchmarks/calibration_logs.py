@@ -251,6 +251,8 @@ class Row:
     logged_tokens: int | None
     uncal: Plan
     cal: Plan
+    tensor_parallel_size: int = 1
+    moe: bool = False
 
 
 def _budget(plan: Plan) -> int | None:
@@ -309,7 +311,9 @@ def run_case(case: Case) -> Row:
         logged_budget = int(observation.available_kv_gib * GIB)
     elif observation.kv_cache_memory_bytes is not None:
         logged_budget = observation.kv_cache_memory_bytes
-    return Row(case, case.name, logged_budget, observation.kv_cache_tokens, uncal, cal)
+    tp = args.tensor_parallel_size or 1
+    moe = bool(facts.num_experts and facts.num_experts_per_tok)
+    return Row(case, case.name, logged_budget, observation.kv_cache_tokens, uncal, cal, tp, moe)
 
 
 def _gib(value: int | None) -> str:
@@ -376,6 +380,16 @@ def main() -> int:
             f"worst {max(budget_errors, key=abs):+.1%}; within 5%: "
             f"{sum(abs(e) <= 0.05 for e in budget_errors)}/{len(budget_errors)}"
         )
+    for label, members in (
+        ("TP >= 2", [row for row in rows if row.tensor_parallel_size > 1]),
+        ("MoE", [row for row in rows if row.moe]),
+    ):
+        class_errors, _ = errors(members)
+        if class_errors:
+            print(
+                f"  of them {label} (issue 35's classes): {len(class_errors)} starts, worst "
+                f"{max(class_errors, key=abs):+.1%}, above vLLM's budget: {sum(e > 0 for e in class_errors)}"
+            )
     if token_errors:
         print(
             f"calibrated KV tokens error over {len(token_errors)} starts: "
