@@ -54,8 +54,9 @@ def test_sampler_logits_near_1_gib_for_a_200k_vocabulary_at_1024_sequences() -> 
     assert 0.75 * GIB < float32_logits < 1.0 * GIB
     # with the model-dtype logits, the softmax and the exponential noise (Triton top-k/top-p, >= 0.17)
     assert sampler_bytes(facts, 1024, (0, 33, 0)) == 1024 * 201088 * (2 + 4 + 4 + 4)
-    # and the PyTorch sort of <= 0.16 (f32 values + i64 indices + f32 softmax + bool mask)
-    assert sampler_bytes(facts, 1024, (0, 11, 0)) == 1024 * 201088 * (2 + 4 + (4 + 8) + (4 + 8))
+    # and the PyTorch sort of <= 0.16 (f32 values + i64 indices, the sort's i64 index input and
+    # its double buffer)
+    assert sampler_bytes(facts, 1024, (0, 11, 0)) == 1024 * 201088 * (2 + 4 + (4 + 8) + 8 + (4 + 8))
 
 
 def test_profile_peak_on_gpt_oss_against_the_h100_log() -> None:

@@ -142,7 +142,7 @@ def test_flashinfers_sampler_pass_is_smaller_than_pytorchs_sort(qwen: Path) -> N
     """0.10's FlashInfer path: bf16 logits, their float32 copy, the top-k-masked copy, its softmax."""
     facts = load_model_facts(str(qwen))
     assert sampler_bytes(facts, 256, (0, 10, 1), flashinfer=True) == 256 * 152064 * (2 + 4 + 4 + 4)
-    assert sampler_bytes(facts, 256, (0, 10, 1)) == 256 * 152064 * (2 + 4 + (4 + 8) + (4 + 8))
+    assert sampler_bytes(facts, 256, (0, 10, 1)) == 256 * 152064 * (2 + 4 + (4 + 8) + 8 + (4 + 8))
     args = parse_serve_argv(["Qwen2-7B-Instruct", "--max-model-len", "16384"])
     total = A100.total_memory_bytes or 0
     gpus = GpuState((GpuInfo(0, A100.device_name, total, total, 0, compute_capability=(8, 0)),), "given")
@@ -153,7 +153,7 @@ def test_flashinfers_sampler_pass_is_smaller_than_pytorchs_sort(qwen: Path) -> N
     peak_gap = (plain.gpus[0].activation_peak.bytes or 0) - (
         with_flashinfer.gpus[0].activation_peak.bytes or 0
     )
-    assert peak_gap == 256 * 152064 * 16
+    assert peak_gap == 256 * 152064 * 24
     assert peak_gap > 0.3 * GIB
 
 

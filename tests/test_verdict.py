@@ -424,14 +424,15 @@ def test_restarts_since_the_last_verification(
 def test_a_new_vllm_version_and_a_smaller_kv_cache_than_the_last_start_are_degraded(
     plan_200k: dict[str, Any],
 ) -> None:
-    blocks = {"num_gpu_blocks": "4100", "block_size": "64"}
+    # 770 blocks x 6,409,728 B = 4.60 GiB less than the last start: beyond the plan's 3.99 GiB margin
+    blocks = {"num_gpu_blocks": "3900", "block_size": "64"}
     facts = make_facts(plan_200k, server_vllm_version="0.34.1", cache_config=blocks)
     result = decide(facts)
     assert result.result == DEGRADED
     assert (
         "the vLLM version changed since the last start ctxmgr watched: 0.33.0 -> 0.34.1" in result.reasons[0]
     )
-    assert "memory drifted: vLLM has 4,100 KV cache blocks in this process, 4,670 at" in result.reasons[1]
+    assert "memory drifted: vLLM has 3,900 KV cache blocks in this process, 4,670 at" in result.reasons[1]
 
 
 def test_not_active_or_a_failed_probe_is_failed(plan_200k: dict[str, Any]) -> None:

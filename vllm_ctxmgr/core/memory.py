@@ -37,12 +37,18 @@ Each term below mirrors the vLLM code that allocates it (0.33 sources unless a v
   (piecewise graphs are one per layer split) or `FULL_GRAPH_BYTES` (vLLM's own 1 MiB floor). Capture
   sizes follow `VllmConfig._set_cudagraph_sizes`: [1, 2, 4] + range(8, 256, 8) + range(256, max+1,
   16) up to min(2 x max_num_seqs, 512) (1024 on SM100), FULL for decode sizes <= max_num_seqs.
-- non-torch growth: cuBLAS/cuBLASLt workspaces and (TP > 1) custom all-reduce buffers, counted by
-  memory_profiling as non_torch_increase: a flat guess.
+- MoE scratch: the experts' workspaces at the profile run's token count (`moe_workspace_width`), part
+  of the forward pass; where vLLM keeps them in its WorkspaceManager (rule moe_workspace_persistent)
+  they are still held during the sampler pass, so that pass's peak is the sampler's tensors on top.
+- non-torch growth: cuBLAS/cuBLASLt workspaces and (TP > 1) NCCL's buffers connected lazily by the
+  profile run's large all-reduces, counted by memory_profiling as non_torch_increase (utils/
+  mem_utils.py:306; from 0.27 inside total_consumed, mem_utils.py:312): estimates by interconnect
+  (NVLink peers or PCIe, `nvlink_peers`), from public starts' logged non-torch figures.
 - startup overhead (before vLLM's snapshot, so outside the budget but inside the free-memory check):
-  the CUDA context and, with more than one rank, NCCL communicators: a flat guess. Before 0.11 the
-  snapshot preceded the distributed init (rule budget_snapshot_after_dist_init), so NCCL's share
-  counts as non-torch growth inside the budget instead.
+  the CUDA context and, with more than one rank, NCCL communicators and the custom all-reduce's
+  buffers (gpu_worker.py:504 init_worker_distributed_environment, then the snapshot at :541): an
+  estimate. Before 0.11 the snapshot preceded the distributed init (rule
+  budget_snapshot_after_dist_init), so NCCL's share counts as non-torch growth inside the budget.
 
 Every term says whether it is an estimate and how far it may be off (`spread`); the planner widens
 its margin by the spreads of the estimated terms it counts (see `margin_widening`).
@@ -50,6 +56,7 @@ its margin by the spreads of the estimated terms it counts (see `margin_widening
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from vllm_ctxmgr.core.facts import DTYPE_BYTES, LayerKind, ModelFacts
@@ -59,11 +66,30 @@ from vllm_ctxmgr.core.vllm_versions import rule
 
 MIB = 1 << 20
 CUDA_CONTEXT_ESTIMATE = 512 * MIB  # CUDA context + cuBLAS handles on a Hopper-class GPU
-NCCL_ESTIMATE = 512 * MIB  # NCCL communicators and buffers, more than one rank
+# NCCL communicators and the all-reduce buffers vLLM makes at its distributed init, more than one rank:
+# with NVLink peers (NCCL's P2P transport, many channels) and over PCIe (few channels, shared memory)
+NCCL_ESTIMATE = 512 * MIB
+NCCL_PCIE_ESTIMATE = 128 * MIB
 # cuBLAS/cuBLASLt workspaces allocated outside torch's pool: public 0.10 starts on A100s leave about
 # 0.04 GiB (one GPU) and 0.19 GiB (TP 4 over Ray, no custom all-reduce) beside the sampler's pass
 NON_TORCH_ESTIMATE = 128 * MIB
-NON_TORCH_TP_ESTIMATE = 128 * MIB  # NCCL's lazily made buffers and custom all-reduce IPC buffers, TP > 1
+# NCCL's buffers connected lazily by the profile run's first large all-reduce (TP > 1), inside the
+# budget on every version: vLLM warms NCCL with one float (distributed/device_communicators/
+# pynccl.py:188 "A small all_reduce for warmup"), and an all-reduce of tokens x hidden model-dtype
+# values above the custom all-reduce's and symmetric memory's limits (custom_all_reduce.py:138
+# max_size 8 MiB; all_reduce_utils.py SYMM_MEM_ALL_REDUCE_MAX_SIZES: 64 MiB at TP 2 on SM 9.0, 8192 x
+# 8192 x 2 B = 128 MiB for a 70B model's profile run) goes to NCCL, which connects the channels of
+# the algorithm it picks for that size then (NCCL_RUNTIME_CONNECT). With NVLink peers that is the
+# bulk of NCCL's memory: vllm-project/vllm#10511 shows an H100 at TP 2 with 1.79 GiB more non-torch
+# memory than at TP 1, and the public Qwen3-Next start on two H200s (tests/data/public-logs, 0.10.2,
+# communicators inside the budget) logs 1.38 GiB of non-torch memory in all. Over PCIe (custom
+# all-reduce off beyond two PCIe GPUs, custom_all_reduce.py:267) the public Qwen3-235B start on eight
+# L40S logs 0.21 GiB in all. After 0.11 (communicators before the snapshot), a public 0.26.0 start of
+# GLM-5.2-NVFP4 at TP 4 with NVLink (search index file 61511710941, its repository not named; no
+# config here to plan it whole) logs 0.95 GiB of non-torch memory, its FlashInfer all-reduce
+# workspace made lazily during the profile run's compile included: under this 1.25 + 0.125 GiB.
+NCCL_LAZY_NVLINK_ESTIMATE = 1280 * MIB
+NCCL_LAZY_PCIE_ESTIMATE = 128 * MIB
 ACTIVATION_FLOOR = 256 * MIB  # what a tiny model's profile run still reserves (allocator segments)
 ACTIVATION_FALLBACK = 2 * GIB  # no hidden_size: the model's shapes are unknown
 CUDA_GRAPH_FALLBACK = 1 * GIB  # no layer count or shapes to size graphs by
@@ -166,11 +192,41 @@ def _mlp_width(facts: ModelFacts, tp: int) -> int:
     """The MLP's intermediates per token on one rank, in elements."""
     hidden = facts.hidden_size or 0
     if facts.num_experts and facts.num_experts_per_tok:
-        expert = facts.moe_intermediate_size or facts.intermediate_size or hidden
-        # fused_moe: cache1 [T, topk, 2N] + cache2 [T*topk, N] + cache3 [T, topk, H], N = expert / TP
-        return facts.num_experts_per_tok * (3 * expert // max(1, tp) + hidden)
+        return moe_workspace_width(facts, tp)
     intermediate = facts.intermediate_size or 4 * hidden
     return 3 * intermediate // max(1, tp)  # gate_up [T, 2I] + act [T, I]
+
+
+def moe_workspace_width(facts: ModelFacts, tp: int) -> int:
+    """The MoE layer's scratch per token on one rank, in elements: TritonExperts.workspace_shapes
+    (model_executor/layers/fused_moe/experts/triton_moe.py:240 @0.33.0): workspace13 [M, topk,
+    max(N / 2, K)] (also the output [M, K]: modular_kernel.py:1188 reuses it) and workspace2 [M, topk,
+    max(N, K)], N = w13's rows = 2 x the expert's width on this rank, K = hidden. One chunk of all the
+    profile run's tokens (modular_kernel.py:1354 passes M_full as the chunk). fused_moe.py:1749's
+    non-modular path (cache13 [M x topk x max(N, K)] + cache2 [M x topk, N / 2]) is no larger."""
+    hidden = facts.hidden_size or 0
+    expert = (facts.moe_intermediate_size or facts.intermediate_size or hidden) // max(1, tp)
+    return facts.num_experts_per_tok * (max(expert, hidden) + max(2 * expert, hidden))
+
+
+def moe_workspace_bytes(facts: ModelFacts, tokens: int, tp: int) -> int:
+    """The MoE scratch of a forward pass of `tokens` tokens; 0 for a dense model."""
+    if not (facts.num_experts and facts.num_experts_per_tok and facts.hidden_size):
+        return 0
+    return tokens * moe_workspace_width(facts, tp) * _dtype_bytes(facts)
+
+
+def nvlink_peers(platform: Platform) -> bool:
+    """Whether a board's GPUs reach each other over NVLink, which decides how much NCCL takes.
+
+    vLLM asks NVML (platforms/cuda.py is_fully_connected, custom_all_reduce.py:266); a plan has only
+    the board's name: PCIe-only families (GeForce/RTX, L4/L20/L40(S), A2/A10/A16/A40, T4, Quadro,
+    TITAN) and boards named PCIe are PCIe; any other name (SXM boards: A100-SXM4, H100 80GB HBM3,
+    H200, B200, ...) or none is planned as NVLink, the costlier.
+    """
+    words = set(re.split(r"[\s\-_/]+", platform.device_name.lower()))
+    pcie_only = {"pcie", "geforce", "rtx", "l4", "l20", "l40", "l40s", "a2", "a10", "a16", "a40", "t4"}
+    return not (words & pcie_only or {"quadro", "titan"} & words)
 
 
 def forward_activation_bytes(facts: ModelFacts, tokens: int, tp: int) -> int | None:
@@ -214,12 +270,15 @@ def sampler_bytes_per_element(facts: ModelFacts, version: VllmVersion, flashinfe
         # top_k_mask_logits writes a new float32 tensor; its softmax is another
         return model_logits + float32_logits + 4 + 4
     if rule("sampler_top_k_top_p", version) == "pytorch_sort":
-        # apply_top_k_top_p (PyTorch): logits.sort() returns values f32 + indices i64, and while it runs
-        # CUDA's segmented radix sort holds a second (double-buffer) copy of both; the softmax f32 and
+        # apply_top_k_top_p (PyTorch): logits.sort() returns values f32 + indices i64; while it runs,
+        # PyTorch's segmented sort feeds cub an int64 index input of its own (an arange, 8 B) and cub's
+        # radix sort holds a second (double-buffer) copy of keys and values (4 + 8); the softmax f32 and
         # the top-p mask come after the sort's scratch is freed, so the sort is the peak. The scratch is
-        # an estimate from how cub sorts pairs; three public 0.10-0.11 starts that sorted (L4, A100 40GB,
-        # H200; tests/data/public-logs) sit closer with it than without
-        return model_logits + float32_logits + (4 + 8) + (4 + 8)
+        # an estimate from how the sort pairs keys and indices; two public 0.10.2 starts whose logged
+        # peak is this pass alone (Qwen3-Next on two H200s: 5.58 GiB over 1,024 x 151,936 logits;
+        # Qwen3-235B on eight L40S: 1.40 GiB over 256 x 151,936; tests/data/public-logs) put it at
+        # 38.5 B a logit, these 38 B
+        return model_logits + float32_logits + (4 + 8) + 8 + (4 + 8)
     # Triton top-k/top-p in place; forward_native: softmax f32; random_sample: exponential noise f32
     return model_logits + float32_logits + 4 + 4
 
@@ -288,25 +347,40 @@ def non_kv_memory(
             forward, f"estimate (_dummy_run of {max_num_batched_tokens} tokens)", ACTIVATION_SPREAD
         )
     sampled = sampler_bytes(facts, num_reqs, version, flashinfer_sampler) if last_pipeline_stage else 0
+    # the MoE scratch outlives the forward where vLLM keeps it (v1/worker/workspace.py's WorkspaceManager,
+    # grown during the profile run and locked after it, gpu_model_runner.py:6508): it is still held
+    # while the sampler pass runs, so that pass's peak stands on it
+    kept = 0
+    if sampled and rule("moe_workspace_persistent", version):
+        kept = moe_workspace_bytes(facts, max_num_batched_tokens, tp)
     if sampled is None:
         sampler_term = Term.estimate(0, "estimate (vocab_size unknown: sampler pass not counted)", 0)
     else:
         sampler_term = Term.estimate(
-            sampled,
+            sampled + kept,
             f"estimate (_dummy_sampler_run: {num_reqs} x {facts.vocab_size} logits, "
             f"{sampler_bytes_per_element(facts, version, flashinfer_sampler)} B each"
-            f"{', FlashInfer' if flashinfer_sampler else ''})",
+            f"{', FlashInfer' if flashinfer_sampler else ''}"
+            f"{f', over the kept MoE workspace of {max_num_batched_tokens} tokens' if kept else ''})",
             SAMPLER_SPREAD,
         )
-    non_torch = NON_TORCH_ESTIMATE + (NON_TORCH_TP_ESTIMATE if tp > 1 else 0)
+    nvlink = nvlink_peers(platform)
+    lazy_nccl = 0
+    if tp > 1 and not platform.is_cpu:
+        lazy_nccl = NCCL_LAZY_NVLINK_ESTIMATE if nvlink else NCCL_LAZY_PCIE_ESTIMATE
+    nccl_init = NCCL_ESTIMATE if nvlink else NCCL_PCIE_ESTIMATE
     # before 0.11 vLLM took its memory snapshot before the distributed init, so NCCL's communicators
     # grow the profiled non-torch memory (inside the budget) rather than sit before the snapshot
     nccl_in_budget = (
         world_size > 1 and not platform.is_cpu and not rule("budget_snapshot_after_dist_init", version)
     )
+    link = "NVLink" if nvlink else "PCIe"
+    source = "estimate (cuBLAS workspaces"
+    if lazy_nccl:
+        source += f", NCCL buffers of the profile run's all-reduces over {link}"
     non_torch_term = Term.estimate(
-        non_torch + (NCCL_ESTIMATE if nccl_in_budget else 0),
-        "estimate (cuBLAS workspaces, all-reduce buffers" + (", NCCL)" if nccl_in_budget else ")"),
+        NON_TORCH_ESTIMATE + lazy_nccl + (nccl_init if nccl_in_budget else 0),
+        source + (f", NCCL communicators ({link}))" if nccl_in_budget else ")"),
         NON_TORCH_SPREAD,
     )
     if enforce_eager:
@@ -317,6 +391,6 @@ def non_kv_memory(
     if platform.is_cpu:
         overhead_term = Term(0, "CPU build", estimated=False)
     else:
-        overhead = CUDA_CONTEXT_ESTIMATE + (NCCL_ESTIMATE if world_size > 1 and not nccl_in_budget else 0)
+        overhead = CUDA_CONTEXT_ESTIMATE + (nccl_init if world_size > 1 and not nccl_in_budget else 0)
         overhead_term = Term.estimate(overhead, "estimate (CUDA context, NCCL)", NON_TORCH_SPREAD)
     return NonKvMemory(forward_term, sampler_term, non_torch_term, graphs_term, overhead_term)

@@ -372,6 +372,20 @@ RULES: tuple[VersionRule, ...] = (
         "NCCL memory sits in the (1 - utilisation) headroom",
     ),
     VersionRule(
+        "moe_workspace_persistent", (0, 10, 0), False,
+        "vllm/model_executor/layers/fused_moe/modular_kernel.py (per-call workspaces) @0.10.2, as measured: "
+        "the public Qwen3-Next start's 5.58 GiB peak is its sampler pass alone",
+        "the MoE scratch is freed after the forward: the sampler pass's peak stands alone",
+    ),
+    VersionRule(
+        "moe_workspace_persistent", (0, 11, 0), True,
+        "vllm/v1/worker/workspace.py:WorkspaceManager; fused_moe/modular_kernel.py:_allocate_buffers "
+        "('current_workspace_manager().get_simultaneous'); v1/worker/gpu_model_runner.py (lock_workspace "
+        "after profiling) @0.33.0",
+        "the MoE scratch is kept after the forward, under the sampler pass; the release that brought the "
+        "WorkspaceManager was not read: 0.11 to 0.32 are planned with it, the costlier",
+    ),
+    VersionRule(
         "budget_requested_rounding", (0, 10, 0), "int(total * util)",
         "vllm/v1/worker/gpu_worker.py:Worker.init_device @0.10.0", "at most 1 byte apart", informational=True,
     ),
