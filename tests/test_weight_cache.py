@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vllm_ctxmgr.change.observing import expected_downtime
+from vllm_ctxmgr.core.downtime import LOADING, estimate_downtime
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuProcess, GpuState
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
-from vllm_ctxmgr.core.weight_cache import key_changes, weight_cache_mode
+from vllm_ctxmgr.core.weight_cache import key_changes, restart_weights, weight_cache_mode
 from vllm_ctxmgr.model_files.load import load_model_facts
+from vllm_ctxmgr.systemd.journal import JournalEntry
+from vllm_ctxmgr.vllm_log.timeline import TimedLine, start_timings
 
 MODEL = str(Path(__file__).resolve().parent.parent / "examples" / "models" / "llama-3.1-70b")
 TOTAL = 80 * GIB
@@ -84,3 +88,97 @@ def test_an_alternative_that_changes_the_daemons_key_says_the_daemon_must_reload
     before = parse_serve_argv([MODEL, "-tp", "4", "--load-format", "ipc_cache"])
     after = parse_serve_argv([MODEL, "-tp", "8", "--load-format", "ipc_cache", "--max-model-len", "9999"])
     assert key_changes(before, after) == ["--tensor-parallel-size"]
+
+
+# The lines of one start as vLLM 0.33.0 prints them (format strings, not a log here): a disk load prints
+# "Loading weights took" (model_loader/default_loader.py:L506-L509); an ipc_cache load prints "Mapped N
+# tensors from the weight cache daemon" instead (weight_cache/ipc_loader.py:L321-L325); both print
+# "Starting to load model" and "Model loading took" (v1/worker/gpu_model_runner.py:L4978-L4982, L5088-L5092).
+_PREFIX = "(Worker_TP0 pid=7) INFO 12-07 10:00:00 [x.py:1] "
+DISK_START = (
+    (10.0, "Starting to load model /m..."),
+    (190.0, "Loading weights took 180.00 seconds"),
+    (195.0, "Model loading took 35.25 GiB memory and 185.120000 seconds"),
+)
+IPC_START = (
+    (10.0, "Starting to load model /m..."),
+    (14.0, "Mapped 963 tensors from the weight cache daemon (zero_copy mode)"),
+    (16.0, "Model loading took 0.01 GiB memory and 6.010000 seconds"),
+)
+
+
+def _entries(*starts: tuple[tuple[float, str], ...]) -> list[JournalEntry]:
+    """A unit's journal, one invocation per start: systemd's Started, the weights' lines, 5 s of KV
+    profiling, then uvicorn's ready line."""
+    entries: list[JournalEntry] = []
+    for number, weights in enumerate(starts):
+        began = 1000.0 * (number + 1)
+        end = weights[-1][0]
+        timed = [
+            (0.0, "Started vllm-x.service - vLLM."),
+            *((at, _PREFIX + text) for at, text in weights),
+            (end + 5.0, _PREFIX + "Available KV cache memory: 20.00 GiB"),
+            (end + 5.0, "INFO:     Application startup complete."),
+        ]
+        for at, message in timed:
+            fields = {"MESSAGE": message, "__REALTIME_TIMESTAMP": str(int((began + at) * 1e6)),
+                      "_SYSTEMD_INVOCATION_ID": f"i{number}", "_SYSTEMD_UNIT": "vllm-x.service"}  # fmt: skip
+            entries.append(JournalEntry.from_json(fields))
+    return entries
+
+
+class _Journal:
+    """The unit's journal, as observing.expected_downtime reads it from Systemd."""
+
+    def __init__(self, entries: list[JournalEntry]) -> None:
+        self.entries = entries
+
+    def journal(self, unit: str, lines: int = 0, **_: object) -> list[JournalEntry]:
+        return self.entries
+
+
+def _timeline(entries: list[JournalEntry]) -> list[TimedLine]:
+    return [(e.realtime_us / 1e6, e.invocation_id, e.message) for e in entries]
+
+
+def test_a_start_that_mapped_the_daemons_weights_is_told_from_a_disk_load() -> None:
+    disk, mapped = start_timings(_timeline(_entries(DISK_START, IPC_START)))
+    assert not disk.weights_mapped and disk.weights_read_s == 180.0 and disk.seconds(LOADING) == 185.0
+    assert mapped.weights_mapped and mapped.weights_read_s is None and mapped.seconds(LOADING) == 6.0
+
+
+def test_a_context_change_of_an_ipc_cache_unit_counts_the_attach_not_a_cold_load() -> None:
+    """Issue 34 §3: the median of the recent starts took the cold loads of the days before the daemon
+    (185 s each) as the restart's; the restart maps the daemon's weights (6 s, the attach)."""
+    args = parse_serve_argv([MODEL, "-tp", "4", "--max-model-len", "8192", "--load-format", "ipc_cache"])
+    weights = restart_weights(args, {"--max-model-len": "65536", "--gpu-memory-utilization": "0.93"})
+    assert weights == "mapped"
+    journal = _Journal(_entries(DISK_START, DISK_START, IPC_START))
+    expected = expected_downtime(journal, "vllm-x.service", "miss", 65536, weights)  # type: ignore[arg-type]
+    assert expected is not None
+    loading = next(p for p in expected.phases if p.phase == LOADING)
+    assert loading.seconds == 6.0 and "mapped the daemon's weights" in loading.source
+    assert any("not a cold load" in note and "vllm preload" in note for note in expected.notes)
+    # the unit as it was: the median of the three starts, two of them cold loads
+    as_before = expected_downtime(journal, "vllm-x.service", "miss", 65536)  # type: ignore[arg-type]
+    assert as_before is not None and dict((p.phase, p.seconds) for p in as_before.phases)[LOADING] == 185.0
+
+
+def test_a_unit_just_moved_to_ipc_cache_takes_the_weight_read_off_its_last_disk_load() -> None:
+    estimate = estimate_downtime(start_timings(_timeline(_entries(DISK_START))), "miss", 65536, "mapped")
+    assert estimate is not None
+    loading = next(p for p in estimate.phases if p.phase == LOADING)
+    assert loading.seconds == 5.0  # 185 s of loading less the 180 s read from disk
+    assert any("less its 180 s weight read" in note for note in estimate.notes)
+
+
+def test_a_change_to_the_daemons_key_counts_a_cold_load_and_says_so() -> None:
+    args = parse_serve_argv([MODEL, "-tp", "4", "--load-format", "ipc_cache"])
+    assert restart_weights(args, {"--max-model-len": "65536", "--kv-cache-dtype": "fp8"}) == "reload"
+    assert restart_weights(parse_serve_argv([MODEL, "-tp", "4"]), {"--kv-cache-dtype": "fp8"}) is None
+    starts = start_timings(_timeline(_entries(DISK_START, IPC_START, IPC_START)))
+    estimate = estimate_downtime(starts, "miss", 65536, "reload")
+    assert estimate is not None and dict((p.phase, p.seconds) for p in estimate.phases)[LOADING] == 185.0
+    assert any("weight-cache key" in note and "cold load" in note for note in estimate.notes)
+    only_mapped = estimate_downtime(starts[1:], "miss", 65536, "reload")
+    assert only_mapped is not None and any("lower bound" in note for note in only_mapped.notes)

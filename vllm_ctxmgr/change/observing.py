@@ -17,7 +17,7 @@ from typing import cast
 
 from vllm_ctxmgr.core.budget import effective_args
 from vllm_ctxmgr.core.calibration import CalibrationRecord
-from vllm_ctxmgr.core.downtime import CompileCache, DowntimeEstimate, estimate_downtime, span
+from vllm_ctxmgr.core.downtime import CompileCache, DowntimeEstimate, WeightCache, estimate_downtime, span
 from vllm_ctxmgr.core.hardware import GIB, GpuState
 from vllm_ctxmgr.core.observations import (
     Observation,
@@ -153,15 +153,21 @@ def _fraction(data: dict[str, EventValue]) -> tuple[int | None, int | None]:
 
 
 def expected_downtime(
-    systemd: Systemd, unit: str, compile_cache: CompileCache | None, max_model_len: int | None = None
+    systemd: Systemd,
+    unit: str,
+    compile_cache: CompileCache | None,
+    max_model_len: int | None = None,
+    weight_cache: WeightCache | None = None,
 ) -> DowntimeEstimate | None:
     """What a restart of the unit will cost, timed by its earlier starts in the journal (None: the
     journal holds no start that served). `compile_cache`: what vLLM's compile cache will do ("miss": a
     new context; "hit": one it compiled before; None: the config it runs now); `max_model_len`: the
-    context the restart serves (a "miss" to one the journal shows served before is a hit)."""
+    context the restart serves (a "miss" to one the journal shows served before is a hit);
+    `weight_cache`: where the unit maps a `vllm preload` daemon's weights, whether the restart attaches
+    ("mapped") or loads them cold ("reload"), core/weight_cache.restart_weights."""
     entries = systemd.journal(unit, lines=20000)
     lines = [(entry.realtime_us / 1e6, entry.invocation_id, entry.message) for entry in entries]
-    return estimate_downtime(start_timings(lines), compile_cache, max_model_len)
+    return estimate_downtime(start_timings(lines), compile_cache, max_model_len, weight_cache)
 
 
 def observation_record(

@@ -48,6 +48,7 @@ from vllm_ctxmgr.core.plan import Plan
 from vllm_ctxmgr.core.records import ProbeRecord
 from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, ServeArgs, multi_node_flag
 from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
+from vllm_ctxmgr.core.weight_cache import restart_weights
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UnitError, UsageError
 from vllm_ctxmgr.store import FileChange, Revision, ServiceStore, State
 from vllm_ctxmgr.systemd.service import ServiceView, read_service
@@ -310,7 +311,8 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
     if problems:
         raise UnitError(f"the new unit does not pass systemd-analyze verify: {problems[0]}")
     cache: CompileCache | None = "miss" if context != view.args.max_model_len else None
-    restarter.expected = expected_downtime(systemd, restarter.unit, cache, context)
+    weights = restart_weights(view.args, applied.flag_changes)  # an ipc_cache unit attaches, not loads
+    restarter.expected = expected_downtime(systemd, restarter.unit, cache, context, weights)
     result.expected_downtime = restarter.expected.to_json() if restarter.expected else {}
     if request.dry_run:
         result.result = Result.DRY_RUN

@@ -11,6 +11,15 @@ folds it in at vllm/config/vllm.py:L472-L473). A new context therefore compiles 
 compile time says nothing about it: the estimate takes the last cold compile the journal holds. A
 rollback goes the other way: back to the context the service served before, whose graphs vLLM compiled
 and cached then, so its compile is a warm one however cold the failed start's was.
+
+A second phase moves with how the engine gets its weights. With `--load-format ipc_cache` (vLLM 0.31+)
+the engine maps a `vllm preload` daemon's weights over CUDA IPC instead of reading them from disk
+(model_loader/weight_cache/ipc_loader.py:L217-L272): "Starting to load model" and "Model loading took"
+are still printed (v1/worker/gpu_model_runner.py:L4978-L4982, L5088-L5092), but between them the line is
+"Mapped N tensors from the weight cache daemon" (ipc_loader.py:L321-L325), not the disk loader's
+"Loading weights took" (default_loader.py:L506-L509). Such a restart's "loading weights" phase is the
+attach, not a cold load; where the change alters the daemon's key (core/weight_cache.py) the daemon
+reloads from disk and the cold load is counted.
 """
 
 from __future__ import annotations
@@ -30,6 +39,10 @@ SERVING = "HTTP server"
 START_PHASES = (STARTING, LOADING, COMPILING, PROFILING, CAPTURING, SERVING)
 
 CompileCache = Literal["hit", "miss"]
+# How a restart's engine gets its weights from a `vllm preload` daemon (--load-format ipc_cache):
+# "mapped": the daemon's key still matches, the engine attaches; "reload": the change alters the key, so
+# the weights are read from disk again (the daemon reloads, or the engine falls back to a disk load)
+WeightCache = Literal["mapped", "reload"]
 RECENT_STARTS = 5  # the median of each phase is over at most this many of the last starts
 
 
@@ -46,6 +59,8 @@ class StartTiming:
     max_model_len: int | None = None
     stop_s: float | None = None  # this instance's own stop (`Stopping` to `Stopped`), where it stopped
     clock_stepped: bool = False  # its journal stamps run backwards: its seconds are not to be trusted
+    weights_mapped: bool = False  # it mapped a `vllm preload` daemon's weights (ipc_loader.py:L321-L325)
+    weights_read_s: float | None = None  # the disk read of its weights ("Loading weights took")
 
     @property
     def start_s(self) -> float:
@@ -125,7 +140,10 @@ class DowntimeEstimate:
 
 
 def estimate_downtime(
-    starts: Sequence[StartTiming], compile_cache: CompileCache | None, max_model_len: int | None = None
+    starts: Sequence[StartTiming],
+    compile_cache: CompileCache | None,
+    max_model_len: int | None = None,
+    weight_cache: WeightCache | None = None,
 ) -> DowntimeEstimate | None:
     """The expected downtime of a restart from the service's earlier starts, oldest first; None where
     none of them reached vLLM's ready line. `compile_cache`: what vLLM's compile cache will do at the
@@ -138,7 +156,9 @@ def estimate_downtime(
     holds none, the warm figure stands with a note that it is a lower bound; on a hit it is the median
     of the last warm compiles, not of the recent starts (the failed change's cold one among them).
     `max_model_len`, the context the restart will serve: one a start in the journal compiled and served
-    before is a hit (vLLM keeps that compile in its cache), not a miss."""
+    before is a hit (vLLM keeps that compile in its cache), not a miss. `weight_cache`: where the unit
+    maps a `vllm preload` daemon's weights, whether the restart attaches to them ("mapped": the loading
+    phase is the attach, never a cold load) or the change makes them load from disk again ("reload")."""
     untrusted = sum(1 for s in starts if s.clock_stepped)
     starts = [s for s in starts if not s.clock_stepped]
     served = [s for s in starts if s.ready]
@@ -166,6 +186,10 @@ def estimate_downtime(
             estimate = _compile_estimate(served, recent, notes)
         elif phase == COMPILING and compile_cache == "hit":
             estimate = _warm_compile_estimate(served, notes)
+        elif phase == LOADING and weight_cache == "mapped":
+            estimate = _attach_estimate(served, notes)
+        elif phase == LOADING and weight_cache == "reload":
+            estimate = _reload_estimate(served, notes)
         phases.append(estimate or PhaseEstimate(phase, _median(figures), _source(len(figures), "start")))
     compiled = any(s.compiled for s in recent)
     misses = compile_cache == "miss" if compiled else None
@@ -194,6 +218,64 @@ def _compile_estimate(
         f"{how} is a lower bound"
     )
     return PhaseEstimate(COMPILING, seconds, f"the median of {len(warm)} start(s) {how}: a lower bound")
+
+
+def _attach_estimate(served: list[StartTiming], notes: list[str]) -> PhaseEstimate:
+    """The loading phase of a restart that maps the daemon's weights: the attach of the last starts that
+    mapped them; where the journal holds none (the unit loaded from disk until now, or its daemon was
+    not up), the last disk start's loading phase less its weight read, which the attach skips."""
+    mapped = _loading(served, mapped=True)
+    if mapped:
+        notes.append(
+            "the weights come from the `vllm preload` daemon (--load-format ipc_cache): loading weights is "
+            "the CUDA IPC attach of the earlier starts that mapped them, not a cold load from disk"
+        )
+        which = "the last start" if len(mapped) == 1 else f"the median of the last {len(mapped)} starts"
+        return PhaseEstimate(LOADING, _median(mapped), f"{which} that mapped the daemon's weights")
+    disk = [s for s in served if not s.weights_mapped and s.seconds(LOADING) is not None]
+    last = disk[-1]
+    loading = last.seconds(LOADING) or 0.0
+    if last.weights_read_s is None:
+        notes.append(
+            "the weights come from the `vllm preload` daemon (--load-format ipc_cache), but the journal "
+            "holds no start that mapped them and no weight read to take off: the last start's "
+            f"{loading:.0f} s of loading weights is an upper bound"
+        )
+        return PhaseEstimate(LOADING, loading, "the last start's loading: an upper bound")
+    attach = max(loading - last.weights_read_s, 0.0)
+    notes.append(
+        "the weights come from the `vllm preload` daemon (--load-format ipc_cache): the journal holds no "
+        f"start that mapped them, so loading weights is the last start's {loading:.0f} s less its "
+        f"{last.weights_read_s:.0f} s weight read from disk, which the CUDA IPC attach skips"
+    )
+    return PhaseEstimate(LOADING, attach, "the last start's loading less its weight read (not a cold load)")
+
+
+def _loading(served: list[StartTiming], mapped: bool) -> list[float]:
+    """The loading phase of the last starts that mapped the daemon's weights (or read them from disk)."""
+    return [f for s in served if s.weights_mapped == mapped and (f := s.seconds(LOADING)) is not None][
+        -RECENT_STARTS:
+    ]
+
+
+def _reload_estimate(served: list[StartTiming], notes: list[str]) -> PhaseEstimate:
+    """The loading phase where the change alters the daemon's key: a cold load from disk, the last
+    starts' that read their weights (the mapped attaches say nothing of it)."""
+    disk = _loading(served, mapped=False)
+    if disk:
+        notes.append(
+            "this change alters the `vllm preload` daemon's weight-cache key: the weights load from disk "
+            "again (the daemon reloads, or the engine falls back to a disk load), a cold load counted here"
+        )
+        which = "the last start" if len(disk) == 1 else f"the median of the last {len(disk)} starts"
+        return PhaseEstimate(LOADING, _median(disk), f"{which} that read the weights from disk")
+    mapped = [f for s in served if (f := s.seconds(LOADING)) is not None][-RECENT_STARTS:]
+    notes.append(
+        "this change alters the `vllm preload` daemon's weight-cache key: the weights load from disk "
+        "again, and the journal holds only starts that mapped them, so the loading figure is a lower "
+        "bound: the restart is not a short one"
+    )
+    return PhaseEstimate(LOADING, _median(mapped), "the starts that mapped the weights: a lower bound")
 
 
 def _served_before(served: list[StartTiming], max_model_len: int, notes: list[str]) -> CompileCache:

@@ -14,6 +14,9 @@ own copy on the GPU: a change to a key flag needs the daemon restarted with it f
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from vllm_ctxmgr.core.downtime import WeightCache
 from vllm_ctxmgr.core.serve_args import ServeArgs
 
 IPC_CACHE = "ipc_cache"
@@ -28,6 +31,9 @@ KEY_FLAGS = {
     "dtype": "--dtype",
 }
 KEY_CITATION = "model_loader/weight_cache/protocol.py:L308-L340"
+# flags a unit's edit may write that reach the key beyond KEY_FLAGS: rope via --hf-overrides (the
+# key's rope_parameters_hash), expert parallelism and the checkpoint's revision
+_OTHER_KEY_FLAGS = frozenset({"--hf-overrides", "--enable-expert-parallel", "--revision"})
 
 
 def weight_cache_mode(args: ServeArgs) -> str | None:
@@ -75,3 +81,12 @@ def unchanged_key_note(args: ServeArgs) -> str:
         f"gpu_memory_utilization and max_num_seqs are not in its key ({KEY_CITATION}), so it keeps serving "
         f"them across this change; {external}"
     )
+
+
+def restart_weights(args: ServeArgs, flag_changes: Iterable[str]) -> WeightCache | None:
+    """How a restart with these flags written gets its weights (core/downtime.py): None where the unit
+    reads them from disk itself; "reload" where a written flag is in the daemon's key; else "mapped"."""
+    if weight_cache_mode(args) is None:
+        return None
+    key = set(KEY_FLAGS.values()) | _OTHER_KEY_FLAGS
+    return "reload" if key & set(flag_changes) else "mapped"

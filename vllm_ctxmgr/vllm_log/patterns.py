@@ -783,6 +783,14 @@ PATTERNS: tuple[LinePattern, ...] = (
         meaning="weight-loading progress bar",
     ),
     _p(
+        "weight_cache_mapped",
+        "progress",
+        r"^Mapped (?P<tensors>\d+) tensors from the weight cache daemon \((?P<mode>\w+) mode\)",
+        source="model_loader/weight_cache/ipc_loader.py:L321-L325 (0.31+, --load-format ipc_cache)",
+        seen="not in a log here: wording from the format string only",
+        meaning="the weights came from a `vllm preload` daemon over CUDA IPC: no weight read from disk",
+    ),
+    _p(
         "loading_weights_took",
         "progress",
         rf"^Loading weights took (?P<seconds>{_NUM}) seconds",

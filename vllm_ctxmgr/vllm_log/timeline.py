@@ -87,6 +87,8 @@ def _timing(chunk: list[TimedLine]) -> StartTiming | None:
     compiled = False
     cache: CompileCache | None = None
     max_model_len: int | None = None
+    mapped = False  # the weights came from a `vllm preload` daemon
+    read_s: float | None = None  # the disk read of the weights (the slowest worker's)
     previous: str | None = None
     latest = None  # the latest stamp so far: a line stamped before it is a clock step
     stepped = False
@@ -115,6 +117,9 @@ def _timing(chunk: list[TimedLine]) -> StartTiming | None:
         cache = _cache_state(event, cache)
         if name == "using_max_model_len":
             max_model_len = event.data.get("max_model_len")
+        mapped = mapped or name == "weight_cache_mapped"
+        if name == "loading_weights_took" and isinstance(seconds := event.data.get("seconds"), int | float):
+            read_s = max(read_s or 0.0, float(seconds))
         for phase, names in PHASE_ENDS.items():
             if name in names:
                 ends[phase] = at
@@ -142,6 +147,8 @@ def _timing(chunk: list[TimedLine]) -> StartTiming | None:
         max_model_len=max_model_len,
         stop_s=stop_s,
         clock_stepped=stepped,
+        weights_mapped=mapped,
+        weights_read_s=read_s,
     )
 
 
