@@ -11,13 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from vllm_ctxmgr.change.observing import expected_downtime
+from vllm_ctxmgr.change.planning import weights_at_restart
 from vllm_ctxmgr.core.downtime import LOADING, estimate_downtime
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuProcess, GpuState
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
-from vllm_ctxmgr.core.weight_cache import key_changes, restart_weights, weight_cache_mode
+from vllm_ctxmgr.core.weight_cache import daemon_findings, key_changes, restart_weights, weight_cache_mode
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.systemd.journal import JournalEntry
+from vllm_ctxmgr.systemd.preload import find_preload_daemon
+from vllm_ctxmgr.systemd.systemctl import ListedUnit
 from vllm_ctxmgr.vllm_log.timeline import TimedLine, start_timings
 
 MODEL = str(Path(__file__).resolve().parent.parent / "examples" / "models" / "llama-3.1-70b")
@@ -182,3 +185,81 @@ def test_a_change_to_the_daemons_key_counts_a_cold_load_and_says_so() -> None:
     assert any("weight-cache key" in note and "cold load" in note for note in estimate.notes)
     only_mapped = estimate_downtime(starts[1:], "miss", 65536, "reload")
     assert only_mapped is not None and any("lower bound" in note for note in only_mapped.notes)
+
+
+def _exec_start(argv: str) -> str:
+    """`systemctl show -p ExecStart` as systemd prints it (the argv[] field, words joined by spaces)."""
+    return (
+        f"{{ path={argv.split()[0]} ; argv[]={argv} ; ignore_errors=no ; start_time=[n/a] ; "
+        "stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }"
+    )
+
+
+class _Units:
+    """The manager's side find_preload_daemon reads: `systemctl show` and list-units."""
+
+    def __init__(self, units: dict[str, dict[str, str]], running: tuple[str, ...]) -> None:
+        self.units, self.running = units, running
+
+    def show(self, unit: str, *props: str) -> dict[str, str]:
+        return {p: v for p, v in self.units.get(unit, {}).items() if p in props}
+
+    def environment(self, unit: str) -> dict[str, str]:
+        env = self.units.get(unit, {}).get("Environment", "")
+        return dict(word.split("=", 1) for word in env.split())
+
+    def list_units(self, pattern: str = "*", all_units: bool = True) -> list[ListedUnit]:
+        return [ListedUnit(u, "loaded", "active", "running", "") for u in self.running]
+
+
+DAEMON = f"/opt/vllm/bin/vllm preload --model {MODEL} --tensor-parallel-size 4"
+ENGINE = {"After": "network-online.target vllm-preload.service", "Requires": "vllm-preload.service"}
+
+
+def test_the_daemon_named_by_the_engines_unit_is_found_with_its_model_and_gpus() -> None:
+    units = _Units(
+        {
+            "vllm-x.service": ENGINE,
+            "vllm-preload.service": {
+                "ExecStart": _exec_start(DAEMON),
+                "Environment": "CUDA_VISIBLE_DEVICES=4,5,6,7",
+            },
+        },
+        ("sshd.service", "vllm-x.service", "vllm-preload.service"),
+    )
+    daemon = find_preload_daemon(units, "vllm-x.service")  # type: ignore[arg-type]
+    assert daemon is not None and daemon.named_by_engine and daemon.unit == "vllm-preload.service"
+    assert daemon.args.model == MODEL and daemon.args.tensor_parallel_size == 4
+    assert daemon.text() == f"vllm-preload.service runs `vllm preload` for {MODEL} on GPUs 4,5,6,7"
+    engine = parse_serve_argv([MODEL, "-tp", "4", "--load-format", "ipc_cache"])
+    note, warning = daemon_findings(engine, daemon.args, daemon.text())
+    assert warning is None and "vllm-preload.service" in note and "key matches" in note
+    # a daemon not named by the engine's unit is found among the running services
+    del units.units["vllm-x.service"]
+    unnamed = find_preload_daemon(units, "vllm-x.service")  # type: ignore[arg-type]
+    assert unnamed is not None and not unnamed.named_by_engine and "(no CUDA" not in unnamed.gpus
+
+
+def test_a_daemon_with_another_key_or_none_at_all_is_a_warning_that_the_load_is_cold() -> None:
+    fp8 = parse_serve_argv([MODEL, "-tp", "4", "--load-format", "ipc_cache", "--kv-cache-dtype", "fp8"])
+    daemon = parse_serve_argv(["--model", MODEL, "--tensor-parallel-size", "4"])
+    _, warning = daemon_findings(fp8, daemon, "vllm-preload.service runs `vllm preload`")
+    assert warning is not None and "--kv-cache-dtype" in warning and "cold load" in warning
+    units = _Units({"vllm-x.service": {}}, ("sshd.service",))
+    assert find_preload_daemon(units, "vllm-x.service") is None  # type: ignore[arg-type]
+    note, warning = daemon_findings(fp8, None, "")
+    assert "no unit" in note and warning is not None and "not a short one" in warning
+
+
+def test_a_restart_counts_the_attach_only_where_a_daemon_with_the_engines_key_runs() -> None:
+    engine = parse_serve_argv([MODEL, "-tp", "4", "--load-format", "ipc_cache"])
+    daemon = {"ExecStart": _exec_start(DAEMON)}
+    serving = _Units({"vllm-x.service": ENGINE, "vllm-preload.service": daemon}, ())
+    context = {"--max-model-len": "65536"}
+    assert weights_at_restart(serving, "vllm-x.service", engine, context) == "mapped"  # type: ignore[arg-type]
+    none = _Units({"vllm-x.service": {}}, ())
+    assert weights_at_restart(none, "vllm-x.service", engine, context) == "reload"  # type: ignore[arg-type]
+    other = _Units(
+        {"vllm-x.service": ENGINE, "vllm-preload.service": {"ExecStart": _exec_start(DAEMON + " -tp 2")}}, ()
+    )
+    assert weights_at_restart(other, "vllm-x.service", engine, context) == "reload"  # type: ignore[arg-type]

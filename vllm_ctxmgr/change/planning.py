@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_ctxmgr.core.budget import effective_args, is_cpu_deployment
 from vllm_ctxmgr.core.calibration import NodeObservation
 from vllm_ctxmgr.core.change_policy import kept_utilization
+from vllm_ctxmgr.core.downtime import WeightCache
 from vllm_ctxmgr.core.hardware import (
     GIB,
     GpuInfo,
@@ -35,6 +36,7 @@ from vllm_ctxmgr.core.observations import (
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, ServeArgs, with_overrides
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
+from vllm_ctxmgr.core.weight_cache import daemon_findings, restart_weights, weight_cache_mode
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
 from vllm_ctxmgr.model_files.load import load_expert_weight_bytes, load_model_facts
 from vllm_ctxmgr.nvml import gpus_from_file, read_nvml
@@ -444,9 +446,44 @@ def plan_service(
         risks = []
     if risks:
         plan = replace(plan, warnings=(*plan.warnings, *risks))
+    if weight_cache_mode(args):  # the daemon it maps its weights from: its unit, GPUs, model, key
+        plan = _with_preload_daemon(systemd, view.name, args, plan)
     if learned:
         plan = replace(plan, notes=(learned, *plan.notes))
     return ServicePlan(view, plan, learned)
+
+
+def weights_at_restart(
+    systemd: Systemd, unit: str, args: ServeArgs, flag_changes: Iterable[str]
+) -> WeightCache | None:
+    """How the restart's engine gets its weights (core/weight_cache.restart_weights): an ipc_cache unit
+    maps the daemon's only where a `vllm preload` unit runs with its key; else the load is cold."""
+    from vllm_ctxmgr.systemd.preload import find_preload_daemon
+
+    weights = restart_weights(args, flag_changes)
+    if weights != "mapped":
+        return weights
+    try:
+        daemon = find_preload_daemon(systemd, unit)
+    except CtxmgrError:
+        return weights  # the manager cannot list its units: the unit's own flags are all there is
+    if daemon is None or daemon_findings(args, daemon.args, daemon.text())[1] is not None:
+        return "reload"
+    return weights
+
+
+def _with_preload_daemon(systemd: Systemd, unit: str, args: ServeArgs, plan: Plan) -> Plan:
+    """An ipc_cache unit's plan with the `vllm preload` unit it maps (systemd/preload.py)."""
+    from vllm_ctxmgr.systemd.preload import find_preload_daemon
+
+    try:
+        daemon = find_preload_daemon(systemd, unit)
+    except CtxmgrError:
+        return plan  # the manager cannot list its units: nothing said rather than a guess
+    note, warning = daemon_findings(args, daemon.args if daemon else None, daemon.text() if daemon else "")
+    return replace(
+        plan, notes=(*plan.notes, note), warnings=(*plan.warnings, *([warning] if warning else []))
+    )
 
 
 def upgrade_move(

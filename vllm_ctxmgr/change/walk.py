@@ -24,7 +24,7 @@ from typing import Any, cast
 
 from vllm_ctxmgr import store as st
 from vllm_ctxmgr.change.observing import calibration, capacity, expected_downtime
-from vllm_ctxmgr.change.planning import PlanRequest, ServicePlan, plan_service
+from vllm_ctxmgr.change.planning import PlanRequest, ServicePlan, plan_service, weights_at_restart
 from vllm_ctxmgr.change.recovery import recover_if_needed
 from vllm_ctxmgr.change.restart import GpuHeld, InstallError, Restarter
 from vllm_ctxmgr.change.states import (
@@ -48,7 +48,6 @@ from vllm_ctxmgr.core.plan import Plan
 from vllm_ctxmgr.core.records import ProbeRecord
 from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, ServeArgs, multi_node_flag
 from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
-from vllm_ctxmgr.core.weight_cache import restart_weights
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UnitError, UsageError
 from vllm_ctxmgr.store import FileChange, Revision, ServiceStore, State
 from vllm_ctxmgr.systemd.service import ServiceView, read_service
@@ -311,7 +310,7 @@ def _set_context_locked(restarter: Restarter, request: SetContextRequest) -> Cha
     if problems:
         raise UnitError(f"the new unit does not pass systemd-analyze verify: {problems[0]}")
     cache: CompileCache | None = "miss" if context != view.args.max_model_len else None
-    weights = restart_weights(view.args, applied.flag_changes)  # an ipc_cache unit attaches, not loads
+    weights = weights_at_restart(systemd, view.name, view.args, applied.flag_changes)  # ipc_cache: attach
     restarter.expected = expected_downtime(systemd, restarter.unit, cache, context, weights)
     result.expected_downtime = restarter.expected.to_json() if restarter.expected else {}
     if request.dry_run:

@@ -90,3 +90,26 @@ def restart_weights(args: ServeArgs, flag_changes: Iterable[str]) -> WeightCache
         return None
     key = set(KEY_FLAGS.values()) | _OTHER_KEY_FLAGS
     return "reload" if key & set(flag_changes) else "mapped"
+
+
+def daemon_findings(engine: ServeArgs, daemon: ServeArgs | None, daemon_text: str) -> tuple[str, str | None]:
+    """The plan's line on the `vllm preload` daemon an ipc_cache engine maps (`daemon_text`: its unit,
+    model and GPUs), and a warning where the engine would not get its weights from it: vLLM then loads
+    from disk (fallback on by default, ipc_loader.py:L249-L254), a cold load beside the daemon's copy."""
+    fallback = "ipc_loader.py:L249-L254: the engine falls back to a cold load from disk"
+    if daemon is None:
+        return (
+            "weight-cache daemon: no unit of this host's manager runs `vllm preload`",
+            f"--load-format ipc_cache, but no `vllm preload` daemon was found ({fallback}, so a restart "
+            "is not a short one)",
+        )
+    changed = key_changes(daemon, engine)
+    if daemon.model != engine.model:
+        changed.insert(0, f"the model ({daemon.model})")
+    if not changed:
+        return f"weight-cache daemon: {daemon_text}; its key matches this engine's", None
+    return (
+        f"weight-cache daemon: {daemon_text}",
+        f"the `vllm preload` daemon's weight-cache key differs from this engine's in {', '.join(changed)} "
+        f"({KEY_CITATION}; {fallback} next to the daemon's copy): restart the daemon with the engine's flags",
+    )
