@@ -11,12 +11,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from vllm_ctxmgr.change.observing import expected_downtime
-from vllm_ctxmgr.change.planning import weights_at_restart
+from vllm_ctxmgr.change.planning import _with_preload_offer, weights_at_restart
 from vllm_ctxmgr.core.downtime import LOADING, estimate_downtime
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuProcess, GpuState
+from vllm_ctxmgr.core.memory import CUDA_CONTEXT_ESTIMATE
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
-from vllm_ctxmgr.core.weight_cache import daemon_findings, key_changes, restart_weights, weight_cache_mode
+from vllm_ctxmgr.core.weight_cache import (
+    daemon_findings,
+    key_changes,
+    preload_fits,
+    restart_weights,
+    weight_cache_mode,
+)
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.systemd.journal import JournalEntry
 from vllm_ctxmgr.systemd.preload import find_preload_daemon
@@ -263,3 +270,52 @@ def test_a_restart_counts_the_attach_only_where_a_daemon_with_the_engines_key_ru
         {"vllm-x.service": ENGINE, "vllm-preload.service": {"ExecStart": _exec_start(DAEMON + " -tp 2")}}, ()
     )
     assert weights_at_restart(other, "vllm-x.service", engine, context) == "reload"  # type: ignore[arg-type]
+
+
+class _Host(_Units, _Journal):
+    """A unit's manager as plan_service's offer reads it: its journal, at the root `/`."""
+
+    root = Path("/")
+
+    def __init__(self, entries: list[JournalEntry]) -> None:
+        _Units.__init__(self, {}, ())
+        _Journal.__init__(self, entries)
+
+
+def test_a_unit_loading_from_disk_is_offered_the_daemon_with_the_weight_load_it_would_save() -> None:
+    """Issue 34 §3: a bf16 70B over TP 4 on vLLM 0.33 that loaded for 185 s at its last start: the plan
+    offers `vllm preload` with the time saved and how to set it up, in its notes and its JSON."""
+    args = parse_serve_argv([MODEL, "-tp", "4", "--max-model-len", "8192"])
+    disk = plan(daemon=False)
+    assert disk.preload_offer is None  # the planner alone reads no journal
+    offered = _with_preload_offer(_Host(_entries(DISK_START)), "vllm-x.service", args, disk)  # type: ignore[arg-type]
+    offer = offered.preload_offer
+    assert offer is not None and offer.saved_s == 185.0
+    assert offer.daemon_command == f"vllm preload --model {MODEL} --tensor-parallel-size 4"
+    assert offer.room_bytes >= CUDA_CONTEXT_ESTIMATE
+    record = offered.to_json()["preload_offer"]
+    assert (
+        record is not None
+        and record["engine_flag"] == "--load-format ipc_cache"
+        and record["saved_s"] == 185.0
+    )
+    assert offer.text() in offered.notes and "185 s" in offer.text()
+    # nothing offered where the journal holds no start to say what it would save
+    assert _with_preload_offer(_Host([]), "vllm-x.service", args, disk).preload_offer is None  # type: ignore[arg-type]
+
+
+def test_the_daemon_is_offered_only_where_vllm_0_33_would_serve_it() -> None:
+    args = parse_serve_argv([MODEL, "-tp", "4"])
+    room = GIB
+    assert preload_fits(args, None, (0, 33, 0), False, room)
+    assert not preload_fits(args, None, (0, 30, 0), False, room)  # before `vllm preload`
+    assert not preload_fits(args, None, (0, 33, 0), True, room)  # the CPU build: no CUDA IPC
+    assert not preload_fits(args, "awq", (0, 33, 0), False, room)  # no pre-processed weights
+    assert preload_fits(args, "fp8", (0, 33, 0), False, room)
+    assert not preload_fits(args, None, (0, 33, 0), False, 100 * 2**20)  # no room for its CUDA context
+    eplb = parse_serve_argv([MODEL, "-tp", "4", "--enable-eplb"])
+    assert not preload_fits(eplb, None, (0, 33, 0), False, room)
+    mapped = parse_serve_argv([MODEL, "-tp", "4", "--load-format", "ipc_cache"])
+    assert not preload_fits(mapped, None, (0, 33, 0), False, room)  # it maps a daemon's already
+    gguf = parse_serve_argv([MODEL, "--load-format", "bitsandbytes"])
+    assert not preload_fits(gguf, None, (0, 33, 0), False, room)

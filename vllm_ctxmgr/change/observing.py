@@ -17,7 +17,14 @@ from typing import cast
 
 from vllm_ctxmgr.core.budget import effective_args
 from vllm_ctxmgr.core.calibration import CalibrationRecord
-from vllm_ctxmgr.core.downtime import CompileCache, DowntimeEstimate, WeightCache, estimate_downtime, span
+from vllm_ctxmgr.core.downtime import (
+    LOADING,
+    CompileCache,
+    DowntimeEstimate,
+    WeightCache,
+    estimate_downtime,
+    span,
+)
 from vllm_ctxmgr.core.hardware import GIB, GpuState
 from vllm_ctxmgr.core.observations import (
     Observation,
@@ -168,6 +175,19 @@ def expected_downtime(
     entries = systemd.journal(unit, lines=20000)
     lines = [(entry.realtime_us / 1e6, entry.invocation_id, entry.message) for entry in entries]
     return estimate_downtime(start_timings(lines), compile_cache, max_model_len, weight_cache)
+
+
+def last_weight_load(systemd: Systemd, unit: str) -> float | None:
+    """The loading-weights phase of the unit's last start that served and read its weights from disk:
+    what a `vllm preload` daemon's attach would replace (None: the journal holds no such start)."""
+    entries = systemd.journal(unit, lines=20000)
+    starts = start_timings(
+        [(entry.realtime_us / 1e6, entry.invocation_id, entry.message) for entry in entries]
+    )
+    served = [s for s in starts if s.ready and not s.clock_stepped]
+    if not served or served[-1].weights_mapped:
+        return None
+    return served[-1].seconds(LOADING)
 
 
 def observation_record(

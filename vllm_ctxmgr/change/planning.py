@@ -36,7 +36,14 @@ from vllm_ctxmgr.core.observations import (
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, ServeArgs, with_overrides
 from vllm_ctxmgr.core.vllm_versions import parse_vllm_version
-from vllm_ctxmgr.core.weight_cache import daemon_findings, restart_weights, weight_cache_mode
+from vllm_ctxmgr.core.weight_cache import (
+    PreloadOffer,
+    daemon_findings,
+    preload_command,
+    preload_fits,
+    restart_weights,
+    weight_cache_mode,
+)
 from vllm_ctxmgr.errors import CtxmgrError, ExitCode, UsageError
 from vllm_ctxmgr.model_files.load import load_expert_weight_bytes, load_model_facts
 from vllm_ctxmgr.nvml import gpus_from_file, read_nvml
@@ -448,6 +455,8 @@ def plan_service(
         plan = replace(plan, warnings=(*plan.warnings, *risks))
     if weight_cache_mode(args):  # the daemon it maps its weights from: its unit, GPUs, model, key
         plan = _with_preload_daemon(systemd, view.name, args, plan)
+    else:  # where a daemon would serve it: the time each restart would save (issue 34 §3)
+        plan = _with_preload_offer(systemd, view.name, in_managers_root(args, systemd.root), plan)
     if learned:
         plan = replace(plan, notes=(learned, *plan.notes))
     return ServicePlan(view, plan, learned)
@@ -470,6 +479,30 @@ def weights_at_restart(
     if daemon is None or daemon_findings(args, daemon.args, daemon.text())[1] is not None:
         return "reload"
     return weights
+
+
+def _with_preload_offer(systemd: Systemd, unit: str, args: ServeArgs, plan: Plan) -> Plan:
+    """A unit that reads its weights from disk at each restart, which a `vllm preload` daemon would
+    serve (core/weight_cache.preload_fits): the plan offers it with the last start's weight load."""
+    from vllm_ctxmgr.change.observing import last_weight_load
+
+    sizes = [(g.free_at_start.bytes or 0) - (g.requested.bytes or 0) for g in plan.gpus]
+    room = min(sizes) if sizes else None
+    try:
+        quantization = load_model_facts(args.model, hf_home=args.env.get("HF_HOME")).quantization
+    except CtxmgrError:
+        return plan
+    if not preload_fits(args, quantization, plan.vllm_version, is_cpu_deployment(args), room):
+        return plan
+    try:
+        loading = last_weight_load(systemd, unit)
+    except CtxmgrError:
+        return plan
+    if loading is None or room is None:
+        return plan
+    offer = PreloadOffer(loading, "the loading-weights phase of the last start in the journal",
+                         preload_command(args), room)  # fmt: skip
+    return replace(plan, notes=(*plan.notes, offer.text()), preload_offer=offer)
 
 
 def _with_preload_daemon(systemd: Systemd, unit: str, args: ServeArgs, plan: Plan) -> Plan:

@@ -109,7 +109,12 @@ from vllm_ctxmgr.core.vllm_versions import (
     rule,
     rules_in_force,
 )
-from vllm_ctxmgr.core.weight_cache import holds_external_weights, unchanged_key_note, weight_cache_mode
+from vllm_ctxmgr.core.weight_cache import (
+    PreloadOffer,
+    holds_external_weights,
+    unchanged_key_note,
+    weight_cache_mode,
+)
 from vllm_ctxmgr.errors import UsageError
 
 DEFAULT_MAX_GPU_MEMORY_UTILIZATION = 0.95
@@ -288,6 +293,9 @@ class Plan:
     confidence: Confidence | None = None  # calibrated from a start, or estimated, with its error band
     # the boot that applies the change compiles cold: the figures above hold for it (core/cold_boot.py)
     cold_boot: ColdBoot | None = None
+    # a unit that loads from disk at each restart, which a `vllm preload` daemon would serve
+    # (core/weight_cache.py; set by change/planning.py, which reads the journal)
+    preload_offer: PreloadOffer | None = None
 
     @property
     def result(self) -> str:
@@ -365,6 +373,7 @@ class Plan:
             "layout": self.layout.summary(self.max_model_len),
             "not_modelled_flags": [named.to_json() for named in self.not_modelled],
             "cold_boot": self.cold_boot.to_json() if self.cold_boot else None,
+            "preload_offer": self.preload_offer.to_json() if self.preload_offer else None,
         }
 
 

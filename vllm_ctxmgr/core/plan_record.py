@@ -12,6 +12,7 @@ from typing import NotRequired, TypedDict
 
 from vllm_ctxmgr.core.budget import kv_budget_at_utilization
 from vllm_ctxmgr.core.json_types import JSONObject, JSONValue
+from vllm_ctxmgr.core.weight_cache import PreloadOfferRecord
 from vllm_ctxmgr.errors import CtxmgrError
 
 PLAN_SCHEMA = 2  # PlanRecord["schema"]: bump when a stored plan's keys change meaning
@@ -142,6 +143,8 @@ class PlanRecord(TypedDict):
     not_modelled_flags: NotRequired[list[NotModelledFlagRecord]]
     # None: the boot that applies it is warm (or not known to compile); absent from older plans
     cold_boot: NotRequired[ColdBootRecord | None]
+    # a `vllm preload` daemon would serve the unit (core/weight_cache.py); absent from older plans
+    preload_offer: NotRequired[PreloadOfferRecord | None]
 
 
 def _record_bytes(entry: Mapping[str, object], name: str) -> int | None:

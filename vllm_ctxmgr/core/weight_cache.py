@@ -15,9 +15,13 @@ own copy on the GPU: a change to a key flag needs the daemon restarted with it f
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TypedDict
 
 from vllm_ctxmgr.core.downtime import WeightCache
+from vllm_ctxmgr.core.memory import CUDA_CONTEXT_ESTIMATE
 from vllm_ctxmgr.core.serve_args import ServeArgs
+from vllm_ctxmgr.core.vllm_versions import VllmVersion
 
 IPC_CACHE = "ipc_cache"
 ZERO_COPY = "zero_copy"
@@ -113,3 +117,85 @@ def daemon_findings(engine: ServeArgs, daemon: ServeArgs | None, daemon_text: st
         f"the `vllm preload` daemon's weight-cache key differs from this engine's in {', '.join(changed)} "
         f"({KEY_CITATION}; {fallback} next to the daemon's copy): restart the daemon with the engine's flags",
     )
+
+
+# Where `vllm preload` can serve a unit that loads from disk today (vLLM 0.33.0's own limits):
+PRELOAD_SINCE: VllmVersion = (0, 31)  # the release that added `vllm preload` (issue 34 §3)
+# quant methods with supports_pre_processed_weights (layers/quantization/base_config.py:L36 is False):
+# unquantized linear (linear.py:L169), fp8 (fp8.py:L239, L478), ModelOpt NVFP4 (modelopt.py:L848,
+# L2600-L2611), MXFP4 MoE (mxfp4.py:L547); any other raises UnsupportedQuantForIPCError (protocol.py:L97)
+PRELOAD_QUANTIZATION = frozenset({"fp8", "modelopt_fp4", "mxfp4"})
+# the daemon loads with the default loader (preload.py:L233-L237); a unit on another load format
+# (bitsandbytes, gguf, ...) is not one it serves as is
+DISK_LOAD_FORMATS = frozenset({"auto", "safetensors"})
+
+
+class PreloadOfferRecord(TypedDict):
+    """PreloadOffer.to_json(), a plan's `preload_offer`."""
+
+    saved_s: float
+    source: str
+    daemon_command: str
+    engine_flag: str
+    room_bytes: int
+
+
+@dataclass(frozen=True)
+class PreloadOffer:
+    """A unit that loads its weights from disk at every restart, which a `vllm preload` daemon would
+    serve: the time each restart would save and how to set it up."""
+
+    saved_s: float  # the weight load of the last start (the loading phase), which the attach replaces
+    source: str
+    daemon_command: str
+    room_bytes: int  # the least free memory per GPU above the request: the daemon's own CUDA context
+
+    def text(self) -> str:
+        return (
+            f"a `vllm preload` daemon would save about {self.saved_s:.0f} s of each restart ({self.source}): "
+            f"run `{self.daemon_command}` in its own unit (Before= this one, which Requires= it) and add "
+            f"{IPC_FLAG} to this unit (vLLM 0.31+); the weights stay in the daemon's memory, mapped by the "
+            "engine (ipc_loader.py:L138-L154)"
+        )
+
+    def to_json(self) -> PreloadOfferRecord:
+        return {
+            "saved_s": round(self.saved_s, 1),
+            "source": self.source,
+            "daemon_command": self.daemon_command,
+            "engine_flag": IPC_FLAG,
+            "room_bytes": self.room_bytes,
+        }
+
+
+IPC_FLAG = "--load-format ipc_cache"
+
+
+def preload_fits(
+    args: ServeArgs, quantization: str | None, version: VllmVersion, cpu: bool, room_bytes: int | None
+) -> bool:
+    """Whether a `vllm preload` daemon could serve this unit: vLLM 0.31+, a CUDA/ROCm GPU (protocol.py:
+    L76-L93), no EPLB (ipc_loader.py:L224-L225), a quantization with pre-processed weights, the
+    default loader, and room per GPU for the daemon's CUDA context (`room_bytes`: the least free memory
+    above vLLM's request; the weights move to the daemon, counted once, external to the engine)."""
+    quant = args.quantization or quantization
+    return (
+        weight_cache_mode(args) is None
+        and version >= PRELOAD_SINCE
+        and not cpu
+        and "--enable-eplb" not in args.given_flags
+        and (quant is None or quant in PRELOAD_QUANTIZATION)
+        and (args.load_format is None or args.load_format in DISK_LOAD_FORMATS)
+        and room_bytes is not None
+        and room_bytes >= CUDA_CONTEXT_ESTIMATE
+    )
+
+
+def preload_command(args: ServeArgs) -> str:
+    """The daemon's command: the model and the unit's flags that are in the key, as the unit sets them."""
+    words = ["vllm", "preload", "--model", args.model]
+    for name, flag in KEY_FLAGS.items():
+        value = getattr(args, name)
+        if value not in (None, 1, "auto"):  # vLLM's defaults: the daemon's are the same
+            words += [flag, str(value)]
+    return " ".join(words)
