@@ -154,6 +154,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--master-port", type=int, default=29501)
     parser.add_argument("--headless", action="store_true")
     parser.add_argument("--distributed-timeout-seconds", type=int)
+    # `--load-format ipc_cache` maps a `vllm preload` daemon's weights (weight_cache/ipc_loader.py)
+    parser.add_argument("--load-format", default="auto")
+    parser.add_argument("--model-loader-extra-config")
     return parser
 
 
@@ -198,6 +201,7 @@ class Settings:
     cache_root: str | None = None  # VLLM_CACHE_ROOT: where the torch.compile cache is kept
     cold_peak_gib: float = 1.64  # a cold compile's extra profiling peak (CTXMGR_STANDIN_COLD_PEAK_GIB)
     compiled_cold: bool = False  # this start's compile missed the cache: its peak is the higher one
+    load_format: str = "auto"  # ipc_cache: the weights are a `vllm preload` daemon's, mapped, not read
 
     @property
     def max_model_len(self) -> int:
@@ -268,6 +272,7 @@ def settings_from(argv: list[str], environ: dict[str, str]) -> Settings:
         ("kv_cache_memory_bytes", None),
         ("block_size", None),
         ("kv_cache_dtype", "auto"),
+        ("load_format", "auto"),
     ):
         if getattr(args, name) != default:
             non_default[name] = getattr(args, name)
@@ -309,6 +314,7 @@ def settings_from(argv: list[str], environ: dict[str, str]) -> Settings:
         distributed_timeout_s=args.distributed_timeout_seconds,
         cache_root=env("VLLM_CACHE_ROOT") or None,
         cold_peak_gib=float(env("CTXMGR_STANDIN_COLD_PEAK_GIB", "1.64")),
+        load_format=args.load_format,
     )
 
 
@@ -587,7 +593,8 @@ def run_start(settings: Settings, log: VllmLog, group: HeadGroup | None = None) 
         f"Initializing a V1 LLM engine (v{VLLM_VERSION}) with config: model='{model}', "
         f"speculative_config=None, tokenizer='{model}', skip_tokenizer_init=False, tokenizer_mode=auto, "
         "revision=None, tokenizer_revision=None, trust_remote_code=False, dtype=torch.bfloat16, max_seq_len="
-        f"{derived if max_model_len in (None, -1) else max_model_len}, download_dir=None, load_format=auto, "
+        f"{derived if max_model_len in (None, -1) else max_model_len}, download_dir=None, "
+        f"load_format={settings.load_format}, "
         f"tensor_parallel_size={tp}, pipeline_parallel_size={settings.pipeline_parallel_size}, "
         "data_parallel_size=1, "
         "decode_context_parallel_size=1, disable_custom_all_reduce=False, quantization=fp8, "
@@ -649,6 +656,9 @@ def _load_and_profile(settings: Settings, log: VllmLog) -> None:
     model = settings.model
     log.sleep(0.3)
     log.workers("gpu_model_runner.py:4978", f"Starting to load model {model}...")
+    if settings.load_format == "ipc_cache":
+        _map_daemon_weights(settings, log)
+        return
     shards = max(1, settings.shards)
     log.raw(
         f"Loading safetensors checkpoint shards:   0% Completed | 0/{shards} [00:00<?, ?it/s]", sys.stderr
@@ -676,6 +686,30 @@ def _load_and_profile(settings: Settings, log: VllmLog) -> None:
         "backends.py:1187",
         "Dynamo bytecode transform time: 9.87 s",
     )
+    _torch_compile(settings, log)
+    log.workers(
+        "gpu_model_runner.py:6304",
+        "Profiling CUDA graph memory: PIECEWISE=51 (largest=512), FULL=35 (largest=256)",
+    )
+    log.sleep(0.4)
+
+
+MAPPED_TENSORS = 1791  # what the daemon serves one rank (GLM-5's parameters and buffers, made up)
+
+
+def _map_daemon_weights(settings: Settings, log: VllmLog) -> None:
+    """`--load-format ipc_cache`, zero_copy (vLLM 0.33.0): no shard is read; the IPC loader builds the
+    model on the meta device and maps the daemon's tensors, then logs "Mapped %d tensors from the weight
+    cache daemon (%s mode)" (model_loader/weight_cache/ipc_loader.py:L321-L325). gpu_model_runner still
+    prints "Model loading took" (L5088-L5092), its memory torch.cuda.max_memory_allocated's growth
+    (platforms/cuda.py:L369-L374, utils/mem_utils.py:L82-L98): the mapped weights are not the caching
+    allocator's, so next to nothing."""
+    log.sleep(0.05)
+    log.workers(
+        "ipc_loader.py:321", f"Mapped {MAPPED_TENSORS} tensors from the weight cache daemon (zero_copy mode)"
+    )
+    log.workers("gpu_model_runner.py:5088", "Model loading took 0.01 GiB memory and 1.934512 seconds")
+    log.sleep(0.8)
     _torch_compile(settings, log)
     log.workers(
         "gpu_model_runner.py:6304",
@@ -1730,8 +1764,37 @@ def _bind(settings: Settings, log: VllmLog) -> ThreadingHTTPServer:
     return listener
 
 
+def run_preload(argv: list[str], environ: dict[str, str]) -> int:
+    """`vllm preload --model M ...` (entrypoints/cli/preload.py): one weight-cache daemon per local GPU,
+    each loading its rank's weights from disk and keeping them in GPU memory; the parent logs READY
+    (L409-L417) and waits on them until SIGTERM (L377-L384). The memory is the test's to play: NVML's
+    view lists this process holding CTXMGR_STANDIN_WEIGHTS_GIB on each GPU (tests/test_weight_cache.py)."""
+    settings = settings_from(argv, environ)
+    if settings.load_format == "ipc_cache":  # preload.py:L233-L237
+        print("ValueError: The weight cache daemon itself must load from disk; use the default --load-format",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    log = VllmLog(settings)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    log.sleep(0.3)
+    log.workers("default_loader.py:506", f"Loading weights took {4.32 * settings.shards + 0.41:.2f} seconds")
+    ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
+    log.info(
+        "MainProcess",
+        "preload.py:409",
+        f"===== Weight cache daemon READY: node 0/1 serving {ranks} local rank(s) x 1 role(s) in the "
+        "default socket dir =====",
+    )
+    while not stop.wait(0.5):
+        pass
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["preload"]:
+        return run_preload(argv[1:], dict(os.environ))
     if not argv or argv[0] != "serve":
         print("usage: vllm serve [model_tag] [options]", file=sys.stderr)
         return 2
