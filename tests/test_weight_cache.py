@@ -15,6 +15,7 @@ from vllm_ctxmgr.change.planning import _with_preload_offer, weights_at_restart
 from vllm_ctxmgr.core.downtime import LOADING, estimate_downtime
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuProcess, GpuState
 from vllm_ctxmgr.core.memory import CUDA_CONTEXT_ESTIMATE
+from vllm_ctxmgr.core.observations import Observation
 from vllm_ctxmgr.core.plan import Plan, PlanOptions, make_plan
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
 from vllm_ctxmgr.core.weight_cache import (
@@ -319,3 +320,20 @@ def test_the_daemon_is_offered_only_where_vllm_0_33_would_serve_it() -> None:
     assert not preload_fits(mapped, None, (0, 33, 0), False, room)  # it maps a daemon's already
     gguf = parse_serve_argv([MODEL, "--load-format", "bitsandbytes"])
     assert not preload_fits(gguf, None, (0, 33, 0), False, room)
+
+
+def test_the_next_plan_keeps_the_daemons_weights_though_a_mapped_start_logged_next_to_none() -> None:
+    """vLLM's "Model loading took 0.01 GiB" of a start that mapped the weights (max_memory_allocated does
+    not see the daemon's tensors) is not the weights' size: taken as such, the daemon's 35 GiB per GPU
+    were another tenant's and the engine's own weights nothing."""
+    args = parse_serve_argv([MODEL, "-tp", "4", "--max-model-len", "8192", "--load-format", "ipc_cache"])
+    mapped = Observation(
+        vllm_version="0.33.0", platform="GPU", max_model_len=8192, gpu_memory_utilization=0.9,
+        model_loading_gib=0.01, available_kv_gib=30.0, ready=True, total_memory_gib=80.0,
+        gpu_name="NVIDIA H100 80GB HBM3",
+    )  # fmt: skip
+    options = PlanOptions(65_536, weights_bytes=141 * GIB)
+    planned = make_plan(load_model_facts(MODEL), args, gpus(), options, (mapped,))
+    gpu = planned.gpus[0]
+    assert gpu.weights.bytes == WEIGHTS, gpu.weights
+    assert "the preload daemon's weights among them" in gpu.used_by_others.source

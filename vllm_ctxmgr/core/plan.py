@@ -477,7 +477,10 @@ def _weights(
 ) -> Figure:
     """Per-GPU weights: as vLLM logged them, else the option, else the model files split over the ranks;
     the files' bytes as the deployment's flags leave them on a GPU (core/deployment.py gpu_weights)."""
-    if observed is not None and observed.weights is not None:
+    # a start that mapped a `vllm preload` daemon's weights logs next to nothing for them ("Model loading
+    # took" is torch's max_memory_allocated growth, platforms/cuda.py:L369-L374; the mapped tensors are not
+    # the allocator's): the weights' size, which the daemon holds, comes from the files
+    if observed is not None and observed.weights is not None and not holds_external_weights(args):
         return Figure(observed.weights, observed.source)
     if options.weights_bytes is not None:
         total, source = options.weights_bytes, "option"
