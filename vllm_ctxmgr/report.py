@@ -16,6 +16,7 @@ from vllm_ctxmgr.core.hardware import GpuState, gib
 from vllm_ctxmgr.core.json_types import JSONObject
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.observations import ObservationFigures
+from vllm_ctxmgr.core.plan_record import PlanResult
 from vllm_ctxmgr.core.records import HistoryRow, ProbeRecord
 from vllm_ctxmgr.core.vllm_versions import known_version, rules_line
 
@@ -132,7 +133,11 @@ def _fig(figure: Figure) -> str:
     return gib(figure.bytes)
 
 
-HEADLINE = {"feasible": "FEASIBLE", "infeasible": "NOT FEASIBLE", "unknown": "UNKNOWN"}
+HEADLINE = {
+    PlanResult.FEASIBLE: "FEASIBLE",
+    PlanResult.INFEASIBLE: "NOT FEASIBLE",
+    PlanResult.UNKNOWN: "UNKNOWN",
+}
 
 
 def plan_text(plan: Plan, command_change: str = "") -> str:

@@ -45,6 +45,7 @@ from vllm_ctxmgr.core.change_policy import flags_to_apply, unknown_refusal
 from vllm_ctxmgr.core.downtime import CompileCache
 from vllm_ctxmgr.core.observations import ObservationFigures
 from vllm_ctxmgr.core.plan import Plan
+from vllm_ctxmgr.core.plan_record import PlanResult
 from vllm_ctxmgr.core.records import ProbeRecord
 from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, ServeArgs, multi_node_flag
 from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
@@ -377,10 +378,10 @@ def _kept_or_infeasible(
     (nothing to restart), else not applied (infeasible with the largest context that fits and the best
     alternative; unknown with what would make it known, exit 6), unless --force applies it anyway
     (None: go on)."""
-    if plan.result == "feasible":  # the one verdict set-context acts on unforced
+    if plan.result is PlanResult.FEASIBLE:  # the one verdict set-context acts on unforced
         return None
     context = plan.max_model_len
-    unknown = plan.result == "unknown"
+    unknown = plan.result is PlanResult.UNKNOWN
     if args.max_model_len == context and request.gpu_memory_utilization is None:
         result.result = Result.UNCHANGED
         result.reason = f"{service} already has max_model_len {context}: nothing changed, nothing restarted"

@@ -98,7 +98,7 @@ from vllm_ctxmgr.core.kv.layout import KVCacheLayout, kv_cache_layout
 from vllm_ctxmgr.core.kv.specs import round_up
 from vllm_ctxmgr.core.memory import NonKvMemory, margin_widening, non_kv_memory, uses_flashinfer_sampler
 from vllm_ctxmgr.core.observations import Observation
-from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA, FigureRecord, PlanRecord, VllmRuleRecord
+from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA, FigureRecord, PlanRecord, PlanResult, VllmRuleRecord
 from vllm_ctxmgr.core.serve_args import ServeArgs, multi_node_flag
 from vllm_ctxmgr.core.vllm_versions import (
     NEWEST_VLLM,
@@ -290,16 +290,16 @@ class Plan:
     cold_boot: ColdBoot | None = None
 
     @property
-    def result(self) -> str:
-        """feasible | infeasible | unknown: the one word the headline, --json's `result`, `feasible`
-        and `verdict`, and the exit code all follow. A plan without any memory figure decides nothing,
-        and one that fits only if the weights (unknown) are small enough does not know either: a script
-        that gates on it must not read either as "fits"."""
+    def result(self) -> PlanResult:
+        """The one word the headline, --json's `result`, `feasible` and `verdict`, and the exit code all
+        follow. A plan without any memory figure decides nothing, and one that fits only if the weights
+        (unknown) are small enough does not know either: a script that gates on it must not read either
+        as "fits"."""
         if not self.gpus and self.kv_cache_memory_bytes is None:
-            return "unknown"
+            return PlanResult.UNKNOWN
         if not self.feasible:
-            return "infeasible"
-        return "unknown" if self.verdict.startswith(WEIGHTS_UNKNOWN) else "feasible"
+            return PlanResult.INFEASIBLE
+        return PlanResult.UNKNOWN if self.verdict.startswith(WEIGHTS_UNKNOWN) else PlanResult.FEASIBLE
 
     @property
     def kv_cache_tokens(self) -> int | None:
@@ -324,7 +324,7 @@ class Plan:
         return {
             "schema": PLAN_SCHEMA,
             "result": self.result,
-            "feasible": None if self.result == "unknown" else self.feasible,
+            "feasible": None if self.result is PlanResult.UNKNOWN else self.feasible,
             "reason": self.reason,
             "verdict": self.result,
             "memory": self.verdict,
