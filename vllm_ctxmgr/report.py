@@ -199,7 +199,7 @@ def plan_text(plan: Plan, command_change: str = "") -> str:
         for alt in plan.alternatives:
             mark = "fits" if alt.feasible else "no  "
             # the environment it needs too (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 past the trained length), as
-            # set-context's suggestion writes it: flags alone would be refused (issue 35)
+            # set-context's suggestion writes it: flags alone would be refused by vLLM
             env = [f"Environment={k}={v}" for k, v in alt.env_changes.items()]
             flags = " ".join([*env, *(f"{k} {v}" for k, v in alt.flag_changes.items())])
             out.append(
@@ -407,7 +407,7 @@ def change_text(result: ChangeReport, shown_before: bool = False) -> str:
         ),
         "infeasible": f"{result.service}: NOT changed: {result.reason}",
         "rolled-back": (
-            # the revision is the change that failed; what is back is the unit from before it (issue 35)
+            # the revision is the change that failed; what is back is the unit from before it
             f"{result.service}: the change to {after} (revision {result.revision}) FAILED and was rolled "
             f"back: the unit from before it is in place again, {before}. Why: {result.reason}"
         ),

@@ -162,7 +162,7 @@ class Change:
                 raise
             # not written (a full state directory): the revision is still in the state its record says,
             # so the way back starts from there, and a revision never recorded is still planned: nothing
-            # was changed (issue 36 item 4)
+            # was changed
             self.rev.state, self.rev.finished = was, finished
             self.rev.steps.pop()
             raise

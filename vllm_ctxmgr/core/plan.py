@@ -45,10 +45,11 @@ core/budget.py (vLLM's KV-budget arithmetic, shared with the readers of stored p
 core/calibration.py (earlier starts), core/alternatives.py (what would help when the target does not
 fit) and core/plan_record.py (the stored plan's schema and reader).
 
-Why one module of ~1,050 lines: make_plan, the per-GPU evaluation and the deployment terms (LoRA,
-experts over DP x TP, offloaded and cast weights, the named flags' margin) all read the same per-GPU
-figures in one pass; splitting the evaluation out would pass a dozen of them around. The arithmetic
-that other readers share already lives apart (budget, calibration, alternatives, plan_record).
+Why one module (core/'s largest, some 1,450 lines): make_plan, the per-GPU evaluation and the
+deployment terms (LoRA, experts over DP x TP, offloaded and cast weights, the named flags' margin) all
+read the same per-GPU figures in one pass; splitting the evaluation out would pass a dozen of them
+around. The arithmetic that other readers share already lives apart (budget, calibration,
+alternatives, plan_record).
 """
 
 from __future__ import annotations
@@ -826,8 +827,8 @@ def _evaluate_weights_unknown(
 ) -> _Outcome:
     """Weights unknown: no utilisation can be chosen (the least that fits depends on them), so the plan
     is at the one the unit would run with (the caller's, else the unit's, else vLLM's default) and says
-    how large the weights may be there; no least utilisation is given (issue 35: a plan that offered
-    0.95 here had set-context keep 0.9 while its flags said 0.95)."""
+    how large the weights may be there; no least utilisation is given (one offered here, 0.95, had
+    set-context keep 0.9 while its flags said 0.95)."""
     fixed = options.fixed_gpu_memory_utilization
     u = current_u if fixed is None else fixed
     whose = options.fixed_gpu_memory_utilization_is if fixed is not None else current_is

@@ -101,8 +101,8 @@ class PlatformRecord(TypedDict):
     device_type: str
     compute_capability: tuple[int, int] | list[int] | None
     device_name: str | None
-    # where the capability came from (NVML, --compute-capability, the name); a plan stored before
-    # issue 35 lacks these two
+    # where the capability came from (NVML, --compute-capability, the name); a plan stored by an
+    # older ctxmgr lacks these two
     capability_source: NotRequired[str | None]
     decides: NotRequired[PlatformDecides]
 

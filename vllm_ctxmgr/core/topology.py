@@ -6,7 +6,7 @@ rank > 0 `--headless`; or data parallel over nodes with `--data-parallel-size-lo
 Ray (`ray start` units on every node, `vllm serve --distributed-executor-backend ray` on the head only).
 `read_topology` refuses what vLLM refuses, with vLLM's message and where it comes from, and also what
 vLLM accepts and then breaks on (nodes started with a different --max-model-len, as measured with the
-real CPU build over two nodes for issue 19: TP corrupts output, PP kills the engine). `world_gpus` lays
+real CPU build over two nodes: TP corrupts output, PP kills the engine). `world_gpus` lays
 the nodes' GPUs out in rank order so the planner (core/plan.py) plans each pipeline stage with the
 GPUs that really hold it.
 """

@@ -409,7 +409,7 @@ def utc_clock(when: float) -> str:
 def _baseline_context(facts: VerifyFacts) -> int | None:
     """A service ctxmgr has not changed: the context its unit sets, the baseline as ctxmgr finds it, so
     ctxmgr_verify_planned_max_model_len is written and the alert that compares the served context
-    with it can fire (issue 35: it was left out, and CtxmgrContextBelowPlanned never could). None where
+    with it can fire (left out, CtxmgrContextBelowPlanned never could). None where
     the unit sets none (or `auto`): vLLM's own choice is then no plan to hold it to."""
     if facts.revisions or facts.max_model_len is None or facts.max_model_len <= 0:
         return None
