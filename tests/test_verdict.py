@@ -30,6 +30,8 @@ from vllm_ctxmgr.core.verdict import (
     OK,
     GpuMargin,
     UnitFacts,
+    Verdict,
+    Verification,
     VerifyFacts,
     decide,
     kv_drift_reasons,
@@ -43,6 +45,7 @@ from vllm_ctxmgr.core.verdict import (
     utc_clock,
     version_reasons,
 )
+from vllm_ctxmgr.errors import VerifyExit
 from vllm_ctxmgr.monitor.verify import rollback_target
 from vllm_ctxmgr.store import GOOD, Revision, State
 from vllm_ctxmgr.vllm_log.watcher import observe_start
@@ -118,6 +121,15 @@ def h100_margin(**changes: Any) -> GpuMargin:
         margin_bytes=margin_bytes(H100_TOTAL),
     )  # fmt: skip
     return replace(base, **changes)
+
+
+def test_each_verdict_is_its_word_with_verifys_exit_code() -> None:
+    """One table for the word and the exit code: --json writes the word, verify exits with VerifyExit."""
+    assert {v: v.exit_code for v in Verdict} == {
+        OK: VerifyExit.OK, DEGRADED: VerifyExit.DEGRADED, FAILED: VerifyExit.FAILED
+    }  # fmt: skip
+    assert json.dumps(list(Verdict)) == '["ok", "degraded", "failed"]'
+    assert Verification("vllm", FAILED, 1.0).to_json()["exit_code"] == 2
 
 
 def test_the_good_states_are_the_stores() -> None:

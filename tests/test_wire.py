@@ -19,6 +19,8 @@ import pytest
 
 from vllm_ctxmgr.cli.deployment import _finish
 from vllm_ctxmgr.core.hardware import GIB, uniform_gpus
+from vllm_ctxmgr.core.plan_record import PlanResult
+from vllm_ctxmgr.core.verdict import Verdict
 from vllm_ctxmgr.deployment.coordinator import (
     Coordinator,
     DeploymentRequest,
@@ -32,6 +34,7 @@ from vllm_ctxmgr.deployment.wire import (
     PrepareStdin,
     ShowAnswer,
     StartStdin,
+    VerifyAnswer,
     VerifyStdin,
     WireError,
     check_context_flags,
@@ -135,6 +138,41 @@ def test_a_wrongly_typed_show_answer_is_refused_in_one_line(fields: dict[str, An
     with pytest.raises(WireError, match=message) as caught:
         ShowAnswer.from_json(show_answer(1, **fields))
     assert "\n" not in caught.value.message and caught.value.message.startswith("`node show` answer")
+
+
+def test_a_plans_and_a_verifys_word_arrive_as_their_vocabulary_and_leave_as_the_word() -> None:
+    """The wire reads a result into core's enum (PlanResult, Verdict) and writes back the word alone."""
+    answer = PlanAnswer.from_json(plan_answer(result="infeasible"))
+    assert answer.result is PlanResult.INFEASIBLE and answer.planned.result is PlanResult.FEASIBLE
+    assert answer.result.exit_code == ExitCode.INFEASIBLE
+    assert json.loads(json.dumps(answer.to_json())) == plan_answer(result="infeasible", env_changes={})
+    verify = {"wire": WIRE_VERSION, "service": "vllm-n0.service", "result": "degraded"}
+    verified = VerifyAnswer.from_json(verify)
+    assert verified.result is Verdict.DEGRADED and json.dumps(verified.to_json()["result"]) == '"degraded"'
+
+
+@pytest.mark.parametrize(
+    ("kind", "answer", "message"),
+    [
+        (PlanAnswer, plan_answer(result="fits"), r": result 'fits' is not feasible, infeasible or unknown$"),
+        (
+            PlanAnswer,
+            plan_answer(plan={**plan_answer()["plan"], "result": "maybe"}),
+            r": plan.result 'maybe' is not feasible, infeasible or unknown$",
+        ),
+        (PlanAnswer, plan_answer(result=3), r": result=3 is not text"),
+        (
+            VerifyAnswer,
+            {"wire": WIRE_VERSION, "service": "vllm-n0.service", "result": "fine"},
+            r"^`node verify` answer: result 'fine' is not ok, degraded or failed$",
+        ),
+    ],
+)
+def test_a_word_outside_the_vocabulary_is_refused_naming_its_words(
+    kind: type[PlanAnswer] | type[VerifyAnswer], answer: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(WireError, match=message):
+        kind.from_json(answer)
 
 
 def test_only_the_flags_a_context_change_writes_cross_the_wire() -> None:

@@ -41,7 +41,7 @@ def gpus_from_json(data: object, source: str) -> GpuState:
         return value
 
     listed = data.get("gpus")
-    if isinstance(listed, list) and len(listed) > MAX_WORLD_SIZE:  # before any is read (issue 36 item 13)
+    if isinstance(listed, list) and len(listed) > MAX_WORLD_SIZE:  # refused before any entry is read
         raise UsageError(
             f"{source}: lists {len(listed):,} GPUs, more than {MAX_WORLD_SIZE:,} GPUs ctxmgr reads"
         )

@@ -16,6 +16,7 @@ from vllm_ctxmgr.core.hardware import GpuState, gib
 from vllm_ctxmgr.core.json_types import JSONObject
 from vllm_ctxmgr.core.kv.backends import NEWEST_VLLM
 from vllm_ctxmgr.core.observations import ObservationFigures
+from vllm_ctxmgr.core.plan_record import PlanResult
 from vllm_ctxmgr.core.records import HistoryRow, ProbeRecord
 from vllm_ctxmgr.core.vllm_versions import known_version, rules_line
 
@@ -132,7 +133,11 @@ def _fig(figure: Figure) -> str:
     return gib(figure.bytes)
 
 
-HEADLINE = {"feasible": "FEASIBLE", "infeasible": "NOT FEASIBLE", "unknown": "UNKNOWN"}
+HEADLINE = {
+    PlanResult.FEASIBLE: "FEASIBLE",
+    PlanResult.INFEASIBLE: "NOT FEASIBLE",
+    PlanResult.UNKNOWN: "UNKNOWN",
+}
 
 
 def plan_text(plan: Plan, command_change: str = "") -> str:
@@ -194,7 +199,7 @@ def plan_text(plan: Plan, command_change: str = "") -> str:
         for alt in plan.alternatives:
             mark = "fits" if alt.feasible else "no  "
             # the environment it needs too (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 past the trained length), as
-            # set-context's suggestion writes it: flags alone would be refused (issue 35)
+            # set-context's suggestion writes it: flags alone would be refused by vLLM
             env = [f"Environment={k}={v}" for k, v in alt.env_changes.items()]
             flags = " ".join([*env, *(f"{k} {v}" for k, v in alt.flag_changes.items())])
             out.append(
@@ -402,7 +407,7 @@ def change_text(result: ChangeReport, shown_before: bool = False) -> str:
         ),
         "infeasible": f"{result.service}: NOT changed: {result.reason}",
         "rolled-back": (
-            # the revision is the change that failed; what is back is the unit from before it (issue 35)
+            # the revision is the change that failed; what is back is the unit from before it
             f"{result.service}: the change to {after} (revision {result.revision}) FAILED and was rolled "
             f"back: the unit from before it is in place again, {before}. Why: {result.reason}"
         ),

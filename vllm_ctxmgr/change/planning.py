@@ -214,9 +214,9 @@ def imported_observation(
 
 
 def _within_this_hosts_gpu(obs: Observation, total_bytes: float, gpu: str, source: str) -> None:
-    """An imported start's figures against the GPU it claims, as this host's NVML gives it (issue 36
-    item 16): as a watched start's are (observing.within_the_gpu), not only against the record's own
-    total_memory_gib, which the same record sets. vLLM's total (torch's) is NVML's, give or take 1%."""
+    """An imported start's figures against the GPU it claims, as this host's NVML gives it: as a watched
+    start's are (observing.within_the_gpu), not only against the record's own total_memory_gib, which
+    the same record sets. vLLM's total (torch's) is NVML's, give or take 1%."""
     found = figure_above_the_device(obs, total_bytes)
     if found is None and obs.total_memory_gib is not None and obs.total_memory_gib * GIB > total_bytes * 1.01:
         found = ("total_memory_gib", obs.total_memory_gib)

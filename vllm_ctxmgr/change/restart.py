@@ -204,7 +204,7 @@ class Restarter:
         self.last_metrics = metrics
         record = observation_record(self.service, verdict.observation, verdict.ok, view, metrics)
         try:
-            # as `observe` keeps a start: no figure above the GPU it was measured on (issue 29 item 1)
+            # as `observe` keeps a start: no figure above the GPU it was measured on
             self.keep_observation(within_the_gpu(record, visible_gpus(view.env), self.unit))
         except (ObservationError, StoreError) as exc:  # a full state directory must not fail a start
             self.unkept_observations.append(exc.message)

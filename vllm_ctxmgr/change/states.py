@@ -4,7 +4,8 @@ of, the way back, and what it reports.
     planned -> recorded -> installed -> restarting -> serving -> probed -> final
           any of recorded .. probed -> rolling-back -> rolled-back | rollback-failed
 
-(store.py says what each state means on disk; store.TRANSITIONS is the table of allowed moves.)
+(the store's package docstring says what each state means on disk; store.TRANSITIONS, in
+store/transitions.py, is the table of allowed moves.)
 `Change.enter` is the only way a revision changes state: it writes record.json, with a step line
 (state, ISO time, note), BEFORE the step it names begins. So a run killed anywhere leaves a record
 that names the step under way, and recovery.py finishes from there.
@@ -162,7 +163,7 @@ class Change:
                 raise
             # not written (a full state directory): the revision is still in the state its record says,
             # so the way back starts from there, and a revision never recorded is still planned: nothing
-            # was changed (issue 36 item 4)
+            # was changed
             self.rev.state, self.rev.finished = was, finished
             self.rev.steps.pop()
             raise

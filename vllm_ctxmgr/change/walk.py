@@ -45,6 +45,7 @@ from vllm_ctxmgr.core.change_policy import flags_to_apply, unknown_refusal
 from vllm_ctxmgr.core.downtime import CompileCache
 from vllm_ctxmgr.core.observations import ObservationFigures
 from vllm_ctxmgr.core.plan import Plan
+from vllm_ctxmgr.core.plan_record import PlanResult
 from vllm_ctxmgr.core.records import ProbeRecord
 from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, ServeArgs, multi_node_flag
 from vllm_ctxmgr.core.vllm_versions import OLDEST_VLLM, parse_vllm_version
@@ -171,7 +172,7 @@ def estimate_advice(service: str, estimate: int, tried: float | None, runs_again
     """What to try after vLLM refused the KV cache and named the largest max_model_len that fits. Its
     estimate holds at the utilisation the failed start ran with (`tried`); where the rollback puts the
     service back at another one (a change forced with --gpu-memory-utilization), the advice keeps the
-    tried one, since the estimate is not the service's as it runs again (issue 35)."""
+    tried one, since the estimate is not the service's as it runs again."""
     if tried is None or runs_again is None or abs(tried - runs_again) < 1e-9:
         return (
             f"vLLM estimates the largest max_model_len that fits is {estimate}: "
@@ -197,7 +198,7 @@ def _restored_utilization(rev: Revision) -> float | None:
 def _enter_restarting(restarter: Restarter, change: Change) -> None:
     """restarting is recorded before the restart; where that record cannot be written (a full state
     directory), nothing has restarted yet: the files are put back and the change ends there, with no
-    restart for nothing (issue 36 item 4). A file that cannot be put back is InstallError: the way
+    restart for nothing. A file that cannot be put back is InstallError: the way
     back restores it."""
     try:
         change.enter(State.RESTARTING, f"daemon-reload; restart {restarter.unit}; following its journal")
@@ -378,10 +379,10 @@ def _kept_or_infeasible(
     (nothing to restart), else not applied (infeasible with the largest context that fits and the best
     alternative; unknown with what would make it known, exit 6), unless --force applies it anyway
     (None: go on)."""
-    if plan.result == "feasible":  # the one verdict set-context acts on unforced
+    if plan.result is PlanResult.FEASIBLE:  # the one verdict set-context acts on unforced
         return None
     context = plan.max_model_len
-    unknown = plan.result == "unknown"
+    unknown = plan.result is PlanResult.UNKNOWN
     if args.max_model_len == context and request.gpu_memory_utilization is None:
         result.result = Result.UNCHANGED
         result.reason = f"{service} already has max_model_len {context}: nothing changed, nothing restarted"
@@ -520,7 +521,7 @@ def _text(data: bytes | None) -> str:
 def verify_warnings(inherited: list[str]) -> list[str]:
     """What the operator is told of verify problems the unit already had. A verify that could not check
     the unit at all fails alike for the current unit and the candidate: that is said as such, never as
-    a finding the unit had (issue 26: on systemd < 250 every candidate passed so, unchecked)."""
+    a finding the unit had (on systemd < 250 every candidate would pass so, unchecked)."""
     return [
         f"systemd-analyze verify could not check the new unit on this systemd: {p}"
         if verify_did_not_run(p)
@@ -556,7 +557,7 @@ def verify_candidate(
     if unchecked:
         # verify did not check the candidate at all (a capability it lacks, a crash): that it failed the
         # same way for the current unit proves nothing about the new one, so it is never "inherited" and
-        # a warning, which let every change go on unchecked (issue 26, issue 36 item 3): it refuses
+        # a warning, which would let every change go on unchecked: it refuses
         return unchecked, []
     current = systemd.analyze_verify_text(merged([f.text for f in view.unit.files]), view.name)
     added = new_problems(found, current)

@@ -210,7 +210,7 @@ def observe_cmd(
             echo(f"{restarter.unit}: stored the observation from {record['imported_from']}")
         return
     restarter = restarter_for(ctx, service, True, 60.0)
-    if dry_run:  # read only: no lock file, no line appended to observations.jsonl (issue 36 item 15)
+    if dry_run:  # read only: no lock file, no line appended to observations.jsonl
         observed, obs, lines = observe_last_start(restarter.systemd, restarter.service)
         stored: list[StoredObservation] = [observed.to_json()]
     else:

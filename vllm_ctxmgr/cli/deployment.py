@@ -63,7 +63,7 @@ from vllm_ctxmgr.deployment.wire import (
     StartStdin,
     VerifyStdin,
 )
-from vllm_ctxmgr.errors import UsageError, VerifyExit
+from vllm_ctxmgr.errors import UsageError
 from vllm_ctxmgr.files import read_regular
 from vllm_ctxmgr.monitor.verify import VerifyOptions
 from vllm_ctxmgr.nvml import gpus_from_file, gpus_from_json
@@ -491,7 +491,7 @@ def deployment_verify_cmd(
             echo(f"  {node['host']}:{node['service']} ({node['role']}) {node['result']}")
         for reason in data["reasons"]:
             echo(f"  {reason}")
-    sys.exit({"ok": VerifyExit.OK, "degraded": VerifyExit.DEGRADED}.get(data["result"], VerifyExit.FAILED))
+    sys.exit(data["result"].exit_code)
 
 
 # ---- the steps on each node (run by the coordinator over ssh) ---------------------------------------

@@ -22,7 +22,7 @@ from vllm_ctxmgr.cli.params import (
 )
 from vllm_ctxmgr.cli.restarter import systemd_for
 from vllm_ctxmgr.cli.service_param import service_param
-from vllm_ctxmgr.core.verdict import FAILED, Verification
+from vllm_ctxmgr.core.verdict import FAILED, Verdict, Verification
 from vllm_ctxmgr.monitor.metrics import check_textfile_path, write_textfile
 from vllm_ctxmgr.monitor.schedule import ScheduleRequest, schedule_service, unschedule_service
 from vllm_ctxmgr.monitor.status import fleet_status, status_table
@@ -212,7 +212,11 @@ def status_cmd(ctx: click.Context, as_json: bool) -> None:
 
 
 # journald priorities of a verification: degraded and failed are what an operator's alerting watches
-VERIFY_PRIORITY = {"ok": Priority.INFO, "degraded": Priority.WARNING, "failed": Priority.ERR}
+VERIFY_PRIORITY = {
+    Verdict.OK: Priority.INFO,
+    Verdict.DEGRADED: Priority.WARNING,
+    Verdict.FAILED: Priority.ERR,
+}
 
 
 def log_verification(systemd: Systemd, service: str, verification: Verification) -> None:

@@ -29,7 +29,7 @@ from vllm_ctxmgr.cli.params import (
     max_model_len_option,
 )
 from vllm_ctxmgr.cli.service_param import service_param
-from vllm_ctxmgr.errors import ExitCode, UnitError, UsageError
+from vllm_ctxmgr.errors import UnitError, UsageError
 
 if TYPE_CHECKING:
     from vllm_ctxmgr.change.planning import PlanRequest
@@ -135,6 +135,7 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     from vllm_ctxmgr import report
     from vllm_ctxmgr.change.planning import PlanRequest, largest_context, plan_as_run, plan_for, plan_service
     from vllm_ctxmgr.core.change_policy import flags_to_apply
+    from vllm_ctxmgr.core.plan_record import PlanResult
     from vllm_ctxmgr.core.serve_args import AUTO_CONTEXT, ServeArgs, with_overrides
 
     # the words after the options first: a misspelt option of plan's own (`--modle DIR`) is named as
@@ -194,7 +195,7 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
     )
     refused = edit_refusal(unit_view, applied.flag_changes, result.env_changes) if applied else None
     verdict = result.result
-    if applied is not None and verdict == "unknown" and refused is None and applied.flag_changes:
+    if applied is not None and verdict is PlanResult.UNKNOWN and refused is None and applied.flag_changes:
         from vllm_ctxmgr.core.change_policy import unknown_refusal
 
         refused = unknown_refusal(result)  # set-context acts on no verdict it does not have
@@ -216,10 +217,8 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
         echo(report.plan_text(result, applies))
         if upgrade is not None:
             echo(f"upgrade: {upgrade.text()}")
-    if verdict == "infeasible":
-        sys.exit(ExitCode.INFEASIBLE)
-    if verdict == "unknown":
-        sys.exit(ExitCode.UNKNOWN)
+    if verdict is not PlanResult.FEASIBLE:
+        sys.exit(verdict.exit_code)
 
 
 def upgrade_before(

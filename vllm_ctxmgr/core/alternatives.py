@@ -267,7 +267,7 @@ def _fp8_kv_cache(
     if not has_attention or is_quantized_kv_cache(layout.kv_cache_dtype):
         return None
     # vLLM stores an MLA cache with an indexer (DeepSeek sparse attention) as fp8_ds_mla; named only
-    # there (issue 35: a Qwen model was told of it)
+    # there, never for a model without an indexer (a Qwen model was told of it)
     sparse = " (stored as fp8_ds_mla for DeepSeek sparse attention)" if search.facts.has_indexer else ""
     return _alternative(
         search,
@@ -379,7 +379,7 @@ def _past_the_derived_maximum(search: Search, max_context: int) -> tuple[list[Al
     found: list[Alternative | None] = []
     shorter = min(max_context, search.derived or max_context)
     if shorter > 0:
-        # the derived maximum only where memory holds it; else memory is what limits (issue 35)
+        # the derived maximum only where memory holds it; else memory is what limits, and is named
         what = (
             f"the derived maximum: {shorter} tokens"
             if shorter == search.derived

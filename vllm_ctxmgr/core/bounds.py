@@ -7,7 +7,7 @@ from __future__ import annotations
 
 MAX_PARALLEL = 1024  # ranks of one kind: more GPUs than any one deployment has
 # every worker of one deployment (DP x PP x PCP x TP) and its nodes: each factor within MAX_PARALLEL
-# still multiplies to 2^40 ranks, which ctxmgr would lay out one by one (issue 36 item 11)
+# still multiplies to 2^40 ranks, which ctxmgr would lay out one by one
 MAX_WORLD_SIZE = 8 * MAX_PARALLEL
 MAX_NODES = MAX_PARALLEL
 MAX_COUNT = 1 << 24  # sequences, tokens per batch, KV blocks

@@ -60,8 +60,8 @@ class AppliedFlags:
 
 def unknown_refusal(plan: Plan) -> str:
     """Why a plan whose result is unknown decides nothing, what would make it known, and that --force
-    applies it anyway: set-context and `plan --unit` say the same (issue 35: set-context wrote and
-    restarted a plan that `plan` itself exited 6 on)."""
+    applies it anyway: set-context and `plan --unit` say the same (set-context must never write and
+    restart a plan that `plan` itself exits 6 on)."""
     if not plan.gpus and plan.kv_cache_memory_bytes is None:
         known = (
             "no memory information: run it where NVML sees the GPUs, or give --gpu-memory SIZE "

@@ -40,7 +40,7 @@ class ErrorBand:
 
 
 # the uncalibrated plan's KV budget against the budget vLLM logged (core/memory.py's estimates), over
-# the public GPU starts only: ctxmgr's own CPU-build journals have a fixed KV space (issue 35)
+# the public GPU starts only: ctxmgr's own CPU-build journals have a fixed KV space, no estimate
 ESTIMATED_BAND = ErrorBand("KV budget", 9, -0.004, -0.031)
 # the calibrated plan's KV cache tokens against the "GPU KV cache size" vLLM logged (GPU starts too)
 CALIBRATED_BAND = ErrorBand("KV cache tokens", 10, 0.0, -0.003)

@@ -7,7 +7,7 @@ listed too, so that a plan for one is refused by name rather than as unknown.
 Each row is a whole model name as nvidia-smi prints it without its vendor, brand and board words
 ("NVIDIA GeForce RTX 4090" -> "RTX 4090", "Tesla V100-SXM2-32GB" -> "V100", "NVIDIA H100 80GB HBM3" ->
 "H100"): core/hardware.py normalises a name the same way and looks it up whole, never by a substring
-(issue 35: "rtx 50" matched `NVIDIA RTX 5000 Ada Generation` and `Quadro RTX 5000` as Blackwell).
+(a substring, "rtx 50", would match `NVIDIA RTX 5000 Ada Generation` and `Quadro RTX 5000` as Blackwell).
 """
 
 from __future__ import annotations

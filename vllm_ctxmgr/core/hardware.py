@@ -193,7 +193,7 @@ class Platform:
 
     def decided_by(self) -> str:
         """Which GPU the backend and the KV dtype were chosen for, and where its compute capability
-        came from (issue 35: a plan did not say, and a wrong name match went unseen)."""
+        came from, so a wrong name match is seen in the plan."""
         name = self.device_name if self.device_name and self.device_name != "GPU" else "no GPU named"
         if self.compute_capability is None:
             return (

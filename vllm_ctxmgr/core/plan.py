@@ -45,10 +45,11 @@ core/budget.py (vLLM's KV-budget arithmetic, shared with the readers of stored p
 core/calibration.py (earlier starts), core/alternatives.py (what would help when the target does not
 fit) and core/plan_record.py (the stored plan's schema and reader).
 
-Why one module of ~1,050 lines: make_plan, the per-GPU evaluation and the deployment terms (LoRA,
-experts over DP x TP, offloaded and cast weights, the named flags' margin) all read the same per-GPU
-figures in one pass; splitting the evaluation out would pass a dozen of them around. The arithmetic
-that other readers share already lives apart (budget, calibration, alternatives, plan_record).
+Why one module (core/'s largest, some 1,450 lines): make_plan, the per-GPU evaluation and the
+deployment terms (LoRA, experts over DP x TP, offloaded and cast weights, the named flags' margin) all
+read the same per-GPU figures in one pass; splitting the evaluation out would pass a dozen of them
+around. The arithmetic that other readers share already lives apart (budget, calibration,
+alternatives, plan_record).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ from vllm_ctxmgr.core.kv.layout import KVCacheLayout, kv_cache_layout
 from vllm_ctxmgr.core.kv.specs import round_up
 from vllm_ctxmgr.core.memory import NonKvMemory, margin_widening, non_kv_memory, uses_flashinfer_sampler
 from vllm_ctxmgr.core.observations import Observation
-from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA, FigureRecord, PlanRecord, VllmRuleRecord
+from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA, FigureRecord, PlanRecord, PlanResult, VllmRuleRecord
 from vllm_ctxmgr.core.serve_args import ServeArgs, multi_node_flag
 from vllm_ctxmgr.core.vllm_versions import (
     NEWEST_VLLM,
@@ -298,16 +299,16 @@ class Plan:
     preload_offer: PreloadOffer | None = None
 
     @property
-    def result(self) -> str:
-        """feasible | infeasible | unknown: the one word the headline, --json's `result`, `feasible`
-        and `verdict`, and the exit code all follow. A plan without any memory figure decides nothing,
-        and one that fits only if the weights (unknown) are small enough does not know either: a script
-        that gates on it must not read either as "fits"."""
+    def result(self) -> PlanResult:
+        """The one word the headline, --json's `result`, `feasible` and `verdict`, and the exit code all
+        follow. A plan without any memory figure decides nothing, and one that fits only if the weights
+        (unknown) are small enough does not know either: a script that gates on it must not read either
+        as "fits"."""
         if not self.gpus and self.kv_cache_memory_bytes is None:
-            return "unknown"
+            return PlanResult.UNKNOWN
         if not self.feasible:
-            return "infeasible"
-        return "unknown" if self.verdict.startswith(WEIGHTS_UNKNOWN) else "feasible"
+            return PlanResult.INFEASIBLE
+        return PlanResult.UNKNOWN if self.verdict.startswith(WEIGHTS_UNKNOWN) else PlanResult.FEASIBLE
 
     @property
     def kv_cache_tokens(self) -> int | None:
@@ -332,7 +333,7 @@ class Plan:
         return {
             "schema": PLAN_SCHEMA,
             "result": self.result,
-            "feasible": None if self.result == "unknown" else self.feasible,
+            "feasible": None if self.result is PlanResult.UNKNOWN else self.feasible,
             "reason": self.reason,
             "verdict": self.result,
             "memory": self.verdict,
@@ -838,8 +839,8 @@ def _evaluate_weights_unknown(
 ) -> _Outcome:
     """Weights unknown: no utilisation can be chosen (the least that fits depends on them), so the plan
     is at the one the unit would run with (the caller's, else the unit's, else vLLM's default) and says
-    how large the weights may be there; no least utilisation is given (issue 35: a plan that offered
-    0.95 here had set-context keep 0.9 while its flags said 0.95)."""
+    how large the weights may be there; no least utilisation is given (one offered here, 0.95, had
+    set-context keep 0.9 while its flags said 0.95)."""
     fixed = options.fixed_gpu_memory_utilization
     u = current_u if fixed is None else fixed
     whose = options.fixed_gpu_memory_utilization_is if fixed is not None else current_is

@@ -8,16 +8,37 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import NotRequired, TypedDict
 
 from vllm_ctxmgr.core.budget import kv_budget_at_utilization
 from vllm_ctxmgr.core.json_types import JSONObject, JSONValue
 from vllm_ctxmgr.core.weight_cache import PreloadOfferRecord
-from vllm_ctxmgr.errors import CtxmgrError
+from vllm_ctxmgr.errors import CtxmgrError, ExitCode
 
 PLAN_SCHEMA = 2  # PlanRecord["schema"]: bump when a stored plan's keys change meaning
 # 2: `verdict` is the one word of `result` (feasible | infeasible | unknown); the memory evaluation's
 #    own text moved to `memory`; `feasible` is null where the result is unknown
+
+
+class PlanResult(StrEnum):
+    """A plan's one word: its `result` (and `verdict`) in every record, answer and report, and the exit
+    code `plan` and a deployment's plan return (a StrEnum: JSON writes the word itself)."""
+
+    FEASIBLE = "feasible"
+    INFEASIBLE = "infeasible"
+    UNKNOWN = "unknown"  # no memory information, or it fits only if unknown weights are small enough
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return _PLAN_EXIT[self]
+
+
+_PLAN_EXIT = {
+    PlanResult.FEASIBLE: ExitCode.OK,
+    PlanResult.INFEASIBLE: ExitCode.INFEASIBLE,
+    PlanResult.UNKNOWN: ExitCode.UNKNOWN,
+}
 
 
 class FigureRecord(TypedDict):
@@ -81,8 +102,8 @@ class PlatformRecord(TypedDict):
     device_type: str
     compute_capability: tuple[int, int] | list[int] | None
     device_name: str | None
-    # where the capability came from (NVML, --compute-capability, the name); a plan stored before
-    # issue 35 lacks these two
+    # where the capability came from (NVML, --compute-capability, the name); a plan stored by an
+    # older ctxmgr lacks these two
     capability_source: NotRequired[str | None]
     decides: NotRequired[PlatformDecides]
 
@@ -107,7 +128,7 @@ class PlanRecord(TypedDict):
     """
 
     schema: int
-    result: str  # feasible | infeasible | unknown
+    result: str  # a PlanResult: feasible | infeasible | unknown
     feasible: bool | None  # None: unknown
     reason: str
     verdict: str  # = result (schema 1: the memory evaluation's text, now `memory`)

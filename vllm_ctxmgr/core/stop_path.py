@@ -2,7 +2,7 @@
 
 A restart is a stop and a start. Where the stop does not end every process of the old vLLM, the start
 meets GPUs still full, fails vLLM's free-memory check, and the change reads it as the new
-configuration's fault (issue 34, section 2):
+configuration's fault:
 
 - KillMode=process or none: systemd signals only the main process (process) or none (none), so the
   API server's children, EngineCore and the TP workers (vLLM #55510: they outlive a dead API server)

@@ -6,7 +6,7 @@ rank > 0 `--headless`; or data parallel over nodes with `--data-parallel-size-lo
 Ray (`ray start` units on every node, `vllm serve --distributed-executor-backend ray` on the head only).
 `read_topology` refuses what vLLM refuses, with vLLM's message and where it comes from, and also what
 vLLM accepts and then breaks on (nodes started with a different --max-model-len, as measured with the
-real CPU build over two nodes for issue 19: TP corrupts output, PP kills the engine). `world_gpus` lays
+real CPU build over two nodes: TP corrupts output, PP kills the engine). `world_gpus` lays
 the nodes' GPUs out in rank order so the planner (core/plan.py) plans each pipeline stage with the
 GPUs that really hold it.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 from vllm_ctxmgr.core.hardware import GpuInfo, GpuState, gib, platform_for
 from vllm_ctxmgr.core.memory import default_max_num_seqs
@@ -120,6 +121,24 @@ class NodeRole:
     data_parallel_ranks: tuple[int, ...] = ()  # the engines (DP ranks) this node's workers belong to
     ray_worker: bool = False  # the node's unit is `ray start`: vLLM's workers there are Ray actors
     args: ServeArgs | None = field(default=None, compare=False, repr=False)
+
+
+class NodeKind(StrEnum):
+    """A node's role as a deployment's result and report name it (a NodeRole's in one word)."""
+
+    HEAD = "head"  # the API server: planned, probed and verified there
+    HEADLESS = "headless"  # a rank > 0 (or --headless): started after the head's stop, checked
+    RAY = "ray"  # a `ray start` unit: the head's vLLM places workers there; its unit is not changed
+
+
+class NodeStep(StrEnum):
+    """The last step a deployment change reached on a node, in the order the walk takes them."""
+
+    READ = "read"  # `node show` answered
+    WRITTEN = "written"  # `node prepare` wrote the change's revision
+    STOPPED = "stopped"
+    STARTED = "started"
+    FINAL = "final"  # `node finish` made the revision final
 
 
 @dataclass(frozen=True)

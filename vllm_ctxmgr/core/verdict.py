@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import NotRequired, TypedDict, cast
 
 from vllm_ctxmgr.core.budget import (
@@ -38,12 +39,25 @@ from vllm_ctxmgr.core.observations import ObservationFigures, StoredObservation
 from vllm_ctxmgr.core.plan_record import StoredPlan
 from vllm_ctxmgr.core.records import ProbeRecord, RevisionRecord
 from vllm_ctxmgr.core.upgrade import CapacityMove, CapacityMoveRecord
+from vllm_ctxmgr.errors import VerifyExit
 
-OK = "ok"
-DEGRADED = "degraded"
-FAILED = "failed"
-RESULTS = (OK, DEGRADED, FAILED)
-EXIT_CODES = {OK: 0, DEGRADED: 1, FAILED: 2}  # verify's own exit codes
+
+class Verdict(StrEnum):
+    """A verification's one word: verify's `result`, a deployment's and a node's, with verify's exit
+    code (errors.VerifyExit, the monitoring-plugin convention). A StrEnum: JSON writes the word."""
+
+    OK = "ok"
+    DEGRADED = "degraded"
+    FAILED = "failed"
+
+    @property
+    def exit_code(self) -> VerifyExit:
+        return VerifyExit[self.name]
+
+
+OK, DEGRADED, FAILED = Verdict.OK, Verdict.DEGRADED, Verdict.FAILED
+RESULTS = tuple(Verdict)
+EXIT_CODES = {verdict: verdict.exit_code for verdict in Verdict}  # verify's own exit codes
 # the store's State.FINAL and State.BASELINE as Revision.to_json() writes them: the revisions whose unit
 # ctxmgr stands behind (the core cannot import the store; tests/test_verdict.py ties the two)
 GOOD_STATES = ("final", "baseline")
@@ -192,7 +206,7 @@ class LastVerifyRecord(TypedDict):
 @dataclass
 class Verification:
     service: str
-    result: str  # ok | degraded | failed
+    result: Verdict
     time: float
     reasons: list[str] = field(default_factory=list)  # why it is not ok
     notes: list[str] = field(default_factory=list)  # what was not checked, and other context
@@ -395,7 +409,7 @@ def utc_clock(when: float) -> str:
 def _baseline_context(facts: VerifyFacts) -> int | None:
     """A service ctxmgr has not changed: the context its unit sets, the baseline as ctxmgr finds it, so
     ctxmgr_verify_planned_max_model_len is written and the alert that compares the served context
-    with it can fire (issue 35: it was left out, and CtxmgrContextBelowPlanned never could). None where
+    with it can fire (left out, CtxmgrContextBelowPlanned never could). None where
     the unit sets none (or `auto`): vLLM's own choice is then no plan to hold it to."""
     if facts.revisions or facts.max_model_len is None or facts.max_model_len <= 0:
         return None

@@ -555,7 +555,7 @@ def rules_line(version: VllmVersion) -> str:
     if not rows:
         return f"vLLM {name} rules: as {'.'.join(map(str, NEWEST_VLLM))} (newest known)"
     # a few rows are read inline; an old release differs in 20 and more, which on one line read as a
-    # dump of internal ids (issue 35): the first few, and where every one is
+    # dump of internal ids: the first few, and where every one is
     shown = rows[:RULES_LISTED]
     parts = ", ".join(f"{row.name}={_short(row.value)} (since {_dotted(row.since)})" for row in shown)
     if len(rows) > len(shown):

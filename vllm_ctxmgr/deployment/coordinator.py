@@ -38,8 +38,19 @@ from typing import TypedDict, TypeVar
 from vllm_ctxmgr.change.states import ChangeResult, Interrupted, Result, guard_signals
 from vllm_ctxmgr.core.hardware import GpuState
 from vllm_ctxmgr.core.json_types import JSONObject, JSONScalar
+from vllm_ctxmgr.core.plan_record import PlanResult
 from vllm_ctxmgr.core.serve_args import parse_serve_argv
-from vllm_ctxmgr.core.topology import NodeRole, NodeUnit, Topology, read_topology, with_ray_gpus, world_gpus
+from vllm_ctxmgr.core.topology import (
+    NodeKind,
+    NodeRole,
+    NodeStep,
+    NodeUnit,
+    Topology,
+    read_topology,
+    with_ray_gpus,
+    world_gpus,
+)
+from vllm_ctxmgr.core.verdict import Verdict
 from vllm_ctxmgr.deployment.remote import Link, NodeAddress, NodeError
 from vllm_ctxmgr.deployment.wire import (
     CheckAnswer,
@@ -83,12 +94,12 @@ class NodeOutcome:
 
     host: str
     service: str
-    role: str  # head | headless | ray
+    role: NodeKind
     node_rank: int
     stages: list[int] = field(default_factory=list)
     revision: int | None = None
     diff: str = ""
-    step: str = "read"  # the last step this node reached: read, written, stopped, started, final, ...
+    step: NodeStep = NodeStep.READ  # the last step this node reached
     ok: bool = True
     reason: str = ""
     # the plan's figures for this node's GPUs (the smallest where they differ), and what this node's
@@ -102,7 +113,7 @@ class DeploymentResult(ChangeResult):
     """What a deployment command did: a change's result (its `service` the deployment's name) that
     carries its nodes, printed by --json in the deployment's shape (`to_json`)."""
 
-    result: Result | str  # a change's Result; a plan's feasible | infeasible | unknown
+    result: Result | PlanResult  # a change's Result; a plan's own word (`deployment plan`)
     change_id: str | None = None
     least_gpu_memory_utilization: float | None = None  # the least that fits, one more figure
     backend: str = ""
@@ -166,10 +177,10 @@ def deployment_name(nodes: tuple[NodeAddress, ...], name: str | None) -> str:
     return f"{nodes[0].service.removesuffix('.service')}-{digest}"
 
 
-def _role_name(role: NodeRole | None) -> str:
+def _role_name(role: NodeRole | None) -> NodeKind:
     if role is not None and role.ray_worker:
-        return "ray"  # a Ray node: the head's vLLM places workers there; its unit is not changed
-    return "headless" if role is not None and role.headless else "head"
+        return NodeKind.RAY  # a Ray node: the head's vLLM places workers there; its unit is not changed
+    return NodeKind.HEADLESS if role is not None and role.headless else NodeKind.HEAD
 
 
 @dataclass
@@ -391,7 +402,7 @@ class Coordinator:
             args += ["--gpu-memory-utilization", f"{self.request.gpu_memory_utilization:g}"]
         answer = self._call(head, PlanAnswer, *args, timeout=SHOW_TIMEOUT, stdin=stdin)
         planned = answer.planned
-        self.result.plan, self.result.plan_text = answer.plan, answer.text  # type: ignore[assignment]
+        self.result.plan, self.result.plan_text = answer.planned.record, answer.text
         self.result.max_model_len = answer.max_model_len
         self.result.gpu_memory_utilization = answer.gpu_memory_utilization
         self.result.least_gpu_memory_utilization = answer.least_gpu_memory_utilization
@@ -479,9 +490,9 @@ class Coordinator:
             answer = self.plan()
             planned = answer.planned
             context = answer.max_model_len
-            if answer.result != "feasible" and not request.force:
+            if answer.result is not PlanResult.FEASIBLE and not request.force:
                 result.result = Result.INFEASIBLE
-                result.exit_code = ExitCode.INFEASIBLE if answer.result == "infeasible" else ExitCode.UNKNOWN
+                result.exit_code = answer.result.exit_code
                 result.reason = planned.reason or "the plan does not say it fits"
                 result.suggestion = f"largest context that fits: {planned.max_context}"
                 return result
@@ -786,7 +797,7 @@ class Coordinator:
                 node.outcome.ok, node.outcome.reason = False, exc.message
                 self._undo_unanswered(node, exc.message)
                 return self._put_back_unrestarted(written, exc.message)
-            node.outcome.revision, node.outcome.step = answer.revision, "written"
+            node.outcome.revision, node.outcome.step = answer.revision, NodeStep.WRITTEN
             written.append(node)
         result.timings["write_s"] = round(time.monotonic() - t0, 3)
         failure = self._restart_all(back=False)
@@ -828,7 +839,7 @@ class Coordinator:
                 said = done.reason or f"its revision is {done.state[:40] or 'in no state'}, not final"
                 fault = f"{node.address}: `node finish` failed: {said}"
             else:
-                node.outcome.step = "final"
+                node.outcome.step = NodeStep.FINAL
                 continue
             node.outcome.ok, node.outcome.reason = False, fault
             faults.append(fault)
@@ -912,7 +923,7 @@ class Coordinator:
                 early.append((f"{node.address} did not stop: {answer.message}", ""))
                 self.not_back.append(node)
                 continue
-            node.outcome.step = "stopped"
+            node.outcome.step = NodeStep.STOPPED
         extra = ["--back"] if back else []
         cursors: dict[NodeAddress, str] = {}
         started = self._each(
@@ -928,7 +939,7 @@ class Coordinator:
                 self.not_back.append(node)
                 continue
             cursors[node.address] = answer.cursor
-            node.outcome.step = "started"
+            node.outcome.step = NodeStep.STARTED
         workers = [n for n in workers if n.address in cursors]
         self.say(f"starting the head {head.address}; following its journal and every node's unit")
         expected = str(self._expected(back))
@@ -946,7 +957,7 @@ class Coordinator:
                     self._call(head, StopAnswer, "stop")
             answer = head_start.result()
         assert head.outcome is not None
-        head.outcome.step = "started"
+        head.outcome.step = NodeStep.STARTED
         checks = self._each(workers, check)
         failures: list[tuple[str, str]] = list(
             early
@@ -1079,8 +1090,8 @@ def rollback_deployment(
 class NodeVerdict(TypedDict):
     host: str
     service: str
-    role: str  # head | headless
-    result: str  # the head's verify result; ok | failed for a headless rank's check
+    role: NodeKind  # head | headless
+    result: Verdict  # the head's verify result; ok | failed for a headless rank's check
     max_model_len: int | None
 
 
@@ -1088,7 +1099,7 @@ class DeploymentVerdict(TypedDict):
     """What `ctxmgr deployment verify` prints (--json: beside `command` and `changed`)."""
 
     deployment: str
-    result: str  # ok | degraded | failed
+    result: Verdict
     max_model_len: int | None
     probe_ok: bool | None
     reasons: list[str]
@@ -1111,7 +1122,7 @@ def verify_deployment(request: DeploymentRequest, state_dir: Path | str) -> Depl
     result = verified.result
     reasons = [f"{head.address}: {r}" for r in verified.reasons]
     if coordinator.drift:
-        result = "failed"
+        result = Verdict.FAILED
         reasons.append(
             f"{coordinator.drift}: the next restart breaks the deployment; "
             "`ctxmgr deployment set-context N` writes every node to N"
@@ -1120,7 +1131,7 @@ def verify_deployment(request: DeploymentRequest, state_dir: Path | str) -> Depl
         {
             "host": head.address.host,
             "service": head.address.service,
-            "role": "head",
+            "role": NodeKind.HEAD,
             "result": verified.result,
             "max_model_len": served,
         }
@@ -1128,17 +1139,17 @@ def verify_deployment(request: DeploymentRequest, state_dir: Path | str) -> Depl
     for node, checked in zip(workers, checks, strict=True):
         ok = not isinstance(checked, NodeError) and checked.ok
         if isinstance(checked, NodeError):
-            result = "failed"
+            result = Verdict.FAILED
             reasons.append(checked.message)
         elif not checked.ok:
-            result = "failed"
+            result = Verdict.FAILED
             reasons.append(f"{node.address}: {checked.reason}")
         nodes.append(
             {
                 "host": node.address.host,
                 "service": node.address.service,
-                "role": "headless",
-                "result": "ok" if ok else "failed",
+                "role": NodeKind.HEADLESS,
+                "result": Verdict.OK if ok else Verdict.FAILED,
                 "max_model_len": None if isinstance(checked, NodeError) else checked.max_model_len,
             }
         )
@@ -1162,9 +1173,7 @@ def plan_deployment(request: DeploymentRequest, state_dir: Path | str) -> Deploy
     result = coordinator.result
     result.action = "plan"
     result.result = answer.result  # a plan's own vocabulary: feasible | infeasible | unknown
-    result.exit_code = {"feasible": ExitCode.OK, "infeasible": ExitCode.INFEASIBLE}.get(
-        answer.result, ExitCode.UNKNOWN
-    )
+    result.exit_code = answer.result.exit_code
     result.reason = answer.planned.reason
     return result
 

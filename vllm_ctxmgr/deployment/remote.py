@@ -51,7 +51,7 @@ class NodeAddress:
     @classmethod
     def of(cls, host: str, service: str, source: str) -> NodeAddress:
         """A node from its host and unit given apart (a deployment file's [[node]]): the same checks,
-        and a unit with `:` is refused, since HOST:UNIT would split it elsewhere (issue 36 item 13)."""
+        and a unit with `:` is refused, since HOST:UNIT would split it elsewhere."""
         if ":" in service:
             raise UsageError(f"{source} service {service[:80]!r}: a unit name with ':' cannot be a node's")
         return cls._checked(host, service, f"{host}:{service}", source)

@@ -17,13 +17,15 @@ import re
 import types
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from enum import StrEnum
 from typing import ClassVar, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from vllm_ctxmgr.core.bounds import MAX_BYTES, MAX_CONTEXT
 from vllm_ctxmgr.core.facts import ALLOW_LONG_ENV
 from vllm_ctxmgr.core.json_types import JSONObject
 from vllm_ctxmgr.core.observations import ObservationRecord
-from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA
+from vllm_ctxmgr.core.plan_record import PLAN_SCHEMA, PlanResult
+from vllm_ctxmgr.core.verdict import Verdict
 from vllm_ctxmgr.errors import UsageError
 
 # bump when a message's fields change meaning, or a step reads a request it did not read before (2:
@@ -95,8 +97,8 @@ def _decode(cls: type[D], data: Mapping[str, object], what: str) -> D:
 
 
 def _value(hint: object, value: object, where: str) -> object:
-    """`value` as the field's type `hint` (bool, int, float, str, X | None, tuple[X, ...], dict[str, X],
-    a dataclass, or `object` for a JSON object checked by its own door)."""
+    """`value` as the field's type `hint` (bool, int, float, str, a StrEnum's word, X | None,
+    tuple[X, ...], dict[str, X], a dataclass, or `object` for a JSON object checked by its own door)."""
     origin, args = get_origin(hint), get_args(hint)
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
@@ -121,6 +123,12 @@ def _value(hint: object, value: object, where: str) -> object:
         if not isinstance(value, str) or len(value) > MAX_TEXT:
             raise WireError(f"{where}={shown} is not text of at most {MAX_TEXT} characters")
         return value
+    if isinstance(hint, type) and issubclass(hint, StrEnum):  # one of the vocabulary's words
+        text = _value(str, value, where)
+        words = [str(member) for member in hint]
+        if text not in words:
+            raise WireError(f"{where} {str(text)[:40]!r} is not {', '.join(words[:-1])} or {words[-1]}")
+        return hint(text)
     if hint is object:  # a JSON object another door checks (a plan record, GPUs, an observation)
         if not isinstance(value, dict):
             raise WireError(f"{where}={shown} is not a JSON object")
@@ -366,11 +374,11 @@ class PlannedDeployment:
     """The head's plan of the deployment: its verdict and GPU lines typed; `record` is the plan as
     `--json` prints it (Plan.to_json()), shown to the operator and never read."""
 
-    result: str
+    result: PlanResult
     reason: str
     max_context: int
     gpus: tuple[PlannedGpu, ...]
-    record: object
+    record: JSONObject
 
     @classmethod
     def from_record(cls, record: object, what: str) -> PlannedDeployment:
@@ -378,13 +386,9 @@ class PlannedDeployment:
             raise WireError(f"{what}: plan is not a JSON object")
         if record.get("schema") != PLAN_SCHEMA:
             raise WireError(f"{what}: plan has schema {record.get('schema')!r}, not {PLAN_SCHEMA}")
-        typed = {"result": str, "reason": str, "max_context": int, "gpus": tuple[PlannedGpu, ...]}
+        typed = {"result": PlanResult, "reason": str, "max_context": int, "gpus": tuple[PlannedGpu, ...]}
         values = {k: _value(hint, record.get(k), f"{what}: plan.{k}") for k, hint in typed.items()}
         made = cls(record=record, **values)  # type: ignore[arg-type]  # each value checked as its hint
-        if made.result not in ("feasible", "infeasible", "unknown"):
-            raise WireError(
-                f"{what}: plan.result {made.result[:40]!r} is not feasible, infeasible or unknown"
-            )
         _in_range(what, "plan.max_context", made.max_context, 0, MAX_CONTEXT)
         for i, line in enumerate(made.gpus):
             for name in ("total", "weights", "kv_budget", "kv_needed", "headroom"):
@@ -402,7 +406,7 @@ class PlanAnswer(Message):
     service: str
     plan: object  # Plan.to_json(): read through `planned`
     text: str
-    result: str
+    result: PlanResult
     max_model_len: int
     flag_changes: dict[str, str]
     env_changes: dict[str, str] = field(default_factory=dict)
@@ -417,8 +421,6 @@ class PlanAnswer(Message):
 
     def check(self, what: str) -> None:
         PlannedDeployment.from_record(self.plan, what)
-        if self.result not in ("feasible", "infeasible", "unknown"):
-            raise WireError(f"{what}: result {self.result[:40]!r} is not feasible, infeasible or unknown")
         _in_range(what, "max_model_len", self.max_model_len, 1, MAX_CONTEXT)
         for name in ("gpu_memory_utilization", "least_gpu_memory_utilization"):
             _in_range(what, name, getattr(self, name), 0, 1, low_open=True)
@@ -505,14 +507,12 @@ class VerifyAnswer(Message):
 
     step: ClassVar[str] = "verify"
     service: str
-    result: str
+    result: Verdict
     reasons: tuple[str, ...] = ()
     max_model_len: int | None = None
     probe_ok: bool | None = None
 
     def check(self, what: str) -> None:
-        if self.result not in ("ok", "degraded", "failed"):
-            raise WireError(f"{what}: result {self.result[:40]!r} is not ok, degraded or failed")
         _in_range(what, "max_model_len", self.max_model_len, 1, MAX_CONTEXT)
 
 

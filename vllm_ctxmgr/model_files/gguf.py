@@ -61,7 +61,7 @@ GGUF_KEYS: dict[str, tuple[str, str]] = {
     "embedding_length": ("LLM.EMBEDDING_LENGTH", "{arch}.embedding_length"),
     "nextn_predict_layers": ("LLM.NEXTN_PREDICT_LAYERS", "{arch}.nextn_predict_layers"),
     # the shapes core/memory.py estimates the activations from, as transformers' GGUF config mapping
-    # reads them into the HF config vLLM built (issue 35: unread, a GGUF's activation peak was 0.56 GiB
+    # reads them into the HF config vLLM built (unread, a GGUF's activation peak came out 0.56 GiB
     # against 2.07 GiB for the same model's config.json)
     "vocab_size": ("LLM.VOCAB_SIZE", "{arch}.vocab_size"),
     "feed_forward_length": ("LLM.FEED_FORWARD_LENGTH", "{arch}.feed_forward_length"),

@@ -179,7 +179,7 @@ MAX_VERSION_TEXT = 128
 def parse_version(text: str) -> int | None:
     """The release number in systemd's Version property or `systemctl --version`'s first line:
     "247.3-7+deb11u4" -> 247, "systemd 252 (252.38-1~deb12u1)" -> 252, "v256~rc3" -> 256.
-    Strict (issue 36 item 3): "251junk" or 5,000 digits are no release (None), never a number that
+    Strict: "251junk" or 5,000 digits are no release (None), never a number that
     enables features the manager lacks."""
     text = text.strip().removeprefix("systemd").strip()
     match = _VERSION.fullmatch(text) if len(text) <= MAX_VERSION_TEXT else None

@@ -137,7 +137,7 @@ def _timing(chunk: list[TimedLine]) -> StartTiming | None:
             mark = end
     stop_s = stopped_at - stopping_at if stopping_at is not None and stopped_at is not None else None
     if stepped:
-        stop_s = None  # stamps that run backwards time nothing (issue 36 item 5)
+        stop_s = None  # stamps that run backwards time nothing (never a negative stop time)
     return StartTiming(
         began_at=began,
         phases=tuple(phases),

@@ -266,7 +266,7 @@ class StartWatcher:
     _exit_line: str | None = field(default=None, init=False)
     _exited_at: float | None = field(default=None, init=False)
     # since when the unit has been inactive (dead) without a start: a restart passes through that state
-    # for a moment, a unit stopped under its start stays there (issue 36 item 7)
+    # for a moment, a unit stopped under its start stays there (so a stop is seen within seconds)
     stopped_grace_s: float = 5.0
     _inactive_since: float | None = field(default=None, init=False)
     _saw_stop: bool = field(default=False, init=False)  # systemd logged a stop since the last `Started`

@@ -40,10 +40,16 @@ A revision directory appears whole or not at all (written under .new-*, then ren
 while it is written leaves only a directory that the next run removes, never one that wedges the
 numbering.
 
-Why one module of ~930 lines: every path below the state directory is reached through one checked
-walk (owner and mode as sshd's StrictModes, O_NOFOLLOW from the parent's descriptor); the revisions,
-the lock and the observations each use it, and splitting them would hand the open descriptors across
-modules.
+The package in its parts; every name a caller uses is imported from `vllm_ctxmgr.store` as before:
+
+    transitions.py  the states above and the only moves between them (TRANSITIONS, FINISHED, GOOD)
+    safe_fs.py      the one checked walk every path below the state directory is reached through
+                    (owner and mode as sshd's StrictModes, O_NOFOLLOW from the parent's descriptor),
+                    and the writes a reader sees whole or not at all (atomic_write, atomic_write_at)
+    records.py      record.json's schema: Revision, its Steps, the unit files it changes (FileChange)
+    here            ServiceStore: one service's revisions, lock and observations, which hold the open
+                    descriptors of that walk; and `step_hook`/`crash_point`, since a test sets the
+                    hook on this module (tests/support/crash_run.py) and what reads it must live here
 """
 
 from __future__ import annotations
@@ -51,81 +57,62 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import glob
 import json
 import os
-import pwd
 import re
 import shutil
 import stat
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime
-from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
-from typing import cast
 
-from vllm_ctxmgr.core.json_types import JSONObject, JSONValue
+from vllm_ctxmgr.core.json_types import JSONObject
 from vllm_ctxmgr.core.observations import StoredObservation
-from vllm_ctxmgr.core.records import HistoryRow, RevisionRecord, StepRecord
-from vllm_ctxmgr.errors import CtxmgrError, LockedError, UnsafePathError, UsageError
+from vllm_ctxmgr.core.records import HistoryRow
+from vllm_ctxmgr.errors import LockedError, UsageError
 from vllm_ctxmgr.masking import scrub
+from vllm_ctxmgr.store.records import (
+    RECORD_FORMAT,
+    STORED_NAME,
+    FileChange,
+    Revision,
+    Step,
+    iso,
+    stored_names,
+)
+from vllm_ctxmgr.store.safe_fs import (
+    MAX_STORED,
+    StoreError,
+    atomic_leftovers,
+    atomic_write,
+    atomic_write_at,
+    check_ours_at,
+    check_trusted,
+    closing_fd,
+    open_checked_dir,
+    open_dir_at,
+    open_file_at,
+    open_state_dir,
+    read_at,
+    user_name,
+    write_new_at,
+    writing,
+)
+from vllm_ctxmgr.store.transitions import FINISHED, GOOD, PENDING, TRANSITIONS, State
+
+# what callers import from `vllm_ctxmgr.store`, whichever part declares it
+__all__ = [
+    "FINISHED", "GOOD", "KEEP", "MAX_STORED", "PENDING", "RECORD_FORMAT", "STALE_S", "STORED_NAME",
+    "TRANSITIONS", "FileChange", "Revision", "ServiceStore", "State", "Step", "StoreError",
+    "atomic_leftovers", "atomic_write", "atomic_write_at", "check_ours_at", "check_trusted", "crash_point",
+    "ctxmgr_version", "iso", "made_by", "open_checked_dir", "open_dir_at", "open_state_dir", "read_at",
+    "step_hook", "stored_names", "write_new_at", "writing",
+]  # fmt: skip
 
 KEEP = 50  # revisions and observations kept per service (plus every revision a rollback may need)
-RECORD_FORMAT = 3  # 1: epoch floats, the plan inline, no steps; 2: one file (`unit_path`); both read still
 STALE_S = 600.0  # a leftover /run/ctxmgr-verify-* older than this belongs to no live run
-MAX_STORED = 64 << 20  # no record, plan or unit ctxmgr wrote is near this: a larger one is not ours
-
-
-class State(StrEnum):
-    """The states of a revision; see the module docstring for what each means on disk."""
-
-    PLANNED = "planned"
-    RECORDED = "recorded"
-    INSTALLED = "installed"
-    RESTARTING = "restarting"
-    SERVING = "serving"
-    PROBED = "probed"
-    FINAL = "final"
-    ROLLING_BACK = "rolling-back"
-    ROLLED_BACK = "rolled-back"
-    ROLLBACK_FAILED = "rollback-failed"
-    BASELINE = "baseline"
-    IN_PROGRESS = "in-progress"  # format 1 only; never entered now
-
-
-# The only moves a revision makes. Any state between recorded and probed may fail into rolling-back;
-# a probed one that was interrupted is finished forward by recovery; rolling-back may be entered again
-# when a recovery resumes a rollback an interrupted run left.
-TRANSITIONS: dict[State, frozenset[State]] = {
-    State.PLANNED: frozenset({State.RECORDED}),
-    State.RECORDED: frozenset({State.INSTALLED, State.ROLLING_BACK}),
-    State.INSTALLED: frozenset({State.RESTARTING, State.ROLLING_BACK}),
-    State.RESTARTING: frozenset({State.SERVING, State.ROLLING_BACK}),
-    State.SERVING: frozenset({State.PROBED, State.ROLLING_BACK}),
-    State.PROBED: frozenset({State.FINAL, State.ROLLING_BACK}),
-    State.ROLLING_BACK: frozenset({State.ROLLING_BACK, State.ROLLED_BACK, State.ROLLBACK_FAILED}),
-    State.IN_PROGRESS: frozenset({State.ROLLING_BACK}),
-    State.FINAL: frozenset(),
-    State.ROLLED_BACK: frozenset(),
-    State.ROLLBACK_FAILED: frozenset(),
-    State.BASELINE: frozenset(),
-}
-FINISHED = frozenset({State.FINAL, State.ROLLED_BACK, State.ROLLBACK_FAILED, State.BASELINE})
-PENDING = frozenset(TRANSITIONS) - FINISHED - {State.PLANNED}  # what `recover` must finish
-
-# A revision whose unit served and passed its probe, or the unit as ctxmgr first found it: what a
-# rollback may return to and what verify counts as a known-good unit (core.verdict keeps the same two
-# names as strings, since the core cannot import the store; a test ties them)
-GOOD = frozenset({State.FINAL, State.BASELINE})
-
-
-class StoreError(CtxmgrError):
-    """A record in the state directory that ctxmgr cannot read: the message names the file."""
 
 
 # Called with (step, command) right after each step of a change is recorded (a state, or
@@ -135,540 +122,20 @@ class StoreError(CtxmgrError):
 step_hook: Callable[[str, str], None] | None = None
 
 
-@contextlib.contextmanager
-def _closing(fd: int | None) -> Iterator[int | None]:
-    """A directory descriptor (or None, where the directory is not there) closed after use."""
-    try:
-        yield fd
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
 def crash_point(name: str, command: str = "") -> None:
     """Where a test may kill the run (see step_hook); nothing happens otherwise."""
     if step_hook is not None:
         step_hook(name, command)
 
 
-def iso(epoch: float | None) -> str | None:
-    """Local time with its UTC offset, to the millisecond: what a person reading record.json wants."""
-    if epoch is None:
-        return None
-    return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="milliseconds")
-
-
-def _epoch(value: JSONValue, path: Path, key: str) -> float | None:
-    """An ISO-8601 time (format 2) or epoch seconds (format 1)."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise StoreError(f"{path}: {key} is not a time: {value!r}")
-    if isinstance(value, int | float):
-        return float(value)
-    try:
-        return datetime.fromisoformat(str(value)).timestamp()
-    except ValueError:
-        raise StoreError(f"{path}: {key} is not an ISO-8601 time: {value!r}") from None
-
-
-def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Replace `path` with `data` so that readers see the old or the new file, never half of one."""
-    path = Path(path)
-    if mode is None:
-        try:
-            mode = path.stat().st_mode & 0o7777
-        except FileNotFoundError:
-            mode = 0o644
-    try:
-        st = path.stat()
-        owner: tuple[int, int] | None = (st.st_uid, st.st_gid)
-    except FileNotFoundError:
-        owner = None
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".ctxmgr-tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        if owner is not None and os.geteuid() == 0:
-            os.chown(tmp, *owner)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    dir_fd = os.open(directory, os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def _write_new(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-# ---- trusted, symlink-free access to the state directory ------------------------------------------
-# Every file and directory below the state directory is opened from its checked parent's descriptor
-# with O_NOFOLLOW, and each is checked as sshd's StrictModes checks a home directory: owned by the
-# running user (or root) and writable by nobody else. A revision planted there is installed as root
-# by `rollback`, so anything another user could have written is refused, never read.
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-
-
-def _who() -> str:
-    return "root" if os.geteuid() == 0 else _user()
-
-
-def check_trusted(st: os.stat_result, path: Path | str, sticky_ok: bool = False) -> None:
-    """StrictModes: refuse what another user owns or what group or others may write. With `sticky_ok`,
-    a directory others may write passes when it is sticky (/tmp's 1777: nobody else may remove or
-    rename what is ours there)."""
-    if st.st_uid not in (0, os.geteuid()):
-        raise UnsafePathError(
-            f"{path}: owned by uid {st.st_uid}, not {_who()}: another user could plant what ctxmgr "
-            f"runs as {_who()}; if it is yours, run `chown {_who()} {path}`"
-        )
-    if st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
-        mode = f"mode {st.st_mode & 0o7777:04o}"
-        if sticky_ok:
-            raise UnsafePathError(
-                f"{path}: writable by group or others ({mode}) and not sticky: another user could swap a "
-                f"link in; run `chmod +t {path}` (or `chmod go-w {path}`)"
-            )
-        raise UnsafePathError(f"{path}: writable by group or others ({mode}): run `chmod go-w {path}`")
-
-
-def _refuse_link(parent_fd: int, name: str, path: Path) -> None:
-    """Say why an O_NOFOLLOW open failed where the name is a symbolic link."""
-    try:
-        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-    except OSError:
-        return
-    if stat.S_ISLNK(st.st_mode):
-        raise UnsafePathError(
-            f"{path}: a symbolic link; ctxmgr follows none in its state directory: remove it (`rm {path}`)"
-        )
-
-
-def _os_error(path: Path, exc: OSError) -> CtxmgrError:
-    return StoreError(f"{path}: {exc.strerror or exc}")
-
-
-@contextlib.contextmanager
-def writing(directory: Path) -> Iterator[None]:
-    """Writes below `directory` of the state directory: an OSError on the way (a full filesystem,
-    ENOSPC; a quota, EDQUOT; a read-only mount) becomes one StoreError line naming the file, not an
-    "unexpected error". Names below a directory descriptor are relative: they are joined to it."""
-    try:
-        yield
-    except OSError as exc:
-        name = exc.filename if isinstance(exc.filename, str) else ""
-        path = directory / name if name else directory
-        hint = ""
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            hint = " (free space on its filesystem, or name another with --state-dir)"
-        raise StoreError(f"{path}: {exc.strerror or exc}: ctxmgr could not write its state{hint}") from None
-
-
-def open_state_dir(state_dir: Path, create: bool) -> int | None:
-    """The state directory the operator named (a link there is the operator's own), checked; None
-    where it does not exist and `create` is false."""
-    if create:
-        try:
-            os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            raise _os_error(state_dir, exc) from None
-    try:
-        fd = os.open(state_dir, _DIR_FLAGS)
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        if create:
-            raise StoreError(f"{state_dir}: not a directory") from None
-        return None  # a read-only run (a dry run, status) by a user who may not read it: nothing stored
-    except OSError as exc:
-        raise _os_error(state_dir, exc) from None
-    try:
-        check_trusted(os.fstat(fd), state_dir)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def open_checked_dir(directory: Path, sticky_ok: bool = False) -> int:
-    """A directory the operator named (a link on the way is the operator's own), checked as the state
-    directory is; with `sticky_ok` a sticky directory others may write passes (see check_trusted)."""
-    try:
-        fd = os.open(directory, _DIR_FLAGS)
-    except OSError as exc:
-        raise _os_error(directory, exc) from None
-    try:
-        st = os.fstat(fd)
-        check_trusted(st, directory, sticky_ok)
-        _check_ancestors(directory, st)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _check_ancestors(directory: Path, opened: os.stat_result) -> None:
-    """Every directory above `directory` (its real path), as sshd's StrictModes checks each component:
-    one another user owns, or may write without the sticky bit, could rename `directory` away and
-    put a link in its place (issue 36 item 17). The real path must still be the directory opened."""
-    real = Path(os.path.realpath(directory))
-    try:
-        now = os.stat(real)
-    except OSError as exc:
-        raise _os_error(directory, exc) from None
-    if (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
-        raise UnsafePathError(f"{directory}: moved while it was checked; run again")
-    for parent in reversed(real.parents):
-        try:
-            check_trusted(os.stat(parent), parent, sticky_ok=True)
-        except OSError as exc:
-            raise _os_error(parent, exc) from None
-
-
-def check_ours_at(parent_fd: int, name: str, path: Path) -> None:
-    """In a directory others may write: `name`, where present, must be a regular file of ours (not a
-    link, nor another user's file that ctxmgr would take over)."""
-    try:
-        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise _os_error(path, exc) from None
-    if stat.S_ISLNK(st.st_mode):
-        raise UnsafePathError(
-            f"{path}: a symbolic link in a directory others may write; ctxmgr follows none there: "
-            f"remove it (`rm {path}`)"
-        )
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafePathError(f"{path}: not a regular file: remove it (`rm {path}`)")
-    if st.st_uid != os.geteuid():
-        raise UnsafePathError(
-            f"{path}: owned by uid {st.st_uid}, not {_who()}, in a directory others may write: "
-            f"remove it (`rm {path}`) if it is not needed"
-        )
-
-
-def open_dir_at(parent_fd: int, name: str, path: Path, create: bool, tighten: bool = False) -> int | None:
-    """A directory below a checked one, never through a link; None where absent and not `create`."""
-    if create:
-        try:
-            os.mkdir(name, 0o700, dir_fd=parent_fd)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise _os_error(path, exc) from None
-    try:
-        fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent_fd)
-    except (FileNotFoundError, NotADirectoryError, OSError) as exc:
-        _refuse_link(parent_fd, name, path)
-        if isinstance(exc, FileNotFoundError | PermissionError) and not create:
-            return None  # absent, or not readable by this (read-only) run: nothing stored for it
-        if isinstance(exc, NotADirectoryError):
-            raise StoreError(f"{path}: not a directory (remove it, ctxmgr keeps a directory there)") from None
-        raise _os_error(path, exc) from None
-    try:
-        check_trusted(os.fstat(fd), path)
-        if tighten:
-            os.fchmod(fd, 0o700)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _open_file_at(parent_fd: int, name: str, path: Path, flags: int, mode: int = 0o600) -> int | None:
-    """A regular file below a checked directory, never through a link, checked once open; None where
-    absent (and not created). O_NONBLOCK so that a FIFO planted there cannot hang the open."""
-    try:
-        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=parent_fd)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        _refuse_link(parent_fd, name, path)
-        raise _os_error(path, exc) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafePathError(f"{path}: not a regular file: remove it (`rm {path}`)")
-        check_trusted(st, path)
-        if st.st_nlink > 1:
-            raise UnsafePathError(
-                f"{path}: has {st.st_nlink} hard links; ctxmgr writes only its own: remove it"
-            )
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def read_at(parent_fd: int, name: str, path: Path) -> bytes | None:
-    """A stored file's bytes (bounded), or None where it is absent."""
-    fd = _open_file_at(parent_fd, name, path, os.O_RDONLY)
-    if fd is None:
-        return None
-    with os.fdopen(fd, "rb") as handle:
-        data = handle.read(MAX_STORED + 1)
-    if len(data) > MAX_STORED:
-        raise StoreError(f"{path}: larger than {MAX_STORED >> 20} MiB: not a file ctxmgr wrote")
-    return data
+def _name_of_host() -> str:
+    return os.uname().nodename
 
 
 def _text(text: str) -> bytes:
     """What leaves ctxmgr for the state directory (records, plans, observations; never a unit copy,
     which must stay byte for byte): every key of every service read masked (masking.scrub)."""
     return scrub(text).encode()
-
-
-def write_new_at(parent_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
-    """A new file (never an existing one, never through a link), created 0600 and given `mode` on its
-    own descriptor, so neither the umask nor a path swapped in between decides what it becomes."""
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                 dir_fd=parent_fd)  # fmt: skip
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        if mode != 0o600:
-            os.fchmod(handle.fileno(), mode)
-        os.fsync(handle.fileno())
-
-
-def atomic_write_at(parent_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
-    """atomic_write below a checked directory: a temporary beside `name` (0600 until written, then
-    `mode`), renamed over it."""
-    tmp = f".{name}.{os.urandom(6).hex()}.ctxmgr-tmp"
-    try:
-        write_new_at(parent_fd, tmp, data, mode)
-        os.replace(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
-    except FileExistsError:
-        raise  # the temporary name was taken (O_EXCL): not ours to remove
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=parent_fd)
-        raise
-    os.fsync(parent_fd)
-
-
-def atomic_leftovers(directory: Path, name: str) -> list[Path]:
-    """The temporary files atomic_write leaves beside `name` when the process is killed mid-write."""
-    with contextlib.suppress(OSError):
-        return sorted(directory.glob(f".{glob.escape(name)}.*.ctxmgr-tmp"))
-    return []
-
-
-# The names a revision keeps a unit file's two copies under: `unit`/`previous` for its first file (as
-# every format-2 revision did), `unit.N`/`previous.N` for the N-th further one. Nothing else is read
-# from record.json's `files`: a name like `../x` would leave the checked revision directory.
-STORED_NAME = re.compile(r"(unit|previous)(\.[1-9][0-9]{0,3})?")
-
-
-@dataclass(frozen=True)
-class FileChange:
-    """One unit file a revision writes or removes, with its bytes before and after (None: absent). A
-    revision is the list of them, written in order and put back in the reverse order."""
-
-    path: Path
-    previous: bytes | None
-    unit: bytes | None
-
-
-def stored_names(index: int) -> tuple[str, str]:
-    """(unit, previous) names of a revision's `index`-th file."""
-    suffix = f".{index}" if index else ""
-    return f"unit{suffix}", f"previous{suffix}"
-
-
-def _files_of_record(value: JSONValue, path: Path) -> list[dict[str, str | None]]:
-    """record.json's `files`, checked: absolute unit paths, each copy named as stored_names names it."""
-    if not isinstance(value, list) or not value:
-        raise StoreError(f"{path}: `files` is not a list of unit files")
-    out = []
-    for item in value:
-        if not isinstance(item, dict) or set(item) != {"path", "unit", "previous"}:
-            raise StoreError(f"{path}: a file is not {{path, unit, previous}}: {item!r}")
-        where = item["path"]
-        if (
-            not isinstance(where, str)
-            or not where.startswith("/")
-            or "\0" in where
-            or ".." in where.split("/")
-        ):
-            raise StoreError(f"{path}: not an absolute unit file path: {where!r}")
-        for which in ("unit", "previous"):
-            name = item[which]
-            if name is not None and not (isinstance(name, str) and STORED_NAME.fullmatch(name)):
-                raise StoreError(f"{path}: {which} of {where} is not a stored copy's name: {name!r}")
-        out.append({"path": where, "unit": item["unit"], "previous": item["previous"]})
-    return out
-
-
-@dataclass
-class Step:
-    """One line of a revision's story: the state it entered, when, and a note for a person."""
-
-    state: State
-    time: float
-    note: str = ""
-
-    def record(self) -> StepRecord:
-        """The step as record.json keeps it: an ISO time a person reads, not epoch seconds."""
-        return {"state": str(self.state), "time": iso(self.time), "note": self.note}
-
-
-@dataclass
-class Revision:
-    """One change of a unit as recorded: what `history` shows, what `recover` resumes from and what
-    `rollback` restores; epoch floats in memory, ISO 8601 in record.json."""
-
-    number: int
-    service: str
-    state: State
-    unit_path: str  # the file this revision changes (where ExecStart lives)
-    created: float  # epoch seconds here; ISO 8601 in record.json
-    max_model_len: int | None = None
-    gpu_memory_utilization: float | None = None
-    previous_max_model_len: int | None = None
-    previous_gpu_memory_utilization: float | None = None
-    action: str = "set-context"  # set-context | rollback | baseline
-    rollback_of: int | None = None  # for a rollback: the revision whose unit it restores
-    vllm_version: str | None = None
-    reason: str = ""
-    decisive_line: str = ""
-    finished: float | None = None
-    verified: bool = False
-    plan: Mapping[str, object] = field(default_factory=dict)  # a PlanRecord, in plan.json beside the record
-    capacity: dict[str, object] = field(default_factory=dict)  # change.observing.capacity and calibration
-    user: str | None = None  # who made the change
-    host: str | None = None  # where
-    ctxmgr_version: str | None = None  # with which ctxmgr
-    invocation_id: str | None = None  # the unit's InvocationID when the change was recorded
-    # the multi-node change (the coordinator) this revision is one node's part of; None: a one-host change
-    deployment: str | None = None
-    steps: list[Step] = field(default_factory=list)
-    # every unit file it changed, in the order written: {path, unit, previous}, each copy's name in the
-    # revision directory or None where the file is (or was) absent (a format-2 record: `unit_path` only)
-    files: list[dict[str, str | None]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.state = State(self.state)
-
-    def to_json(self) -> RevisionRecord:
-        """The revision as Python sees it (epoch seconds, the plan inline): for --json and verify."""
-        data = asdict(self)
-        data["state"] = str(self.state)
-        data["steps"] = [step.record() for step in self.steps]
-        return cast(RevisionRecord, data)  # its keys are the fields (tests/test_records.py)
-
-    def record(self) -> dict[str, object]:
-        """record.json: ISO times, the steps a person reads, no plan (plan.json holds it)."""
-        data: dict[str, object] = {"format": RECORD_FORMAT}
-        for f in fields(self):
-            if f.name == "plan":
-                continue
-            value = getattr(self, f.name)
-            if f.name in ("created", "finished"):
-                value = iso(value)
-            elif f.name == "state":
-                value = str(value)
-            elif f.name == "steps":
-                value = [step.record() for step in self.steps]
-            data[f.name] = value
-        return data
-
-    @classmethod
-    def load(cls, directory: Path, dir_fd: int) -> Revision:
-        """Read record.json (format 1 or 2) and plan.json from the revision's checked directory
-        descriptor; anything else is a StoreError naming the file."""
-        path = directory / "record.json"
-        try:
-            raw = read_at(dir_fd, "record.json", path)
-            if raw is None:
-                raise FileNotFoundError(errno.ENOENT, "No such file or directory")
-            data = json.loads(raw.decode())
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise StoreError(f"{path}: not a readable revision record ({exc})") from None
-        if not isinstance(data, dict):
-            raise StoreError(f"{path}: not a revision record (a JSON object was expected)")
-        data = dict(data)
-        version = data.pop("format", 1)
-        if version not in (1, 2, RECORD_FORMAT):
-            raise StoreError(f"{path}: record format {version!r} is newer than this ctxmgr reads")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise StoreError(f"{path}: unknown key {unknown[0]!r} (written by another ctxmgr version?)")
-        required = ("number", "service", "state", "unit_path", "created")
-        missing = [key for key in required if key not in data]
-        if missing:
-            raise StoreError(f"{path}: missing key {missing[0]!r}")
-        try:
-            data["state"] = State(data["state"])
-        except ValueError:
-            raise StoreError(f"{path}: unknown state {data['state']!r}") from None
-        data["created"] = _epoch(data["created"], path, "created")
-        data["finished"] = _epoch(data.get("finished"), path, "finished")
-        steps = []
-        for raw in data.get("steps") or []:
-            try:
-                steps.append(Step(State(raw["state"]), _epoch(raw["time"], path, "steps.time") or 0.0,
-                                  str(raw.get("note", ""))))  # fmt: skip
-            except (KeyError, TypeError, ValueError):
-                raise StoreError(f"{path}: a step is not {{state, time, note}}: {raw!r}") from None
-        data["steps"] = steps
-        if "files" in data:
-            data["files"] = _files_of_record(data["files"], path)
-        else:  # format 1 and 2: one file, its copies `unit` and `previous` where they exist
-            data["files"] = [
-                {"path": str(data["unit_path"])}
-                | {which: which if _exists_at(dir_fd, which) else None for which in ("unit", "previous")}
-            ]
-        plan_path = directory / "plan.json"
-        if "plan" not in data:
-            plan = read_at(dir_fd, "plan.json", plan_path)
-            try:
-                if plan is not None:
-                    data["plan"] = json.loads(plan.decode())
-            except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-                raise StoreError(f"{plan_path}: not readable JSON ({exc})") from None
-        try:
-            return cls(**data)
-        except (TypeError, ValueError) as exc:
-            raise StoreError(f"{path}: {exc}") from None
-
-
-def _exists_at(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _name_of_host() -> str:
-    return os.uname().nodename
-
-
-def _user() -> str:
-    try:
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except KeyError:
-        return str(os.geteuid())
 
 
 def ctxmgr_version() -> str | None:
@@ -682,7 +149,7 @@ def ctxmgr_version() -> str | None:
 
 def made_by() -> dict[str, str | None]:
     """Who, where and with which ctxmgr a change is made, for the record."""
-    return {"user": _user(), "host": _name_of_host(), "ctxmgr_version": ctxmgr_version()}
+    return {"user": user_name(), "host": _name_of_host(), "ctxmgr_version": ctxmgr_version()}
 
 
 class ServiceStore:
@@ -711,7 +178,7 @@ class ServiceStore:
             fd = open_dir_at(state_fd, self.service, self.root, create, tighten=create)
         finally:
             os.close(state_fd)
-        with _closing(fd) as opened:
+        with closing_fd(fd) as opened:
             yield opened
 
     @contextlib.contextmanager
@@ -722,11 +189,11 @@ class ServiceStore:
                 if service_fd is None
                 else open_dir_at(service_fd, "revisions", self.revisions_dir, create, tighten=create)
             )
-            with _closing(fd) as opened:
+            with closing_fd(fd) as opened:
                 yield opened
 
     def _revision_fd(self, revisions_fd: int, name: str) -> contextlib.AbstractContextManager[int | None]:
-        return _closing(open_dir_at(revisions_fd, name, self.revisions_dir / name, create=False))
+        return closing_fd(open_dir_at(revisions_fd, name, self.revisions_dir / name, create=False))
 
     def ensure(self) -> None:
         """Make the state directories root-only (0700), and tighten ones that exist: the unit copies
@@ -793,7 +260,7 @@ class ServiceStore:
         name = f"{rev.number:04d}"
         directory = self.revisions_dir / name
         with self._revisions_fd() as revisions_fd:
-            fd_cm = _closing(None) if revisions_fd is None else self._revision_fd(revisions_fd, name)
+            fd_cm = closing_fd(None) if revisions_fd is None else self._revision_fd(revisions_fd, name)
             with fd_cm as fd:
                 if fd is None:
                     raise StoreError(
@@ -980,7 +447,7 @@ class ServiceStore:
         path = self.root / "observations.jsonl"
         with self._service_fd(create=True) as service_fd, writing(self.root):
             assert service_fd is not None
-            fd = _open_file_at(service_fd, "observations.jsonl", path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+            fd = open_file_at(service_fd, "observations.jsonl", path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
             assert fd is not None
             with os.fdopen(fd, "r+b") as handle:
                 handle.write(_text(json.dumps(data, sort_keys=True) + "\n"))
@@ -1099,7 +566,7 @@ class ServiceStore:
         with self._service_fd() as service_fd:
             if service_fd is None:
                 raise StoreError(f"{self.root}: missing, the lock cannot be taken")
-            fd = _open_file_at(service_fd, "lock", path, os.O_RDWR | os.O_CREAT)
+            fd = open_file_at(service_fd, "lock", path, os.O_RDWR | os.O_CREAT)
         assert fd is not None
         deadline = time.monotonic() + wait
         held = False
