@@ -36,13 +36,20 @@ def container(tmp_path: Path) -> Iterator[tuple[Path, Path, int]]:
     (host / "config.json").write_text('{"password_hash": "$6$host-secret"}')
     (host / "vllm.env").write_text("HF_TOKEN=host-secret\n")
     read_end, write_end = os.pipe()
+    ready_read, ready_write = os.pipe()
     child = os.fork()
-    if child == 0:  # the "container": chrooted, then waits until the test closes the pipe
+    if child == 0:  # the "container": chrooted, says so, then waits until the test closes the pipe
         os.close(write_end)
+        os.close(ready_read)
         os.chroot(rootfs)
+        os.write(ready_write, b"r")
         os.read(read_end, 1)
         os._exit(0)
     os.close(read_end)
+    os.close(ready_write)
+    chrooted = os.read(ready_read, 1)  # /proc/CHILD/root is the folder only once it has chrooted
+    os.close(ready_read)
+    assert chrooted == b"r", "the chrooted child died before it was ready"
     try:
         yield rootfs, host, child
     finally:
