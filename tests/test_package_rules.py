@@ -243,6 +243,8 @@ ALLOWED = {
         "vllm_log",
     },
     "deployment.nodes": {"core", "deployment.remote", "deployment.wire"},
+    "deployment.file": {"core", "files", "store"},
+    "deployment.report": {"deployment.coordinator", "deployment.walk"},
     "deployment.walk": {
         "change.states",
         "core",
