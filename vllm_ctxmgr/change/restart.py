@@ -33,7 +33,7 @@ from vllm_ctxmgr.errors import CtxmgrError
 from vllm_ctxmgr.masking import mask
 from vllm_ctxmgr.probe import ProbeResult, cache_config_info, probe, wait_until_serving
 from vllm_ctxmgr.store import FileChange, ServiceStore, StoreError, atomic_write, atomic_write_at, crash_point
-from vllm_ctxmgr.systemd.names import unit_name
+from vllm_ctxmgr.systemd.names import canonical_unit, unit_name
 from vllm_ctxmgr.systemd.service import ServiceView, read_service, read_stop_path
 from vllm_ctxmgr.systemd.systemctl import Systemd
 from vllm_ctxmgr.systemd.unit_file import UNIT_FILE_MAX_BYTES
@@ -347,3 +347,23 @@ class Restarter:
             )
         except FileNotFoundError:
             return None
+
+
+def restarter_for_service(
+    systemd: Systemd,
+    state_dir: Path | str,
+    service: str,
+    *,
+    start_timeout: float = 1800.0,
+    on_step: Printer = quiet,
+    on_line: Printer = quiet,
+    on_tick: Callable[[StartProgress], None] | None = None,
+) -> Restarter:
+    """The restart path for a service systemd knows, under its canonical name (an alias shares the real
+    unit's lock, journal and history); an unknown service stops here, before anything is written. The one
+    construction the CLI, monitoring's --on-failure and a library caller share."""
+    unit = canonical_unit(systemd, service)
+    store = ServiceStore(state_dir, unit)
+    return Restarter(
+        systemd, store, unit, on_line=on_line, on_step=on_step, on_tick=on_tick, start_timeout=start_timeout
+    )

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from vllm_ctxmgr import store as st
 from vllm_ctxmgr.change.restart import InstallError, Restarter
@@ -51,6 +51,21 @@ from vllm_ctxmgr.store import FileChange, Revision, ServiceStore, State, Step, c
 from vllm_ctxmgr.systemd.service import ServiceView
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def planned_revision(restarter: Restarter, **fields: Any) -> Revision:
+    """A revision in memory (planned) with who, where and which versions make it: the one way every
+    walk builds one (one service's change and each node's step of a deployment)."""
+    state = restarter.systemd.state(restarter.unit)
+    return Revision(
+        number=0,
+        service=restarter.service,
+        state=State.PLANNED,
+        created=time.time(),
+        invocation_id=state.invocation_id or None,
+        **st.made_by(),
+        **fields,
+    )
 
 
 class Result(StrEnum):

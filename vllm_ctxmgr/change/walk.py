@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from vllm_ctxmgr import store as st
 from vllm_ctxmgr.change.observing import calibration, capacity, expected_downtime
@@ -36,6 +36,7 @@ from vllm_ctxmgr.change.states import (
     describe,
     ensure_baseline,
     hold_back,
+    planned_revision,
     result_for,
     roll_back,
     serves_other,
@@ -431,7 +432,7 @@ def _record_and_apply(
     files = [FileChange(Path(edit.path), old, edit.new_text.encode())]
     _confirm(restarter, request.confirm, result, files)
     ensure_baseline(store, view, files)
-    rev = _planned(
+    rev = planned_revision(
         restarter,
         unit_path=str(edit.path),
         max_model_len=context,
@@ -465,20 +466,6 @@ def _confirm(
                 f"{f.path} changed while the diff was shown: nothing was changed; run again to see the new "
                 "diff"
             )
-
-
-def _planned(restarter: Restarter, **fields: Any) -> Revision:
-    """A revision in memory (planned) with who, where and which versions make it."""
-    state = restarter.systemd.state(restarter.unit)
-    return Revision(
-        number=0,
-        service=restarter.service,
-        state=State.PLANNED,
-        created=time.time(),
-        invocation_id=state.invocation_id or None,
-        **st.made_by(),
-        **fields,
-    )
 
 
 def _pending_recovery(restarter: Restarter, action: str) -> ChangeResult | None:
@@ -615,7 +602,7 @@ def rollback(
             result.result, result.reason = Result.DRY_RUN, "dry run: nothing was written or restarted"
             return result
         _confirm(restarter, confirm, result, files)
-        rev = _planned(
+        rev = planned_revision(
             restarter,
             unit_path=str(files[0].path),
             max_model_len=target.max_model_len,

@@ -85,7 +85,7 @@ def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int 
     """
     target = context_from(context, max_model_len)
     refuse_old_rules(options.get("vllm_version"), "set-context")
-    restarter = restarter_for(ctx, service, as_json, timeout)
+    restarter = restarter_for(ctx, service, as_json=as_json, timeout=timeout)
     restarter.start_into_held_gpu = start_into_held_gpu
     request = SetContextRequest(
         context=target,
@@ -123,7 +123,7 @@ def set_context_cmd(ctx: click.Context, context: int | None, max_model_len: int 
 def rollback_cmd(ctx: click.Context, service: str, to: int | None, timeout: float, dry_run: bool,
                  start_into_held_gpu: bool, wait_lock: float, yes: bool, as_json: bool) -> None:  # fmt: skip
     """Return a service to an earlier revision through the same restart / watch / probe path."""
-    restarter = restarter_for(ctx, service, as_json, timeout)
+    restarter = restarter_for(ctx, service, as_json=as_json, timeout=timeout)
     restarter.start_into_held_gpu = start_into_held_gpu
     confirm = None if dry_run else confirmation(yes, as_json, restarter.unit)
     result = rollback(restarter, to, wait_lock, dry_run=dry_run, confirm=confirm)
@@ -138,7 +138,7 @@ def rollback_cmd(ctx: click.Context, service: str, to: int | None, timeout: floa
 @handle_errors
 def recover_cmd(ctx: click.Context, service: str, timeout: float, as_json: bool) -> None:
     """Finish the rollback of a change that an interrupted ctxmgr run left in progress."""
-    restarter = restarter_for(ctx, service, as_json, timeout)
+    restarter = restarter_for(ctx, service, as_json=as_json, timeout=timeout)
     with restarter.store.lock(0.0):
         result = recover_if_needed(restarter)
     if result is None:
@@ -192,7 +192,7 @@ def observe_cmd(
     if import_file:
         # read first, through the bounded door: a FIFO or /dev/zero is refused before anything else
         raw = files.read_regular(import_file, MAX_IMPORT_BYTES, what="observation", error=UsageError)
-        restarter = restarter_for(ctx, service, True, 60.0)
+        restarter = restarter_for(ctx, service, as_json=True, timeout=60.0)
         record = imported_observation(raw.decode(errors="replace"), import_file, **import_match(restarter))
         if dry_run:  # Ansible's check mode: checked as a real import checks it, nothing stored
             if as_json:
@@ -209,7 +209,7 @@ def observe_cmd(
         else:
             echo(f"{restarter.unit}: stored the observation from {record['imported_from']}")
         return
-    restarter = restarter_for(ctx, service, True, 60.0)
+    restarter = restarter_for(ctx, service, as_json=True, timeout=60.0)
     if dry_run:  # read only: no lock file, no line appended to observations.jsonl
         observed, obs, lines = observe_last_start(restarter.systemd, restarter.service)
         stored: list[StoredObservation] = [observed.to_json()]

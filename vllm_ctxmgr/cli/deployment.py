@@ -1,21 +1,22 @@
 """`ctxmgr deployment ...` (one vLLM deployment over several machines) and `ctxmgr node ...` (the steps
-the coordinator runs on each of them over ssh). Thin: multinode.py walks the change, node.py is a step."""
+the coordinator runs on each of them over ssh). Thin: deployment/coordinator.py reads, plans and runs each
+command's flow, deployment/walk.py walks the change, deployment/node.py is a step, deployment/file.py reads
+the deployment file and deployment/report.py writes the text."""
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import shlex
 import sys
-import tomllib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn, TypedDict, TypeVar, Unpack
+from typing import Any, NoReturn, TypedDict, TypeVar, Unpack
 
 import click
 
 from vllm_ctxmgr.change.planning import PlanRequest, node_observations_from_json
+from vllm_ctxmgr.change.restart import Restarter
 from vllm_ctxmgr.cli.confirm import ask_before
 from vllm_ctxmgr.cli.examples import examples
 from vllm_ctxmgr.cli.finish import conclude
@@ -40,8 +41,8 @@ from vllm_ctxmgr.cli.params import (
     yes_option,
 )
 from vllm_ctxmgr.cli.restarter import restarter_for
-from vllm_ctxmgr.core import nesting
 from vllm_ctxmgr.core.hardware import uniform_gpus
+from vllm_ctxmgr.core.verdict import Verdict
 from vllm_ctxmgr.deployment import node as node_steps
 from vllm_ctxmgr.deployment.coordinator import (
     DeploymentRequest,
@@ -52,23 +53,37 @@ from vllm_ctxmgr.deployment.coordinator import (
     set_deployment_context,
     verify_deployment,
 )
+from vllm_ctxmgr.deployment.file import DeploymentFile, beside, read_deployment_file
 from vllm_ctxmgr.deployment.remote import DEFAULT_SSH, Link, NodeAddress
+from vllm_ctxmgr.deployment.report import deployment_text, verdict_text
 from vllm_ctxmgr.deployment.wire import (
     WIRE_VERSION,
+    CheckAnswer,
     Message,
+    PlanAnswer,
     PlanningOptions,
     PlanStdin,
+    PrepareAnswer,
     PrepareStdin,
     ReasonStdin,
+    ShowAnswer,
+    StartAnswer,
     StartStdin,
+    StepAnswer,
+    StopAnswer,
+    VerifyAnswer,
     VerifyStdin,
 )
 from vllm_ctxmgr.errors import UsageError
-from vllm_ctxmgr.files import read_regular
 from vllm_ctxmgr.monitor.verify import VerifyOptions
 from vllm_ctxmgr.nvml import gpus_from_file, gpus_from_json
 
 T = TypeVar("T", bound=Message)
+F = TypeVar("F", bound=Callable[..., Any])
+
+# the deployment file's reader and the text, where they were before they moved to deployment/
+_read_deployment_file = read_deployment_file
+__all__ = ["DeploymentFile", "deployment_text"]
 
 NODES = "--node gpu-a:vllm-glm5 --node gpu-b:vllm-glm5"
 DEPLOYMENT_EXAMPLES = {
@@ -92,7 +107,6 @@ DEPLOYMENT_EXAMPLES = {
     ),
 }
 MAX_STDIN_BYTES = 16 << 20  # a node step's request: flags, a reason, every node's GPUs
-MAX_DEPLOYMENT_FILE_BYTES = 1 << 20
 
 
 # ---- the coordinator -------------------------------------------------------------------------------
@@ -176,7 +190,7 @@ def _request(
     wait_lock: float = 0.0,
 ) -> DeploymentRequest:
     """The request from the flags and the deployment file (the flags win where both say)."""
-    data = _read_deployment_file(Path(deployment_file)) if deployment_file else DeploymentFile()
+    data = read_deployment_file(Path(deployment_file)) if deployment_file else DeploymentFile()
     addresses = [NodeAddress.parse(n) for n in nodes]
     node_gpus = {}
     per_host: dict[str, tuple[str, ...]] = {}
@@ -187,7 +201,7 @@ def _request(
         if entry.ctxmgr:
             per_host[address.host] = entry.ctxmgr
         if entry.gpus_from:
-            node_gpus[address.host] = gpus_from_file(_beside(Path(deployment_file or "."), entry.gpus_from))
+            node_gpus[address.host] = gpus_from_file(beside(Path(deployment_file or "."), entry.gpus_from))
     if not addresses:
         raise UsageError("name the deployment's nodes: --node HOST:UNIT for each, or --file DEPLOYMENT.toml")
     link = Link(
@@ -218,126 +232,9 @@ def _request(
     )
 
 
-def _beside(deployment_file: Path, gpus_from: str) -> Path:
-    """A [[node]]'s gpus_from: beside the deployment file (or absolute), never up through `..`."""
-    name = Path(gpus_from)
-    if ".." in name.parts:
-        raise UsageError(
-            f"{deployment_file}: gpus_from {gpus_from!r} goes up through '..': name the file beside "
-            "the deployment file, or by its absolute path"
-        )
-    return deployment_file.parent / name
-
-
-@dataclass(frozen=True)
-class FileNode:
-    """A [[node]] of a deployment file."""
-
-    host: str
-    service: str
-    gpus_from: str | None = None  # its `ctxmgr gpus --json` file, beside the deployment file
-    ctxmgr: tuple[str, ...] | None = None  # ctxmgr's command on this node (instead of remote_ctxmgr)
-
-
-@dataclass(frozen=True)
-class DeploymentFile:
-    """A deployment file, checked: its name, how to reach its nodes, and the nodes."""
-
-    name: str | None = None
-    ssh: tuple[str, ...] = ()
-    remote_ctxmgr: tuple[str, ...] = ()
-    nodes: tuple[FileNode, ...] = ()
-
-
-def _read_deployment_file(path: Path) -> DeploymentFile:
-    """A small TOML file: name, ssh, remote_ctxmgr, and [[node]] host / service / gpus_from. Its
-    commands (ssh, ctxmgr) run as the operator, root included: the file and its directory are trusted
-    only as the state directory is (sshd's StrictModes, issue 36 item 12)."""
-    from vllm_ctxmgr.store import check_trusted
-
-    try:
-        check_trusted(os.stat(path.parent), path.parent, sticky_ok=True)  # nobody else swaps the file
-        raw = read_regular(path, MAX_DEPLOYMENT_FILE_BYTES, what="deployment file")  # a regular file
-        check_trusted(os.stat(path), path)
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
-    try:
-        data = tomllib.loads(raw.decode())
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"{path}: not TOML ({exc})") from None
-    except RecursionError:  # tomllib recurses once per level of an inline array or table
-        raise UsageError(f"{path}: nested deeper than a deployment file can be") from None
-    if not nesting.depth_ok(data):
-        raise UsageError(f"{path}: nested deeper than {nesting.MAX_DEPTH} levels; not a deployment file")
-    unknown = set(data) - {"name", "ssh", "remote_ctxmgr", "node"}
-    if unknown:
-        raise UsageError(f"{path}: unknown key {sorted(unknown)[0]!r} (name, ssh, remote_ctxmgr, node)")
-    nodes = data.get("node")
-    if not isinstance(nodes, list) or not all(
-        isinstance(n, dict) and isinstance(n.get("host"), str) and isinstance(n.get("service"), str)
-        for n in nodes
-    ):
-        raise UsageError(f"{path}: expected [[node]] tables, each with host and service (strings)")
-    for entry in nodes:
-        unknown_keys = set(entry) - {"host", "service", "gpus_from", "ctxmgr"}
-        if unknown_keys:
-            raise UsageError(f"{path}: [[node]] {entry['host']}: unknown key {sorted(unknown_keys)[0]!r}")
-        words = entry.get("ctxmgr")
-        if words is not None and not (
-            isinstance(words, list) and words and all(isinstance(w, str) for w in words)
-        ):
-            raise UsageError(f"{path}: [[node]] {entry['host']}: ctxmgr must be a list of words")
-    for key in ("ssh", "remote_ctxmgr"):
-        value = data.get(key)
-        if value is not None and not (isinstance(value, list) and all(isinstance(w, str) for w in value)):
-            raise UsageError(f'{path}: {key} must be a list of words, e.g. ["ssh", "-F", "ssh_config"]')
-    return DeploymentFile(
-        name=str(data["name"]) if data.get("name") else None,
-        ssh=tuple(data.get("ssh") or ()),
-        remote_ctxmgr=tuple(data.get("remote_ctxmgr") or ()),
-        nodes=tuple(
-            FileNode(
-                entry["host"],
-                entry["service"],
-                gpus_from=str(entry["gpus_from"]) if entry.get("gpus_from") else None,
-                ctxmgr=tuple(entry["ctxmgr"]) if entry.get("ctxmgr") else None,
-            )
-            for entry in nodes
-        ),
-    )
-
-
 def _finish(result: DeploymentResult, as_json: bool, dry_run: bool = False) -> NoReturn:
     """A deployment's end as a service's (cli.finish.conclude): its report or one JSON object, its code."""
     conclude(f"deployment {result.action}", result, lambda: deployment_text(result), as_json, dry_run=dry_run)
-
-
-def deployment_text(result: DeploymentResult) -> str:
-    """The operator's report: the verdict first, then each node, then the diffs and the plan."""
-    lines = [
-        f"{result.deployment}: {result.action} {result.result}"
-        + (
-            f" (max_model_len {result.previous_max_model_len} -> {result.max_model_len})"
-            if result.max_model_len
-            else ""
-        )
-    ]
-    if result.reason:
-        lines.append(f"  {result.reason}")
-    for node in result.nodes:
-        stages = f", pipeline stage {','.join(map(str, node.stages))}" if node.stages else ""
-        status = "" if node.ok else f": {node.reason}"
-        lines.append(
-            f"  node {node.node_rank} {node.host}:{node.service} ({node.role}{stages}) {node.step}{status}"
-        )
-    if result.suggestion:
-        lines.append(f"  {result.suggestion}")
-    if result.plan_text:
-        lines += ["", result.plan_text.rstrip()]
-    for node in result.nodes:
-        if node.diff:
-            lines += ["", f"--- node {node.node_rank} ({node.host}):", node.diff.rstrip()]
-    return "\n".join(lines)
 
 
 @click.group("deployment", epilog=DEPLOYMENT_EXAMPLES["deployment"])
@@ -486,12 +383,8 @@ def deployment_verify_cmd(
     if as_json:
         emit_json({"command": "deployment verify", "changed": False, **data})
     else:
-        echo(f"{data['deployment']}: {data['result']} (max_model_len {data['max_model_len']})")
-        for node in data["nodes"]:
-            echo(f"  {node['host']}:{node['service']} ({node['role']}) {node['result']}")
-        for reason in data["reasons"]:
-            echo(f"  {reason}")
-    sys.exit(data["result"].exit_code)
+        echo(verdict_text(data))
+    sys.exit(Verdict(data["result"]).exit_code)
 
 
 # ---- the steps on each node (run by the coordinator over ssh) ---------------------------------------
@@ -516,9 +409,8 @@ def _stdin(kind: type[T]) -> T:
     return kind.from_json(data, f"the `node {kind.step}` request")
 
 
-def _emit(answer: Message | Mapping[str, object], command: str) -> None:
-    data = answer.to_json() if isinstance(answer, Message) else {"wire": WIRE_VERSION, **answer}
-    emit_json({"command": f"node {command}", **data})
+def _emit(answer: Message, command: str) -> None:
+    emit_json({"command": f"node {command}", **answer.to_json()})
 
 
 @click.group("node")
@@ -529,34 +421,56 @@ def node_group() -> None:
 _json_flag = json_option.but(help="Print one JSON object (always).")
 
 
-@node_group.command("show")
-@click.argument("service")
-@_json_flag
-@click.pass_context
-@handle_errors
-def node_show_cmd(ctx: click.Context, service: str, as_json: bool) -> None:
+def _node_step(
+    name: str,
+    *declared: Callable[[F], F],
+    stdin: type[Message] | None = None,
+    start_timeout: bool = False,
+) -> Callable[[Callable[..., Message]], click.Command]:
+    """A `ctxmgr node NAME SERVICE ... --json` command declared once: the service argument, --json, the
+    context and the error handling. The step is called with the node's Restarter (quiet: its answer is
+    the one JSON object; --timeout its start's bound where `start_timeout`), the coordinator's request
+    on stdin as `asked` where it takes one (read and checked at the door first), and its own options by
+    keyword; its answer is printed as its wire message."""
+
+    def declare(step: Callable[..., Message]) -> click.Command:
+        @functools.wraps(step)
+        def command(ctx: click.Context, service: str, as_json: bool, **options: Any) -> None:
+            if stdin is not None:
+                options["asked"] = _stdin(stdin)
+            timeout = options["timeout"] if start_timeout else 0.0
+            _emit(step(restarter_for(ctx, service, as_json=True, timeout=timeout), **options), name)
+
+        declared_command: Callable[..., None] = click.pass_context(handle_errors(command))
+        for option in reversed((click.argument("service"), *declared, _json_flag)):
+            declared_command = option(declared_command)
+        return node_group.command(name)(declared_command)
+
+    return declare
+
+
+@_node_step("show")
+def node_show_cmd(restarter: Restarter) -> ShowAnswer:
     """The unit's vLLM arguments (keys masked), its digest, this node's GPUs and any change in progress."""
-    _emit(node_steps.show(restarter_for(ctx, service, True, 0.0)), "show")
+    return node_steps.show(restarter)
 
 
-@node_group.command("plan")
-@click.argument("service")
-@click.option("--context", type=CONTEXT, required=True)
-@gpu_memory_utilization_option
-@_json_flag
-@click.pass_context
-@handle_errors
+@_node_step(
+    "plan",
+    click.option("--context", type=CONTEXT, required=True),
+    gpu_memory_utilization_option,
+    stdin=PlanStdin,
+)
 def node_plan_cmd(
-    ctx: click.Context, service: str, context: int, gpu_memory_utilization: float | None, as_json: bool
-) -> None:
+    restarter: Restarter, asked: PlanStdin, context: int, gpu_memory_utilization: float | None
+) -> PlanAnswer:
     """The head's plan of the whole deployment, with every node's GPUs and every other node's last start
     (stdin: world_gpus, planning, node_observations)."""
-    request = _stdin(PlanStdin)
-    world = request.world_gpus
+    world = asked.world_gpus
     world_gpus = gpus_from_json(world, "the deployment's nodes") if world else None
-    starts = [{"node": n.node, "ranks": list(n.ranks), "record": n.record} for n in request.node_observations]
+    starts = [{"node": n.node, "ranks": list(n.ranks), "record": n.record} for n in asked.node_observations]
     nodes = node_observations_from_json(starts, len(world_gpus.gpus)) if world_gpus is not None else ()
-    planning = request.planning
+    planning = asked.planning
     plan_request = PlanRequest(
         context,
         world_gpus=world_gpus,
@@ -565,25 +479,25 @@ def node_plan_cmd(
         vllm_version=planning.vllm_version,
         allow_long=planning.allow_long,
     )
-    restarter = restarter_for(ctx, service, True, 0.0)
-    _emit(node_steps.plan(restarter, plan_request, gpu_memory_utilization), "plan")
+    return node_steps.plan(restarter, plan_request, gpu_memory_utilization)
 
 
-@node_group.command("prepare")
-@click.argument("service")
-@click.option("--change", "change_id", required=True)
-@click.option("--max-model-len", type=CONTEXT, required=True)
-@click.option("--expect-digest", required=True)
-@click.option("--dropin", is_flag=True)
-@click.option("--dry-run", is_flag=True)
-@click.option("--undo", "undo_change", default=None, help="Put back what this node had before that change.")
-@click.option("--back-to", "back_to", default=None, help="Put back the unit that change installed.")
-@_json_flag
-@click.pass_context
-@handle_errors
+@_node_step(
+    "prepare",
+    click.option("--change", "change_id", required=True),
+    click.option("--max-model-len", type=CONTEXT, required=True),
+    click.option("--expect-digest", required=True),
+    click.option("--dropin", is_flag=True),
+    click.option("--dry-run", is_flag=True),
+    click.option(
+        "--undo", "undo_change", default=None, help="Put back what this node had before that change."
+    ),
+    click.option("--back-to", "back_to", default=None, help="Put back the unit that change installed."),
+    stdin=PrepareStdin,
+)
 def node_prepare_cmd(
-    ctx: click.Context,
-    service: str,
+    restarter: Restarter,
+    asked: PrepareStdin,
     change_id: str,
     max_model_len: int,
     expect_digest: str,
@@ -591,11 +505,9 @@ def node_prepare_cmd(
     dry_run: bool,
     undo_change: str | None,
     back_to: str | None,
-    as_json: bool,
-) -> None:
+) -> PrepareAnswer:
     """Write this node's new unit (stdin: flag_changes, env_changes) and record its revision; restart
     nothing. Only the flags a context change writes are taken (wire.check_context_flags)."""
-    asked = _stdin(PrepareStdin)
     flags = asked.flag_changes
     if flags["--max-model-len"] != str(max_model_len):
         raise UsageError(
@@ -615,95 +527,65 @@ def node_prepare_cmd(
         undo_change=undo_change,
         back_to=back_to,
     )
-    _emit(node_steps.prepare(restarter_for(ctx, service, True, 0.0), request), "prepare")
+    return node_steps.prepare(restarter, request)
 
 
-@node_group.command("stop")
-@click.argument("service")
-@start_timeout_option.but(default="5min", help=None)
-@_json_flag
-@click.pass_context
-@handle_errors
-def node_stop_cmd(ctx: click.Context, service: str, timeout: float, as_json: bool) -> None:
+@_node_step("stop", start_timeout_option.but(default="5min", help=None))
+def node_stop_cmd(restarter: Restarter, timeout: float) -> StopAnswer:
     """Stop this node's vLLM and wait until it has exited."""
-    _emit(node_steps.stop(restarter_for(ctx, service, True, 0.0), timeout), "stop")
+    return node_steps.stop(restarter, timeout)
 
 
-@node_group.command("start")
-@click.argument("service")
-@click.option("--change", "change_id", required=True)
-@click.option("--head", is_flag=True, help="Watch until it serves, then probe (the head).")
-@click.option("--back", is_flag=True, help="The start of a rollback.")
-@start_timeout_option.but(help=None)
-@_json_flag
-@click.pass_context
-@handle_errors
+@_node_step(
+    "start",
+    click.option("--change", "change_id", required=True),
+    click.option("--head", is_flag=True, help="Watch until it serves, then probe (the head)."),
+    click.option("--back", is_flag=True, help="The start of a rollback."),
+    start_timeout_option.but(help=None),
+    stdin=StartStdin,
+    start_timeout=True,
+)
 def node_start_cmd(
-    ctx: click.Context, service: str, change_id: str, head: bool, back: bool, timeout: float, as_json: bool
-) -> None:
+    restarter: Restarter, asked: StartStdin, change_id: str, head: bool, back: bool, timeout: float
+) -> StartAnswer:
     """Start this node's vLLM (the head: watched and probed as the request on stdin asks)."""
-    probe = _stdin(StartStdin)
-    _emit(node_steps.start(restarter_for(ctx, service, True, timeout), change_id, head, back, probe), "start")
+    return node_steps.start(restarter, change_id, head, back, asked)
 
 
-@node_group.command("check")
-@click.argument("service")
-@click.option("--cursor", default=None, help="Since this journal cursor (default: its last start).")
-@click.option("--max-model-len", type=int, default=0)
-@_json_flag
-@click.pass_context
-@handle_errors
-def node_check_cmd(
-    ctx: click.Context, service: str, cursor: str | None, max_model_len: int, as_json: bool
-) -> None:
+@_node_step(
+    "check",
+    click.option("--cursor", default=None, help="Since this journal cursor (default: its last start)."),
+    click.option("--max-model-len", type=int, default=0),
+)
+def node_check_cmd(restarter: Restarter, cursor: str | None, max_model_len: int) -> CheckAnswer:
     """A headless rank since CURSOR: active, no failure in its journal, the expected max_model_len."""
-    _emit(node_steps.check(restarter_for(ctx, service, True, 0.0), cursor, max_model_len or None), "check")
+    return node_steps.check(restarter, cursor, max_model_len or None)
 
 
-@node_group.command("finish")
-@click.argument("service")
-@click.option("--change", "change_id", required=True)
-@_json_flag
-@click.pass_context
-@handle_errors
-def node_finish_cmd(ctx: click.Context, service: str, change_id: str, as_json: bool) -> None:
+_change_id = click.option("--change", "change_id", required=True)
+
+
+@_node_step("finish", _change_id)
+def node_finish_cmd(restarter: Restarter, change_id: str) -> StepAnswer:
     """The deployment served and was probed: this node's revision is final."""
-    _emit(node_steps.finish(restarter_for(ctx, service, True, 0.0), change_id), "finish")
+    return node_steps.finish(restarter, change_id)
 
 
-@node_group.command("restore")
-@click.argument("service")
-@click.option("--change", "change_id", required=True)
-@_json_flag
-@click.pass_context
-@handle_errors
-def node_restore_cmd(ctx: click.Context, service: str, change_id: str, as_json: bool) -> None:
+@_node_step("restore", _change_id, stdin=ReasonStdin)
+def node_restore_cmd(restarter: Restarter, asked: ReasonStdin, change_id: str) -> StepAnswer:
     """Put this node's previous unit back (stdin: reason); restart nothing."""
-    reason = _stdin(ReasonStdin).reason or "the deployment change failed"
-    _emit(node_steps.restore(restarter_for(ctx, service, True, 0.0), change_id, reason), "restore")
+    return node_steps.restore(restarter, change_id, asked.reason or "the deployment change failed")
 
 
-@node_group.command("settle")
-@click.argument("service")
-@click.option("--change", "change_id", required=True)
-@click.option("--ok/--failed", "ok", required=True)
-@_json_flag
-@click.pass_context
-@handle_errors
-def node_settle_cmd(ctx: click.Context, service: str, change_id: str, ok: bool, as_json: bool) -> None:
+@_node_step("settle", _change_id, click.option("--ok/--failed", "ok", required=True), stdin=ReasonStdin)
+def node_settle_cmd(restarter: Restarter, asked: ReasonStdin, change_id: str, ok: bool) -> StepAnswer:
     """The end of a rollback on this node: rolled-back, or rollback-failed (stdin: reason)."""
-    reason = _stdin(ReasonStdin).reason
-    _emit(node_steps.settle(restarter_for(ctx, service, True, 0.0), change_id, ok, reason), "settle")
+    return node_steps.settle(restarter, change_id, ok, asked.reason)
 
 
-@node_group.command("verify")
-@click.argument("service")
-@probe_timeout_option
-@_json_flag
-@click.pass_context
-@handle_errors
-def node_verify_cmd(ctx: click.Context, service: str, timeout: float, as_json: bool) -> None:
+@_node_step("verify", probe_timeout_option, stdin=VerifyStdin)
+def node_verify_cmd(restarter: Restarter, asked: VerifyStdin, timeout: float) -> VerifyAnswer:
     """The head's `ctxmgr verify`, answered as a step (exit 0; the verdict is in the object; stdin:
     long_probe)."""
-    options = VerifyOptions(long_probe=_stdin(VerifyStdin).long_probe, probe_timeout=timeout)
-    _emit(node_steps.verify(restarter_for(ctx, service, True, 0.0), options), "verify")
+    options = VerifyOptions(long_probe=asked.long_probe, probe_timeout=timeout)
+    return node_steps.verify(restarter, options)

@@ -159,7 +159,7 @@ def plan(ctx: click.Context, context: int | None, max_model_len: int | None, mod
         from vllm_ctxmgr.cli.restarter import restarter_for
         from vllm_ctxmgr.systemd.service import read_service
 
-        restarter = restarter_for(ctx, service, True, 60.0)
+        restarter = restarter_for(ctx, service, as_json=True, timeout=60.0)
         if not given:  # plan_service reads the unit again with the plan; this is only for its context
             unit_args = with_overrides(read_service(restarter.systemd, restarter.unit).args, overrides)
     elif unit_file:

@@ -34,16 +34,10 @@ def journal_echo(text: str, width: int = ECHO_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 3].rstrip() + "..."
 
 
-def restarter_for(ctx: click.Context, service: str, as_json: bool, timeout: float) -> Restarter:
-    """The restart path for a service systemd knows, under its canonical name (an alias shares the
-    real unit's lock, journal and history); an unknown service stops here, before anything is written."""
-    from vllm_ctxmgr.change.restart import Restarter
-    from vllm_ctxmgr.store import ServiceStore
-    from vllm_ctxmgr.systemd.names import canonical_unit
-
-    systemd = systemd_for(ctx)
-    unit = canonical_unit(systemd, service)
-    store = ServiceStore(ctx.find_root().obj["state_dir"], unit)
+def restarter_for(ctx: click.Context, service: str, *, as_json: bool, timeout: float) -> Restarter:
+    """A command's restart path (change.restart.restarter_for_service) with this run's systemd and state
+    directory, printing its steps and vLLM's lines on stderr unless the command prints JSON."""
+    from vllm_ctxmgr.change.restart import restarter_for_service
 
     live = LiveStatus(enabled=not as_json, terminal=sys.stderr.isatty())
 
@@ -57,6 +51,8 @@ def restarter_for(ctx: click.Context, service: str, as_json: bool, timeout: floa
             live.clear()
             echo(f"  | {journal_echo(text)}", err=True)
 
-    return Restarter(
-        systemd, store, unit, on_line=vllm_line, on_step=say, start_timeout=timeout, on_tick=live.tick
-    )
+    state_dir = ctx.find_root().obj["state_dir"]
+    return restarter_for_service(
+        systemd_for(ctx), state_dir, service, start_timeout=timeout, on_step=say, on_line=vllm_line,
+        on_tick=live.tick,
+    )  # fmt: skip

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -29,9 +29,8 @@ from vllm_ctxmgr import store as st
 from vllm_ctxmgr.change.observing import last_start_of, observation_record
 from vllm_ctxmgr.change.planning import PlanRequest, ServicePlan, plan_service
 from vllm_ctxmgr.change.restart import Restarter
-from vllm_ctxmgr.change.states import Change, ensure_baseline
+from vllm_ctxmgr.change.states import Change, ensure_baseline, planned_revision
 from vllm_ctxmgr.core.change_policy import flags_to_apply, least_utilization
-from vllm_ctxmgr.core.json_types import JSONObject
 from vllm_ctxmgr.deployment.wire import (
     MAX_CHANGES_SHOWN,
     CheckAnswer,
@@ -45,6 +44,7 @@ from vllm_ctxmgr.deployment.wire import (
     StartStdin,
     StepAnswer,
     StopAnswer,
+    VerifyAnswer,
 )
 from vllm_ctxmgr.errors import CtxmgrError, UnitError, UsageError
 from vllm_ctxmgr.masking import mask, mask_json
@@ -230,23 +230,18 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> PrepareAnswer:
         # node restarts with the deployment, and `deployment rollback` finds the change on each of them
         files = [FileChange(Path(edit.path), old, new if edit.changed else old)]
         ensure_baseline(store, view, files)
-        rev = Revision(
-            number=0,
-            service=restarter.service,
-            state=State.PLANNED,
+        undone = request.undo_change or request.back_to
+        rev = planned_revision(
+            restarter,
             unit_path=str(edit.path),
-            created=time.time(),
             max_model_len=request.max_model_len,
             gpu_memory_utilization=request.gpu_memory_utilization or view.args.gpu_memory_utilization,
             previous_max_model_len=view.args.max_model_len,
             previous_gpu_memory_utilization=view.args.gpu_memory_utilization,
             vllm_version=view.args.vllm_version,
             deployment=request.change_id,
-            action="rollback" if request.undo_change or request.back_to else "set-context",
-            rollback_of=_revision_of(restarter, request.undo_change or request.back_to).number
-            if request.undo_change or request.back_to
-            else None,
-            **st.made_by(),
+            action="rollback" if undone else "set-context",
+            rollback_of=_revision_of(restarter, undone).number if undone else None,
         )
         change = Change(store, rev, files, "node prepare")
         change.enter(
@@ -292,6 +287,18 @@ def _change_of(restarter: Restarter, change_id: str) -> Change:
     return Change(store, rev, store.file_changes(rev), "node")
 
 
+@contextlib.contextmanager
+def _written_change(restarter: Restarter, change_id: str) -> Iterator[Change | None]:
+    """The opening of every step that acts on a written change (finish, restore, settle): None where the
+    change never wrote this node (nothing to do there, answered "not written", no lock taken), else its
+    revision on this node, under the node's lock."""
+    if not _written(restarter, change_id):
+        yield None
+        return
+    with restarter.store.lock():
+        yield _change_of(restarter, change_id)
+
+
 def stop(restarter: Restarter, timeout: float) -> StopAnswer:
     """Stop the node's vLLM and wait until it has exited (a headless rank can take ~12 s)."""
     restarter.systemd.stop(restarter.unit, no_block=False, timeout=timeout)
@@ -313,14 +320,14 @@ def start(
         if not _written(restarter, change_id):
             # an interrupted change never wrote this node, or a reconciling one had nothing to write
             # here (its unit already at the target): restarted as it is, with the others
-            return _start_as_is(restarter, head, probe)
+            return _start_unit(restarter, head, probe)
         change = _change_of(restarter, change_id)
         rev = change.rev
         if back and rev.state in (State.ROLLED_BACK, State.ROLLBACK_FAILED):
             # put back and settled already (a write undone before anything restarted, or a way back
             # whose restart failed, taken again by recover): its previous unit is in place, and it
             # restarts as it is with the others
-            return _start_as_is(restarter, head, probe)
+            return _start_unit(restarter, head, probe)
         if back:
             if rev.state is not State.ROLLING_BACK:
                 raise NodeStepError(
@@ -332,32 +339,41 @@ def start(
             change.enter(
                 State.RESTARTING, f"starting {restarter.unit} with every other node of the deployment"
             )
-        systemd = restarter.systemd
-        cursor = systemd.journal_cursor()
-        view = read_service(systemd, restarter.service)
-        if not head:
-            systemd.daemon_reload()
-            systemd.reset_failed(restarter.unit)
-            systemd.start(restarter.unit, no_block=True)
-            return StartAnswer(restarter.unit, True, cursor, rev.number)
-        verdict, probe_result = restarter.restart_and_probe(view, probe.probe_tokens, probe.long_probe)
-        ok = verdict.ok and probe_result is not None and probe_result.ok
-        answer = StartAnswer(
-            restarter.unit,
-            ok,
-            cursor,
-            rev.number,
-            observation=asdict(verdict.observation),
-            probe=asdict(probe_result) if probe_result is not None else None,
-        )
-        if not verdict.ok:
-            answer = replace(answer, reason=verdict.reason, decisive_line=verdict.decisive_line)
-        elif probe_result is not None and not probe_result.ok:
-            answer = replace(answer, reason=f"the probe failed: {probe_result.error}")
-        if ok and not back:
+        answer = _start_unit(restarter, head, probe, rev.number)
+        if head and answer.ok and not back:
             change.enter(State.SERVING, "vLLM serves on the head")
             change.enter(State.PROBED, "the head served the context-sized probe")
         return answer
+
+
+def _start_unit(
+    restarter: Restarter, head: bool, probe: StartStdin, revision: int | None = None
+) -> StartAnswer:
+    """The one start of a node's unit, its revision's or as it is: a headless rank only started (the
+    coordinator checks its journal), the head restarted, watched until it serves and probed."""
+    systemd = restarter.systemd
+    cursor = systemd.journal_cursor()
+    if not head:
+        systemd.daemon_reload()
+        systemd.reset_failed(restarter.unit)
+        systemd.start(restarter.unit, no_block=True)
+        return StartAnswer(restarter.unit, True, cursor, revision)
+    view = read_service(systemd, restarter.service)
+    verdict, probe_result = restarter.restart_and_probe(view, probe.probe_tokens, probe.long_probe)
+    answer = StartAnswer(
+        restarter.unit,
+        verdict.ok and probe_result is not None and probe_result.ok,
+        cursor,
+        revision,
+        observation=asdict(verdict.observation),
+        probe=asdict(probe_result) if probe_result is not None else None,
+    )
+    if not verdict.ok:
+        return replace(answer, reason=verdict.reason, decisive_line=verdict.decisive_line)
+    if not answer.ok:
+        said = probe_result.error if probe_result is not None else "no probe"
+        return replace(answer, reason=f"the probe failed: {said}")
+    return answer
 
 
 def check(restarter: Restarter, cursor: str | None, expected_max_model_len: int | None) -> CheckAnswer:
@@ -434,10 +450,9 @@ def _failed_command(restarter: Restarter) -> str:
 def finish(restarter: Restarter, change_id: str) -> StepAnswer:
     """The deployment served, the head passed its probe and every headless rank was checked (`check`):
     this node's revision is final (a node the change did not write has nothing to finish)."""
-    if not _written(restarter, change_id):
-        return StepAnswer(restarter.unit, True, None, "not written")
-    with restarter.store.lock():
-        change = _change_of(restarter, change_id)
+    with _written_change(restarter, change_id) as change:
+        if change is None:
+            return StepAnswer(restarter.unit, True, None, "not written")
         rev = change.rev
         if rev.state is State.RESTARTING:  # a headless rank: the coordinator checked its journal
             change.enter(State.SERVING, "active, no failure in its journal since its start")
@@ -449,34 +464,11 @@ def finish(restarter: Restarter, change_id: str) -> StepAnswer:
         return StepAnswer(restarter.unit, True, rev.number, str(rev.state))
 
 
-def _start_as_is(restarter: Restarter, head: bool, probe: StartStdin) -> StartAnswer:
-    """Start the node's unit as it is (the head watched and probed): a node an interrupted change
-    never wrote, restarted with the others so the deployment forms again."""
-    systemd = restarter.systemd
-    cursor = systemd.journal_cursor()
-    if not head:
-        systemd.reset_failed(restarter.unit)
-        systemd.start(restarter.unit, no_block=True)
-        return StartAnswer(restarter.unit, True, cursor)
-    view = read_service(systemd, restarter.service)
-    verdict, probe_result = restarter.restart_and_probe(view, probe.probe_tokens, probe.long_probe)
-    ok = verdict.ok and probe_result is not None and probe_result.ok
-    reason = (
-        ""
-        if ok
-        else verdict.reason
-        if not verdict.ok
-        else f"the probe failed: {probe_result and probe_result.error}"
-    )
-    return StartAnswer(restarter.unit, ok, cursor, reason=reason, decisive_line=verdict.decisive_line)
-
-
 def restore(restarter: Restarter, change_id: str, reason: str) -> StepAnswer:
     """Write the node's previous unit back (rolling-back); the coordinator restarts every node after."""
-    if not _written(restarter, change_id):
-        return StepAnswer(restarter.unit, True, None, "not written")
-    with restarter.store.lock():
-        change = _change_of(restarter, change_id)
+    with _written_change(restarter, change_id) as change:
+        if change is None:
+            return StepAnswer(restarter.unit, True, None, "not written")
         rev = change.rev
         if rev.state in st.FINISHED:
             return StepAnswer(restarter.unit, True, rev.number, str(rev.state))
@@ -497,10 +489,9 @@ def restore(restarter: Restarter, change_id: str, reason: str) -> StepAnswer:
 
 def settle(restarter: Restarter, change_id: str, ok: bool, reason: str) -> StepAnswer:
     """The end of a rollback: rolled-back when the old deployment serves again, else rollback-failed."""
-    if not _written(restarter, change_id):
-        return StepAnswer(restarter.unit, True, None, "not written")
-    with restarter.store.lock():
-        change = _change_of(restarter, change_id)
+    with _written_change(restarter, change_id) as change:
+        if change is None:
+            return StepAnswer(restarter.unit, True, None, "not written")
         rev = change.rev
         if rev.state is State.ROLLING_BACK:
             change.settle(ok, reason, "the previous deployment serves again")
@@ -544,8 +535,15 @@ def plan(restarter: Restarter, request: PlanRequest, gpu_memory_utilization: flo
     )
 
 
-def verify(restarter: Restarter, options: VerifyOptions) -> JSONObject:
+def verify(restarter: Restarter, options: VerifyOptions) -> VerifyAnswer:
     """The head's verify (the same checks as `ctxmgr verify`), answered as a step: the coordinator
-    decides the deployment's verdict from every node's."""
+    decides the deployment's verdict from every node's; the node's whole report goes with it."""
     verification, _facts = verify_service(restarter.systemd, restarter.store, restarter.service, options)
-    return {"service": restarter.unit, **verification.to_json()}
+    return VerifyAnswer(
+        service=restarter.unit,
+        result=verification.result,
+        reasons=tuple(verification.reasons),
+        max_model_len=verification.max_model_len,
+        probe_ok=verification.probe_ok,
+        report={"service": restarter.unit, **verification.to_json()},
+    )

@@ -511,6 +511,14 @@ class VerifyAnswer(Message):
     reasons: tuple[str, ...] = ()
     max_model_len: int | None = None
     probe_ok: bool | None = None
+    # the node's whole verification as `ctxmgr verify --json` prints it: what `node verify` prints, of
+    # which the coordinator reads only the fields above
+    report: object | None = field(default=None, compare=False)
+
+    def to_json(self) -> JSONObject:
+        if isinstance(self.report, dict):
+            return {"wire": WIRE_VERSION, **self.report}
+        return super().to_json()
 
     def check(self, what: str) -> None:
         _in_range(what, "max_model_len", self.max_model_len, 1, MAX_CONTEXT)

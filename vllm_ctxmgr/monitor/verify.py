@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import cast
 
 from vllm_ctxmgr.change.planning import PlanRequest, gather_gpus, upgrade_move
-from vllm_ctxmgr.change.restart import Restarter
+from vllm_ctxmgr.change.restart import Restarter, restarter_for_service
 from vllm_ctxmgr.change.states import ChangeResult
 from vllm_ctxmgr.change.walk import rollback
 from vllm_ctxmgr.core.budget import cuda_graphs_in_budget, default_gpu_memory_utilization, is_cpu_deployment
@@ -400,7 +400,8 @@ def _act(
     on_step: Printer,
 ) -> JSONObject:
 
-    restarter = Restarter(systemd, store, service, on_step=on_step, start_timeout=timeout)
+    state_dir = store.root.parent
+    restarter = restarter_for_service(systemd, state_dir, service, start_timeout=timeout, on_step=on_step)
     if how == "rollback":
         revisions = store.revisions()
         verified = last.get("verified_revisions", []) if (last := last_verify(store)) else []
