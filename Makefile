@@ -30,7 +30,7 @@ FLEET_APT := openssh-server openssh-client haproxy iproute2
 # host-apt, so `make -j4 test-setup` has one apt user; it waits for another one on the host (its locks)
 HOST_APT ?= $(FLEET_APT) debootstrap
 # Prometheus's promtool (`promtool check rules` / `test rules` over examples/monitoring, in
-# tests/test_monitoring.py): taken out of Debian's prometheus package, which is not installed (its
+# tests/monitor/test_monitoring.py): taken out of Debian's prometheus package, which is not installed (its
 # postinst would start a Prometheus server); kept like the vLLM CPU build
 PROMTOOL ?= /var/cache/ctxmgr/promtool/promtool
 
@@ -122,7 +122,7 @@ test-run:
 	$(VENV)/bin/python benchmarks/ci_times.py --times $(TIMES) --report $(TEST_REPORT)
 
 # the developer's loop: no sandbox, no vLLM, no fleet (about 3 minutes on 2 cores)
-# (its host-apt step installs only the ssh client, which tests/test_remote.py runs; promtool needs the
+# (its host-apt step installs only the ssh client, which tests/deployment/test_remote.py runs; promtool needs the
 # package lists)
 test-quick: HOST_APT = openssh-client
 test-quick: setup promtool
@@ -167,7 +167,7 @@ host-apt:
 
 # ansible-core X.Y's newest patch release (2.15 runs on Python <= 3.11, 2.19 on >= 3.11); the newest
 # also gets ansible-lint; it and that ansible-core's ansible-test sanity check the collection
-# (tests/test_collection_docs.py; ansible-test makes its checkers' venvs from the package index)
+# (tests/project/test_collection_docs.py; ansible-test makes its checkers' venvs from the package index)
 .venv-ansible-%/.installed:
 	@mkdir -p .cache
 	$(TIMED) ansible-$* $(PYTHON) -m venv .venv-ansible-$*

@@ -757,8 +757,9 @@ def _written(bed: Path) -> set[str]:
 
 
 def _walk(**overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Every step's answer of a two-node change that serves (tests/test_wire.py's), as stand-in entries."""
-    from tests.test_wire import walk_answers
+    """Every step's answer of a two-node change that serves (tests/deployment/test_wire.py's), as
+    stand-in entries."""
+    from tests.deployment.test_wire import walk_answers
 
     return {key: {"json": answer} for key, answer in walk_answers().items()} | overrides
 
@@ -800,7 +801,7 @@ def campaign_wire_flags(args: argparse.Namespace) -> int:
     `node prepare` request at its door (refused before any unit is read)."""
     from click.testing import CliRunner
 
-    from tests.test_wire import plan_answer
+    from tests.deployment.test_wire import plan_answer
     from vllm_ctxmgr.cli.main import main
     from vllm_ctxmgr.core.vllm_flag_list import VLLM_FLAGS
     from vllm_ctxmgr.deployment.wire import CONTEXT_ENV, CONTEXT_FLAGS, WIRE_VERSION, PlanAnswer, WireError
@@ -995,7 +996,7 @@ def _hostile_answers(step: str, service: str) -> dict[str, dict[str, Any]]:
     """What a broken or hostile node prints for one step (its answer in the wire's shape otherwise)."""
     import base64
 
-    from tests.test_wire import walk_answers
+    from tests.deployment.test_wire import walk_answers
 
     good = walk_answers()[f"{step} {service}"] if step != "plan" else walk_answers()["plan vllm-n0.service"]
 
@@ -1244,7 +1245,7 @@ def campaign_way_forward(args: argparse.Namespace) -> int:
     failed attempts came after it, `--to` takes a change id or the head's revision number and refuses
     one that is not final on every node; `recover` of an interrupted change says it changed and why;
     a drifted deployment fails `deployment verify` and `set-context` reconciles it."""
-    from tests.test_wire import show_answer
+    from tests.deployment.test_wire import show_answer
 
     tally = Tally("way-forward", args.show)
     rng = random.Random(args.seed)

@@ -3,7 +3,7 @@ set-context, of a refused set-context's own rollback, of `rollback` and of `reco
 tests/support/crash_run.py, which sets vllm_ctxmgr.store.step_hook), recover, and count per command the
 crash points tried, those recovered whole (unit one of the good revisions byte for byte, serving
 what it says, nothing unfinished, no leftovers) and those that failed, with the recovery times.
-Prints figures; asserts nothing. The same cases run as tests in tests/test_crash_campaign.py.
+Prints figures; asserts nothing. The same cases run as tests in tests/campaigns/test_crash_campaign.py.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests.campaigns.test_crash_campaign import CASES, run_case, start, stop  # noqa: E402
 from tests.support.sandbox import Sandbox, sandbox_available  # noqa: E402
-from tests.test_crash_campaign import CASES, run_case, start, stop  # noqa: E402
 
 
 def main() -> int:

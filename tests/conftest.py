@@ -5,7 +5,8 @@ Tiers (markers, set here from what a test uses, so no test can forget its own):
     systemd    a private systemd in namespaces (tests.systemd_fixtures marks these)
     vllm       the real vLLM CPU build (the `require_vllm` fixture, or a module's own mark)
     fleet      hosts in network namespaces with sshd, HAProxy and Ansible (everything under tests/fleet)
-    multinode  one model over several nodes (a module whose name says multinode, tests/test_watch_headless)
+    multinode  one model over several nodes (a module whose name says multinode, or one MULTINODE_MODULES
+               names)
 `make test-quick` runs what carries none of systemd, vllm and fleet.
 
 Parallel runs (pytest-xdist, `--dist loadgroup`): a test that shares a bed with others (a fixture of
@@ -24,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import REPO
 from tests.support.require import require
 from tests.support.vllm_cpu import vllm_venv
 
 pytest_plugins = ["tests.systemd_fixtures"]
-REPO = Path(__file__).resolve().parent.parent
 
 MULTINODE_MODULES = ("test_watch_headless",)
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO
+
 EXAMPLE_SCRIPT = REPO / "examples" / "make_glm5_gguf.py"
 
 Tensor = tuple[str, tuple[int, ...], str]  # name, numpy-order shape, ggml type name

@@ -13,10 +13,10 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 from click.testing import CliRunner
 
+from tests.support.paths import REPO
 from vllm_ctxmgr.cli.main import main
 from vllm_ctxmgr.core.confidence import CALIBRATED_BAND, ESTIMATED_BAND
 from vllm_ctxmgr.core.hardware import GIB, GpuInfo, GpuState
@@ -26,7 +26,6 @@ from vllm_ctxmgr.core.serve_args import ServeArgs
 from vllm_ctxmgr.model_files.load import load_model_facts
 from vllm_ctxmgr.report import plan_text
 
-REPO = Path(__file__).resolve().parent.parent
 GLM5 = str(REPO / "examples" / "models" / "glm-5")
 LLAMA70B = str(REPO / "examples" / "models" / "llama-3.1-70b")
 

@@ -9,17 +9,18 @@ including a start that fails with a decisive line quoting a key.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 from tests.ctxmgr_cli import Run, run_ctxmgr
 from tests.support.demo import make_vllm_wrapper, offline_gpu_args, standin_unit
+from tests.support.paths import REPO
 from tests.support.standin import free_port
 from vllm_ctxmgr.masking import mask, mask_json, secrets_of
 from vllm_ctxmgr.systemd.service import view_from_unit
 from vllm_ctxmgr.systemd.unit_edit import unified_diff
 from vllm_ctxmgr.systemd.unit_file import ServiceUnit, UnitFile
 
-REPO = Path(__file__).resolve().parent.parent
 UNITS = REPO / "units"
 
 K1, K2, ENV_KEY = "sk-first-3f9a71", "sk-second-88c2d0", "sk-environment-5be1"
@@ -126,8 +127,7 @@ def test_no_key_in_any_output_or_state_file(sandbox, install_unit, workdir: Path
     state = workdir / "state"
     gpus = offline_gpu_args()
 
-    def ctxmgr(*args: str) -> Run:
-        return run_ctxmgr(sandbox.pid, state, *args, timeout=180)
+    ctxmgr = partial(run_ctxmgr, sandbox.pid, state, timeout=180)
 
     runs: dict[str, Run] = {}
     runs["dry-run"] = ctxmgr("set-context", "150000", "--service", name, *gpus, "--dry-run")

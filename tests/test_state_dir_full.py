@@ -3,7 +3,7 @@ error"; a change whose record cannot follow it still puts the previous unit back
 
 The state directory is a 512 KiB tmpfs mounted in a mount namespace of ctxmgr's own (unshare -m):
 a real full filesystem, as the host never sees it. The service is the stand-in under the private
-systemd (tests/test_deploy_standin.py)."""
+systemd (tests/change/test_deploy_standin.py)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ import requests
 
 from tests.ctxmgr_cli import ctxmgr_command
 from tests.support.demo import make_vllm_wrapper, offline_gpu_args, standin_unit
+from tests.support.paths import TESTS
 from tests.support.sandbox import Sandbox
 from tests.support.standin import free_port
 from vllm_ctxmgr.probe import wait_until_serving
 
-FILL_RUN = Path(__file__).resolve().parent / "support" / "fill_run.py"
+FILL_RUN = TESTS / "support" / "fill_run.py"
 
 
 def in_full_namespace(workdir: Path, script: list[list[str]]) -> list[subprocess.CompletedProcess[str]]:

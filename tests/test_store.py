@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import REPO
 from vllm_ctxmgr.errors import LockedError, UnsafePathError, UsageError
 from vllm_ctxmgr.store import (
     PENDING,
@@ -27,7 +28,6 @@ from vllm_ctxmgr.store import (
     StoreError,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 UNIT = (REPO / "units" / "vllm-glm5.service").read_bytes()
 
 # A record exactly as ctxmgr wrote it before issue 7 (format 1: epoch floats, the plan inline).

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tests.support.paths import REPO
 from vllm_ctxmgr.cli.main import main
 from vllm_ctxmgr.errors import ExitCode, UnsafePathError
 from vllm_ctxmgr.store import Revision, ServiceStore, State
 
-REPO = Path(__file__).resolve().parent.parent
 UNIT = (REPO / "units" / "vllm-glm5.service").read_bytes()
 NOBODY = 65534
 

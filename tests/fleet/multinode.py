@@ -90,6 +90,9 @@ class NodeSettings:
     extra_environment: tuple[tuple[str, str], ...] = ()
 
 
+BASELINE = NodeSettings(max_model_len=8192)  # what the two-node stand-in bed serves between tests
+
+
 def node_argv_flags(
     rank: int,
     nnodes: int,

@@ -8,55 +8,22 @@ CPU vLLM does the same in tests/fleet/test_multinode.py.
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.fleet.bed import REPO_ROOT
-from tests.fleet.multinode import UNIT, MultinodeBed, NodeSettings, multinode_available
+from tests.fleet.multinode import UNIT, MultinodeBed
 from tests.support.demo import SEED_GPU_GIB, SEED_WEIGHTS_GIB_PER_GPU
-from tests.support.require import require
 from vllm_ctxmgr.store import ServiceStore, State
 
 pytestmark = pytest.mark.systemd
-BASELINE = NodeSettings(max_model_len=8192)
+BED_FOLDER = "mc"  # the shared bed's folder (tests/fleet/conftest.py)
 # each node's 4 GPUs (no NVML in the bed) and GLM-5's weights over the 8 ranks
 GPU_ARGS = ["--gpu-memory", f"{SEED_GPU_GIB}GiB", "--gpu-count", "4",
             "--weights-bytes", f"{SEED_WEIGHTS_GIB_PER_GPU * 8:.2f}GiB"]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def bed() -> Iterator[MultinodeBed]:
-    require(multinode_available(standin=True), "the two-node bed")
-    multinode = MultinodeBed.up(
-        REPO_ROOT / ".cache" / "fleet" / f"mc{os.getpid()}", settings=BASELINE, standin=True
-    )
-    try:
-        yield multinode
-    finally:
-        multinode.down()
-    assert not multinode.fleet.namespaces, "namespaces left behind"
-
-
-@pytest.fixture
-def serving(bed: MultinodeBed) -> MultinodeBed:
-    """Both nodes at the baseline, node 0 serving, every node's ctxmgr state forgotten."""
-    bed.stop_all()
-    bed.timeout_s = 20
-    bed.install(BASELINE)
-    for node in bed.nodes:
-        node.systemctl("start", "sshd-fleet.service")
-        for path in sorted(node.state_dir.rglob("*"), reverse=True):
-            path.unlink() if not path.is_dir() or path.is_symlink() else path.rmdir()
-    bed.coordinator_state.mkdir(mode=0o700, exist_ok=True)
-    bed.start_all()
-    bed.wait_ready(60)
-    return bed
 
 
 def node_revisions(node: Any) -> list[Any]:

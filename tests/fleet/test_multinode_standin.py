@@ -5,43 +5,15 @@ deployment over several nodes meets, in the order it meets it.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from tests.fleet.bed import REPO_ROOT
-from tests.fleet.multinode import UNIT, MultinodeBed, NodeSettings, multinode_available
-from tests.support.require import require
+from tests.fleet.multinode import BASELINE, UNIT, MultinodeBed, NodeSettings
 from vllm_ctxmgr.vllm_log.watcher import headless_verdict, last_start, observe_start, watch
 
 pytestmark = pytest.mark.systemd
-BASELINE = NodeSettings(max_model_len=8192)
-
-
-@pytest.fixture(scope="module")
-def bed() -> Iterator[MultinodeBed]:
-    require(multinode_available(standin=True), "the two-node bed")
-    multinode = MultinodeBed.up(
-        REPO_ROOT / ".cache" / "fleet" / f"ms{os.getpid()}", settings=BASELINE, standin=True
-    )
-    try:
-        yield multinode
-    finally:
-        multinode.down()
-    assert not multinode.fleet.namespaces, "namespaces left behind"
-
-
-@pytest.fixture
-def serving(bed: MultinodeBed) -> MultinodeBed:
-    """Both nodes at the baseline, node 0 serving."""
-    bed.stop_all()
-    bed.timeout_s = 20
-    bed.install(BASELINE)
-    bed.start_all()
-    bed.wait_ready(60)
-    return bed
+BED_FOLDER = "ms"  # the shared bed's folder (tests/fleet/conftest.py)
 
 
 def node_lines(bed: MultinodeBed, rank: int) -> list[str]:

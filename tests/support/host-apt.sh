@@ -7,7 +7,7 @@
 # - apt-get install/check/download: `-o DPkg::Lock::Timeout=` (apt waits for the dpkg frontend lock);
 # - apt-get update: apt does not wait for the lists lock, so it is tried again while the lock is held.
 # CTXMGR_APT_LOCK_TIMEOUT (seconds, default 600) bounds both waits. Sourced (tests/support/promtool.sh,
-# tests/test_host_apt.py), it only defines apt_get and apt_update.
+# tests/project/test_host_apt.py), it only defines apt_get and apt_update.
 #
 # Leaves the host as it was: only missing packages are installed; while they are, a policy-rc.d that
 # refuses every start is in place (unless the host has its own), so no maintainer script starts a
@@ -20,7 +20,7 @@
 set -euo pipefail
 
 LOCK_TIMEOUT=${CTXMGR_APT_LOCK_TIMEOUT:-600}
-POLICY=${CTXMGR_POLICY_RC_D:-/usr/sbin/policy-rc.d}  # another path only in tests/test_host_apt.py
+POLICY=${CTXMGR_POLICY_RC_D:-/usr/sbin/policy-rc.d}  # another path only in tests/project/test_host_apt.py
 # the packages this step installed, one a line (what `make clean-host` purges)
 INSTALLED_LIST=${CTXMGR_HOST_APT_LIST:-/var/cache/ctxmgr/host-apt.installed}
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/support/promtool.sh TARGET: Prometheus's promtool at TARGET, for tests/test_monitoring.py
+# tests/support/promtool.sh TARGET: Prometheus's promtool at TARGET, for tests/monitor/test_monitoring.py
 # (`promtool check rules`, `promtool test rules`). From Debian's prometheus package, the registry CI
 # reaches: the .deb is downloaded and promtool alone taken out of it. Not `apt-get install
 # prometheus`: its postinst adds a user and, wherever systemd is PID 1, starts a Prometheus server.
@@ -8,7 +8,7 @@
 set -euo pipefail
 target=${1:?usage: promtool.sh TARGET}
 [[ -x $target ]] && exit 0
-skip() { echo "promtool: $1; tests/test_monitoring.py skips without it (fails under CTXMGR_REQUIRE_PROMTOOL=1)"; exit 0; }
+skip() { echo "promtool: $1; tests/monitor/test_monitoring.py skips without it (fails under CTXMGR_REQUIRE_PROMTOOL=1)"; exit 0; }
 command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null || skip "needs apt-get and dpkg-deb"
 mkdir -p "$(dirname "$target")" 2>/dev/null && [[ -w $(dirname "$target") ]] || skip "cannot write $(dirname "$target")"
 work=$(mktemp -d)

@@ -7,7 +7,7 @@
 # The network is cut with `unshare -n` (root): a network namespace with a loopback that is down and no
 # routes. Without root pip runs with --no-index alone, and the record says so. pip's own configuration
 # (an index, find-links of the machine) is left out, so the wheelhouse is all it can read. What ran is
-# recorded in VENV/offline-install.txt (tests/test_wheelhouse.py reads it).
+# recorded in VENV/offline-install.txt (tests/project/test_wheelhouse.py reads it).
 set -euo pipefail
 python=$1 wheelhouse=$2 venv=$3
 rm -rf "$venv"

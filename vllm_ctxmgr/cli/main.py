@@ -4,7 +4,7 @@ Importing every module of the project before a word is parsed cost half a second
 `ctxmgr --help` and each completion TAB. This module imports only click and the light cli/group.py
 (with cli/output.py); the group imports a command's module from COMMANDS when that command is asked
 for (click's lazy group pattern), and lists the commands (`--help`, completion) from the table's short
-help, which tests/test_cli.py checks against each command's own.
+help, which tests/cli/test_cli.py checks against each command's own.
 """
 
 from __future__ import annotations

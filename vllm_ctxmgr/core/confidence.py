@@ -2,7 +2,7 @@
 
 A FEASIBLE verdict from a budget vLLM itself logged and one from core/memory.py's estimates are not
 the same promise; the plan says which it is, from which start, and with the error that
-benchmarks/calibration_logs.py measures against real vLLM starts (tests/test_plan_confidence.py
+benchmarks/calibration_logs.py measures against real vLLM starts (tests/test_plan_table.py
 reruns the benchmark and holds the bands below to its output).
 """
 

@@ -53,7 +53,7 @@ class Observation:
 
 class ObservationFigures(TypedDict, total=False):
     """An Observation as a dict (dataclasses.asdict): verify's view of the running process; {} where
-    the journal held no start. tests/test_records.py ties its keys to Observation's fields."""
+    the journal held no start. tests/core/test_records.py ties its keys to Observation's fields."""
 
     vllm_version: str | None
     platform: str | None
@@ -150,7 +150,7 @@ class ObservationRecord:
         data = asdict(self.observation)
         del data["started_at"]  # the record's own `time`
         data.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "observation"})
-        return cast(StoredObservation, data)  # its keys are the fields (tests/test_records.py)
+        return cast(StoredObservation, data)  # its keys are the fields (tests/core/test_records.py)
 
     @classmethod
     def from_json(cls, data: Mapping[str, object], source: str) -> ObservationRecord:

@@ -2,7 +2,7 @@
 
 The store writes revisions and cannot be imported by the core; verify writes a probe's result and the
 verdict reads it. Declaring the shapes here lets writer and readers agree on the keys without either
-importing the other. tests/test_records.py ties each TypedDict to the dataclass it is made from.
+importing the other. tests/core/test_records.py ties each TypedDict to the dataclass it is made from.
 """
 
 from __future__ import annotations

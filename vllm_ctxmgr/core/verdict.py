@@ -2,7 +2,7 @@
 
 verify.py gathers (systemd, the journal, HTTP, NVML, the state store) into a VerifyFacts of plain
 values; decide() turns it into a Verification. Nothing here reads a file, a clock or the environment,
-so a verdict can be replayed from the facts alone (tests/test_verdict.py does).
+so a verdict can be replayed from the facts alone (tests/core/test_verdict.py does).
 
 failed: the service cannot serve now, so --on-failure may restart or roll back:
 - the unit is not active, or the probe fails (/health, /v1/models reporting the unit's max_model_len,
@@ -59,7 +59,7 @@ OK, DEGRADED, FAILED = Verdict.OK, Verdict.DEGRADED, Verdict.FAILED
 RESULTS = tuple(Verdict)
 EXIT_CODES = {verdict: verdict.exit_code for verdict in Verdict}  # verify's own exit codes
 # the store's State.FINAL and State.BASELINE as Revision.to_json() writes them: the revisions whose unit
-# ctxmgr stands behind (the core cannot import the store; tests/test_verdict.py ties the two)
+# ctxmgr stands behind (the core cannot import the store; tests/core/test_verdict.py ties the two)
 GOOD_STATES = ("final", "baseline")
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ Each flag is classified here, by hand, in one of three ways:
 
 `flag(name)` reads the union of every release: a unit may run an older vLLM. Where the unit's vLLM is
 known, `flag_in` / `unrecognized` read its release only, so a flag that release lacks is refused the
-way its argparse refuses it. tests/test_vllm_flags.py checks that every flag of the union is
+way its argparse refuses it. tests/core/test_vllm_flags.py checks that every flag of the union is
 classified and that every entry here names a real flag.
 """
 

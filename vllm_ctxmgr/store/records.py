@@ -142,7 +142,7 @@ class Revision:
         data = asdict(self)
         data["state"] = str(self.state)
         data["steps"] = [step.record() for step in self.steps]
-        return cast(RevisionRecord, data)  # its keys are the fields (tests/test_records.py)
+        return cast(RevisionRecord, data)  # its keys are the fields (tests/core/test_records.py)
 
     def record(self) -> dict[str, object]:
         """record.json: ISO times, the steps a person reads, no plan (plan.json holds it)."""

@@ -3,7 +3,7 @@
 Every option ctxmgr passes to systemctl, journalctl and systemd-analyze, every property it reads with
 `systemctl show` and every directive its templates write is listed here with the systemd release that
 introduced it and where that is written down (NEWS of that release, or the man page / --help of the
-floor's own build where NEWS never named it). tests/test_systemd_features.py scans the source and the
+floor's own build where NEWS never named it). tests/systemd/test_features.py scans the source and the
 templates: a new call fails the test until it is listed here, so every call states its floor.
 
 FLOOR is the oldest systemd ctxmgr supports (Debian 11's 247; Ubuntu 22.04 ships 249). A use newer than

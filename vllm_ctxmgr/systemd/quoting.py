@@ -4,7 +4,7 @@ value is written back so systemd reads exactly it.
 
 Hand-written because no library implements systemd's extract_first_word(), replace_env_argv() and
 env-file parser with the spans an edit needs; each function names the systemd function it mirrors, and
-tests/test_systemd_exec.py compares them with what a real systemd runs.
+tests/systemd/test_exec_start.py compares them with what a real systemd runs.
 """
 
 from __future__ import annotations
