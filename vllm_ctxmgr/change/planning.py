@@ -455,7 +455,7 @@ def plan_service(
         plan = replace(plan, warnings=(*plan.warnings, *risks))
     if weight_cache_mode(args):  # the daemon it maps its weights from: its unit, GPUs, model, key
         plan = _with_preload_daemon(systemd, view.name, args, plan)
-    else:  # where a daemon would serve it: the time each restart would save (issue 34 §3)
+    else:  # where a daemon would serve it: the weight load each restart would save
         plan = _with_preload_offer(systemd, view.name, in_managers_root(args, systemd.root), plan)
     if learned:
         plan = replace(plan, notes=(learned, *plan.notes))

@@ -120,7 +120,7 @@ def daemon_findings(engine: ServeArgs, daemon: ServeArgs | None, daemon_text: st
 
 
 # Where `vllm preload` can serve a unit that loads from disk today (vLLM 0.33.0's own limits):
-PRELOAD_SINCE: VllmVersion = (0, 31)  # the release that added `vllm preload` (issue 34 §3)
+PRELOAD_SINCE: VllmVersion = (0, 31)  # the release that added `vllm preload` (entrypoints/cli/preload.py)
 # quant methods with supports_pre_processed_weights (layers/quantization/base_config.py:L36 is False):
 # unquantized linear (linear.py:L169), fp8 (fp8.py:L239, L478), ModelOpt NVFP4 (modelopt.py:L848,
 # L2600-L2611), MXFP4 MoE (mxfp4.py:L547); any other raises UnsupportedQuantForIPCError (protocol.py:L97)

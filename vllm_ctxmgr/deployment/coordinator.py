@@ -443,7 +443,7 @@ class Coordinator:
         self, finished: list[Node], pending: Mapping[NodeAddress, InProgress | None]
     ) -> DeploymentResult:
         """A change final on some node got past its finish step: the deployment served, the head passed
-        its probe and every rank was checked, and a node's answer to `finish` failed (issue 29 item 5).
+        its probe and every rank was checked, and a node's answer to `finish` failed.
         Its nodes' units are the change's, so putting the previous units back would undo a change that
         served (and the final nodes' would stay): the nodes it left in progress are finished instead, once
         every node is active again."""

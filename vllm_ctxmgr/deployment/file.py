@@ -50,7 +50,8 @@ class DeploymentFile:
 def read_deployment_file(path: Path) -> DeploymentFile:
     """A small TOML file: name, ssh, remote_ctxmgr, and [[node]] host / service / gpus_from. Its
     commands (ssh, ctxmgr) run as the operator, root included: the file and its directory are trusted
-    only as the state directory is (sshd's StrictModes, issue 36 item 12)."""
+    only as the state directory is (sshd's StrictModes): a file another user may write could name the
+    ssh command root runs."""
     from vllm_ctxmgr.store import check_trusted
 
     try:

@@ -226,7 +226,7 @@ def prepare(restarter: Restarter, request: PrepareRequest) -> PrepareAnswer:
         if request.dry_run:
             return answer
         old = edit.old_text.encode() if edit.existed else None
-        # a node whose unit the change leaves as it is records it all the same (issue 36 item 9): every
+        # a node whose unit the change leaves as it is records it all the same (one history): every
         # node restarts with the deployment, and `deployment rollback` finds the change on each of them
         files = [FileChange(Path(edit.path), old, new if edit.changed else old)]
         ensure_baseline(store, view, files)

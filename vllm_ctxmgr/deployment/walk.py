@@ -102,7 +102,7 @@ class DeploymentRequest:
 
 
 def _refused(node: Node, step: str, answer: StepAnswer) -> StepAnswer:
-    """A restore or settle answer that says `ok: false` is that node's failure (issue 36 item 10): its
+    """A restore or settle answer that says `ok: false` is that node's failure, never read as rolled back: its
     previous unit is not back (or not recorded), never counted as rolled back."""
     if answer.ok:
         return answer
@@ -276,7 +276,7 @@ class Walk:
 
     def finish_all(self, nodes: list[Node]) -> str:
         """Every node's revision final, once the deployment served and every rank was checked. Any fault
-        in a node's answer is that node's failure (issue 29 item 5): nothing more is asked of it, so its
+        in a node's answer is that node's failure: nothing more is asked of it, so its
         revision stays as that answer left it, and `deployment recover` (or the next change's refusal)
         finds it there. "" where every node finished, else what failed, each node named."""
         change = str(self.result.change_id)
@@ -368,7 +368,7 @@ class Walk:
         self.say("stopping every node: " + ", ".join(str(n.address) for n in self.reach.changing))
         stopped = self.reach.each([head], lambda n: self.reach.call(n, StopAnswer, "stop"))
         stopped += self.reach.each(workers, lambda n: self.reach.call(n, StopAnswer, "stop"))
-        # on the way back one node that fails must not leave every other node stopped (issue 36 item 8):
+        # on the way back one node that fails must not leave every other node stopped:
         # each node that can start is started, and what failed is said with the rest
         early: list[tuple[str, str]] = []
         for node, answer in zip([head, *workers], stopped, strict=True):
@@ -457,7 +457,7 @@ class Walk:
                 change,
                 "--head",
                 *extra,
-                # the head's own watch is bounded by the operator's --timeout (issue 36 item 7), the wait
+                # the head's own watch is bounded by the operator's --timeout (not its 30 minutes), the wait
                 # for its answer by that and a step's time on top
                 "--timeout",
                 f"{request.start_timeout:g}",
