@@ -1768,7 +1768,8 @@ def run_preload(argv: list[str], environ: dict[str, str]) -> int:
     """`vllm preload --model M ...` (entrypoints/cli/preload.py): one weight-cache daemon per local GPU,
     each loading its rank's weights from disk and keeping them in GPU memory; the parent logs READY
     (L409-L417) and waits on them until SIGTERM (L377-L384). The memory is the test's to play: NVML's
-    view lists this process holding CTXMGR_STANDIN_WEIGHTS_GIB on each GPU (tests/core/test_weight_cache.py)."""
+    view lists this process holding CTXMGR_STANDIN_WEIGHTS_GIB on each GPU
+    (tests/core/test_weight_cache.py)."""
     settings = settings_from(argv, environ)
     if settings.load_format == "ipc_cache":  # preload.py:L233-L237
         print("ValueError: The weight cache daemon itself must load from disk; use the default --load-format",
